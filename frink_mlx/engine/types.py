@@ -1,0 +1,99 @@
+"""Typed messages between the daemon (event loop) and an engine (its MLX thread).
+
+The engine owns one MLX thread; everything crosses that boundary as these
+plain dataclasses (token ids, never text and never arrays):
+
+    daemon --SeqRequest--> Engine.submit() --> scheduler/runner (MLX thread)
+    daemon <--StepOutput-- SeqStream (async iterator, bounded by step rate)
+
+`RowConstraint` is the hook structured output plugs into: the runner asks
+each constrained row for its allowed-token mask before sampling and tells it
+which token was chosen. It lives here so the engine never imports llguidance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from ..core.request import SamplingParams
+
+EngineFinish = Literal["eos", "length", "abort", "error", "constraint"]
+
+
+class RowConstraint(Protocol):
+    """Per-row token constraint (grammar matcher). Called on the MLX thread."""
+
+    def allowed_mask(self) -> np.ndarray | None:
+        """A bool array (vocab,) of allowed next tokens, or None = unconstrained now."""
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False = dead end (row finishes, reason 'constraint')."""
+
+    def is_done(self) -> bool:
+        """True once the grammar accepts and nothing more may follow (row finishes as eos)."""
+
+    @property
+    def error(self) -> str | None:
+        """Why the constraint failed, for the client."""
+
+
+@dataclass(slots=True)
+class SeqRequest:
+    """One sequence to generate. `n > 1` forks n rows that share the prompt's KV."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    n: int = 1
+    cache_prompt: bool = True
+    cache_salt: str | None = None
+    constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """One generated token for one row (`index` < n), or that row's end.
+
+    The first output of each row carries `num_prompt_tokens` and
+    `num_cached_tokens` (prefix-cache hit, a multiple of the block size).
+    When `finish` is set, `token_id` may be None (e.g. abort, error).
+    """
+
+    index: int
+    token_id: int | None
+    logprob: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
+    finish: EngineFinish | None = None
+    error: str | None = None
+    num_prompt_tokens: int | None = None
+    num_cached_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for /health and /metrics. Honest nulls: None = not measured."""
+
+    num_blocks_total: int = 0
+    num_blocks_used: int = 0
+    num_blocks_cached: int = 0
+    block_size: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    prefix_hit_tokens_total: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    context_ceiling: int = 0
+    steps_total: int = 0
+    extra: dict[str, float] = field(default_factory=dict)

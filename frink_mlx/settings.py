@@ -1,0 +1,105 @@
+"""Frozen daemon settings: the only module that reads the environment.
+
+Config flows down once: the CLI parses argv into overrides, `Settings.load`
+merges them over `FRINK_MLX_*` environment variables over defaults, and the
+result is passed to everything else. Nothing below this module looks at
+`os.environ` (the one exception is the BLAS re-exec marker, read here too).
+
+Precedence: CLI flag > environment variable > default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+DEFAULT_PORT = 8177
+ENV_PREFIX = "FRINK_MLX_"
+
+
+def _default_cache_dir() -> str:
+    if sys.platform == "darwin":
+        return str(Path.home() / "Library" / "Caches" / "frink-mlx")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "frink-mlx")
+
+
+def _default_config_dir() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return str(Path(base) / "frink-mlx")
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every knob of the daemon. Units are in the names."""
+
+    # --- network ---
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    api_key_file: str | None = None
+    allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
+    cors_origins: tuple[str, ...] = ()           # exact origins; none by default
+    max_body_bytes: int = 8 * 1024 * 1024
+    header_timeout_s: float = 30.0
+    # --- models ---
+    models_path: str | None = None               # --models / FRINK_MLX_MODELS
+    config_dir: str = msgspec.field(default_factory=_default_config_dir)
+    cache_dir: str = msgspec.field(default_factory=_default_cache_dir)
+    default_model: str | None = None             # overrides the registry's `default`
+    auto_swap: bool = True
+    min_generation_s: float = 2.0                # a generation lives at least this long before a swap
+    keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
+    dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
+    use_openblas: bool = True
+    # --- engine ---
+    batching: bool = True
+    max_batch: int = 16
+    block_size: int = 16
+    prefill_chunk_tokens: int = 256
+    kv_budget_bytes: int | None = None           # explicit device budget override
+    memory_headroom_fraction: float = 0.2
+    max_queue: int = 64                          # requests waiting beyond this get 503
+    queue_timeout_s: float = 30.0                # a request waiting on a full KV pool this long gets 503
+    # --- lifecycle ---
+    drain_timeout_s: float = 10.0
+    log_level: str = "info"
+    access_log: bool = True
+    embed_batch_size: int = 32
+
+    @classmethod
+    def load(cls, **overrides: Any) -> "Settings":
+        """Merge CLI overrides (None = not given) over FRINK_MLX_* env over defaults."""
+        values: dict[str, Any] = {}
+        fields = {f.name: f for f in msgspec.structs.fields(cls)}
+        for name in fields:
+            raw = os.environ.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        if "models_path" not in values and os.environ.get(ENV_PREFIX + "MODELS"):
+            values["models_path"] = os.environ[ENV_PREFIX + "MODELS"]
+        for name, value in overrides.items():
+            if value is not None:
+                values[name] = value
+        for name, value in list(values.items()):
+            if isinstance(value, str) and name in ("allowed_hosts", "cors_origins"):
+                values[name] = tuple(v.strip() for v in value.split(",") if v.strip())
+        try:
+            return msgspec.convert(values, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            from .errors import ConfigError
+
+            raise ConfigError(f"invalid setting: {exc}") from None
+
+
+def blas_reexec_marker() -> str | None:
+    """The marker set by the one-time OpenBLAS re-exec (see engine/blas.py)."""
+    return os.environ.get(ENV_PREFIX + "BLAS_REEXEC")
+
+
+def environ_snapshot() -> dict[str, str]:
+    """A copy of the environment, for the one place that must re-exec the process."""
+    return dict(os.environ)
