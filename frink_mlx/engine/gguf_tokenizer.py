@@ -1,0 +1,163 @@
+"""Rebuild a Hugging Face `tokenizer.json` from a GGUF's `tokenizer.ggml.*` metadata.
+
+Why: mlx-lm (and every chat template) wants an HF tokenizer; a GGUF carries the
+same vocabulary as flat arrays. We rebuild it with the `tokenizers` library so
+the ids match what llama.cpp produces from the same file.
+
+Rules (mirroring llama.cpp's `llama-vocab.cpp` for `tokenizer.ggml.model = gpt2`):
+1. The model is byte-level BPE: `tokens` are the vocab (id = index), `merges`
+   are ranked pairs "a b" in order.
+2. Token types: 3 (CONTROL) become special added tokens; 4 (USER_DEFINED) become
+   non-special added tokens. Both are matched verbatim before BPE runs.
+3. The pre-tokenizer regex is chosen by `tokenizer.ggml.pre` (table below);
+   an unknown name is refused rather than guessed.
+4. `add_bos_token` prepends the BOS id through a post-processor.
+
+Deliberately left out: SentencePiece (`tokenizer.ggml.model = llama`) and
+WordPiece vocabularies; they are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import ModelFormatError
+
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_REGEX = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre -> (split digits one by one first?, regex; None = GPT-2's built into ByteLevel)
+PRE_TOKENIZERS: dict[str, tuple[bool, str | None]] = {
+    "default": (False, None),
+    "gpt-2": (False, None),
+    "gpt2": (False, None),
+    "smollm": (True, None),
+    "starcoder": (True, None),
+    "refact": (True, None),
+    "codeshell": (True, None),
+    "llama3": (False, LLAMA3_REGEX),
+    "llama-bpe": (False, LLAMA3_REGEX),
+    "falcon3": (False, LLAMA3_REGEX),
+    "qwen2": (False, QWEN2_REGEX),
+    "deepseek-r1-qwen": (False, QWEN2_REGEX),
+}
+
+
+def _pre_tokenizer(pre: str) -> dict[str, Any]:
+    if pre not in PRE_TOKENIZERS:
+        raise ModelFormatError(
+            f"unsupported GGUF pre-tokenizer tokenizer.ggml.pre={pre!r} "
+            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+        )
+    digits, regex = PRE_TOKENIZERS[pre]
+    steps: list[dict[str, Any]] = []
+    if digits:
+        steps.append({"type": "Digits", "individual_digits": True})
+    if regex is not None:
+        steps.append({"type": "Split", "pattern": {"Regex": regex},
+                      "behavior": "Isolated", "invert": False})
+    steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": regex is None})
+    return {"type": "Sequence", "pretokenizers": steps}
+
+
+def _post_processor(bos: str | None, bos_id: int | None) -> dict[str, Any]:
+    if bos is None or bos_id is None:
+        return {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                "use_regex": True}
+    return {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+
+
+def _int(meta: dict[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    return None if value is None else int(value.item() if hasattr(value, "item") else value)
+
+
+def _bool(meta: dict[str, Any], key: str, default: bool) -> bool:
+    value = meta.get(key)
+    return default if value is None else bool(value.item() if hasattr(value, "item") else value)
+
+
+def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Return (tokenizer.json text, tokenizer_config.json dict) from GGUF metadata."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelFormatError(
+            f"unsupported GGUF tokenizer tokenizer.ggml.model={model!r} (only byte-level BPE 'gpt2')"
+        )
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    merges: list[str] = list(meta.get("tokenizer.ggml.merges") or [])
+    if not tokens:
+        raise ModelFormatError("GGUF has no tokenizer.ggml.tokens")
+    raw_types = meta.get("tokenizer.ggml.token_type")
+    types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
+    pre = str(meta.get("tokenizer.ggml.pre") or "default")
+
+    bos_id, eos_id = _int(meta, "tokenizer.ggml.bos_token_id"), _int(meta, "tokenizer.ggml.eos_token_id")
+    pad_id = _int(meta, "tokenizer.ggml.padding_token_id")
+    unk_id = _int(meta, "tokenizer.ggml.unknown_token_id")
+    add_bos = _bool(meta, "tokenizer.ggml.add_bos_token", False)
+
+    def name(i: int | None) -> str | None:
+        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+    added = [
+        {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": t == TOKEN_CONTROL}
+        for i, (tok, t) in enumerate(zip(tokens, types))
+        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": _pre_tokenizer(pre),
+        "post_processor": _post_processor(name(bos_id) if add_bos else None, bos_id),
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {tok: i for i, tok in enumerate(tokens)},
+            "merges": merges,
+        },
+    }
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": name(bos_id),
+        "eos_token": name(eos_id),
+        "pad_token": name(pad_id),
+        "unk_token": name(unk_id) if unk_id != bos_id and unk_id != eos_id else None,
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1 << 30,
+        "added_tokens_decoder": {
+            str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                              "single_word", "special")}
+            for a in added
+        },
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = str(template)
+    return json.dumps(tokenizer, ensure_ascii=False), config
