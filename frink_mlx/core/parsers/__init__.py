@@ -3,10 +3,21 @@
 core/output.py detokenizes the engine's ids into text and feeds it, chunk by
 chunk, to one `StreamParser` per choice, built by `build_parser`. The parser
 splits `<think>`-style reasoning and the model family's tool-call markup out of
-the text, so markup never leaks into `TextDelta`s.
+the text, so markup never leaks into `TextDelta`s (stream.py states the rules;
+tool_formats.py the families).
 
 `MarkupInfo` is what the engine side knows about the model's markers (from
-mlx-lm's TokenizerWrapper), passed down as plain data so core imports no MLX.
+mlx-lm's TokenizerWrapper: `think_start`/`think_end`, `tool_call_start`/
+`tool_call_end`, and the tool parser's module name as `tool_format`), passed
+down as plain data so core imports no MLX.
+
+Choices made here:
+1. With no think markers known, `<think>`/`</think>` are still recognised -- but
+   only as a block at the very start of a reply, where they cannot be prose.
+2. A `tool_format` we have no body parser for (mlx-lm knows more families than
+   the three implemented) still has its markers cut out of the text when
+   `tool_call_start` is known; its bodies are tried as Hermes JSON and dropped if
+   they do not parse, rather than leaking markup.
 """
 
 from __future__ import annotations
@@ -16,6 +27,13 @@ from typing import Protocol
 
 from ..events import Event, TextDelta
 from ..request import GenRequest
+from .stream import MarkupStreamParser, allowed_tool_names
+from .tool_formats import FORMATS, ToolFormat, detect_format, parse_json_tools
+
+__all__ = ["MarkupInfo", "StreamParser", "PassthroughParser", "MarkupStreamParser",
+           "build_parser", "detect_format", "allowed_tool_names"]
+
+DEFAULT_THINK = ("<think>", "</think>")
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,7 +59,7 @@ class StreamParser(Protocol):
 
 
 class PassthroughParser:
-    """Plain text, no markup handling."""
+    """Plain text, no markup handling (raw completions: the text is the product)."""
 
     def __init__(self, index: int = 0) -> None:
         self.index = index
@@ -54,6 +72,25 @@ class PassthroughParser:
         return []
 
 
+def tool_format_for(markup: MarkupInfo) -> ToolFormat | None:
+    known = FORMATS.get(markup.tool_format or "")
+    if known is not None:
+        return known
+    if markup.tool_call_start:
+        return ToolFormat(markup.tool_format or "generic", markup.tool_call_start,
+                          markup.tool_call_end or None, parse_json_tools)
+    return None
+
+
 def build_parser(markup: MarkupInfo, request: GenRequest, index: int = 0) -> StreamParser:
-    """The parser for one choice of `request` on a model with `markup`."""
-    return PassthroughParser(index)
+    """The parser for one choice of `request` on a model with `markup`.
+
+    Raw-prompt requests (`request.messages is None`) get the passthrough parser:
+    a completion continues the prompt's text, markup included.
+    """
+    if request.messages is None:
+        return PassthroughParser(index)
+    think = (markup.think_start, markup.think_end) if markup.think_start and markup.think_end \
+        else DEFAULT_THINK
+    return MarkupStreamParser(think=think, tool_format=tool_format_for(markup), request=request,
+                              prompt_opens_thinking=markup.prompt_opens_thinking, index=index)

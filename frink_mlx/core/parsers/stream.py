@@ -1,0 +1,265 @@
+"""The markup-aware stream parser: reasoning, text and tool calls out of one text stream.
+
+Rules, in the order they apply to one reply:
+1. Reasoning is a block at the very start of the reply, `think_start ... think_end`
+   (leading whitespace allowed), or -- when the rendered prompt already opened the
+   block (`MarkupInfo.prompt_opens_thinking`) -- everything up to `think_end`.
+   A think marker anywhere else is plain text. Whitespace right after the block
+   is dropped (models put "\n\n" there).
+2. Tool calls are the family's markers (tool_formats.py). Everything between the
+   markers becomes ToolCallStart / ToolCallDelta* / ToolCallEnd; a call to a tool
+   that was not offered (or any call when tool_choice is "none") is dropped, markup
+   and all. A body that does not parse is dropped too: never leaked as text.
+3. Text that could be the beginning of a marker is held back until the next
+   chunk decides it (or `finish` flushes it as what it turned out to be).
+4. For `json_tools` the arguments are forwarded as they are generated once
+   `{"name": "...", "arguments": ` has been seen; the deltas concatenate to
+   exactly `ToolCallEnd.arguments`. Other families emit one delta at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Literal
+
+from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from ..request import GenRequest
+from .tool_formats import ToolFormat
+
+Mode = Literal["start", "reasoning", "text", "tool", "tool_tail"]
+
+_JSON_CALL_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+)
+_OUTER_CLOSE = re.compile(r"\s*\}?\s*$")
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def safe_prefix_len(buf: str, markers: list[str]) -> int:
+    """Length of `buf` that cannot be the beginning of any marker (rule 3)."""
+    hold = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(buf)), hold, -1):
+            if buf.endswith(marker[:k]):
+                hold = k
+                break
+    return len(buf) - hold
+
+
+def allowed_tool_names(request: GenRequest) -> frozenset[str]:
+    offered = frozenset(tool.name for tool in request.tools)
+    if request.tool_choice == "none":
+        return frozenset()
+    if request.tool_choice in ("auto", "required"):
+        return offered
+    return offered & {request.tool_choice}
+
+
+class _OpenCall:
+    """A tool call whose markup has opened but not closed."""
+
+    __slots__ = ("call_index", "started", "dropped", "sent", "head_end", "guessed")
+
+    def __init__(self, guessed: bool = False) -> None:
+        self.guessed = guessed               # opened by a reply-start guess, not a marker
+        self.call_index: int | None = None   # set once ToolCallStart went out
+        self.started = False
+        self.dropped = False
+        self.sent = ""                       # arguments text already streamed
+        self.head_end = 0                    # where the arguments begin in the body
+
+
+class MarkupStreamParser:
+    def __init__(self, *, think: tuple[str, str] | None, tool_format: ToolFormat | None,
+                 request: GenRequest, prompt_opens_thinking: bool, index: int = 0) -> None:
+        self.index = index
+        self._think = think
+        self._fmt = tool_format
+        self._allowed = allowed_tool_names(request)
+        self._reply_start: tuple[str, ...] = ()
+        if tool_format and self._allowed and request.response_format is None:
+            self._reply_start = tool_format.reply_start
+        self._mode: Mode = "reasoning" if (think and prompt_opens_thinking) else "start"
+        self._thought = self._mode == "reasoning"
+        self._skip_ws = False
+        self._buf = ""
+        self._call: _OpenCall | None = None
+        self._num_calls = 0
+        self.saw_tool_call = False
+
+    # -- public protocol -------------------------------------------------
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._drain(final=True)
+
+    # -- the state machine -----------------------------------------------
+    def _drain(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        step = {"start": self._step_start, "reasoning": self._step_reasoning,
+                "text": self._step_text, "tool": self._step_tool,
+                "tool_tail": self._step_tool_tail}
+        while step[self._mode](out, final):
+            pass
+        return out
+
+    def _step_start(self, out: list[Event], final: bool) -> bool:
+        """Before any text: decide between a think block, a reply-start call and text."""
+        stripped = self._buf.lstrip()
+        if not stripped:
+            if final:
+                self._buf = "" if self._thought else self._buf
+                self._mode = "text"
+                return bool(self._buf)
+            return False
+        candidates = list(self._reply_start)
+        if self._think and not self._thought:
+            candidates.append(self._think[0])
+        for marker in candidates:
+            if stripped.startswith(marker):
+                if self._think and marker == self._think[0] and not self._thought:
+                    self._buf, self._mode, self._thought = stripped[len(marker):], "reasoning", True
+                else:
+                    self._buf, self._mode = stripped, "tool_tail"
+                    self._call = _OpenCall(guessed=True)
+                return True
+        if not final and any(marker.startswith(stripped) for marker in candidates):
+            return False  # could still become one of the markers
+        if self._thought:
+            self._buf = stripped
+        self._mode = "text"
+        return True
+
+    def _step_reasoning(self, out: list[Event], final: bool) -> bool:
+        assert self._think is not None
+        end = self._think[1]
+        pos = self._buf.find(end)
+        if pos >= 0:
+            self._emit(out, ReasoningDelta, self._buf[:pos])
+            self._buf, self._mode = self._buf[pos + len(end):], "start"
+            return True
+        cut = len(self._buf) if final else safe_prefix_len(self._buf, [end])
+        self._emit(out, ReasoningDelta, self._buf[:cut])
+        self._buf = self._buf[cut:]
+        return False
+
+    def _step_text(self, out: list[Event], final: bool) -> bool:
+        if self._skip_ws:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return False
+            self._skip_ws = False
+        start = self._fmt.start if self._fmt else None
+        pos = self._buf.find(start) if start else -1
+        if start and pos >= 0:
+            self._emit(out, TextDelta, self._buf[:pos])
+            self._buf = self._buf[pos + len(start):]
+            self._mode = "tool" if self._fmt and self._fmt.end else "tool_tail"
+            self._call = _OpenCall()
+            return True
+        cut = len(self._buf) if final or not start else safe_prefix_len(self._buf, [start])
+        self._emit(out, TextDelta, self._buf[:cut])
+        self._buf = self._buf[cut:]
+        return False
+
+    def _step_tool(self, out: list[Event], final: bool) -> bool:
+        assert self._fmt is not None and self._fmt.end and self._call is not None
+        pos = self._buf.find(self._fmt.end)
+        if pos >= 0:
+            self._close_call(out, self._buf[:pos])
+            self._buf = self._buf[pos + len(self._fmt.end):]
+            self._mode, self._skip_ws = "text", True
+            return True
+        if final:
+            self._close_call(out, self._buf)
+            self._buf = ""
+            return False
+        if self._fmt.streams_arguments:
+            body = self._buf[: safe_prefix_len(self._buf, [self._fmt.end])]
+            self._stream_arguments(out, self._call, body)
+        return False
+
+    def _step_tool_tail(self, out: list[Event], final: bool) -> bool:
+        if final:
+            self._close_call(out, self._buf)
+            self._buf = ""
+        return False
+
+    # -- tool calls ------------------------------------------------------
+    def _stream_arguments(self, out: list[Event], call: _OpenCall, body: str) -> None:
+        if call.dropped:
+            return
+        if not call.started:
+            head = _JSON_CALL_HEAD.match(body)
+            if head is None:
+                return
+            name = json.loads(f'"{head.group(1)}"')
+            call.started, call.head_end = True, head.end()
+            if name not in self._allowed:
+                call.dropped = True
+                return
+            call.call_index = self._start_call(out, name)
+        raw = body[call.head_end:]
+        tail = _OUTER_CLOSE.search(raw)
+        safe = raw[: tail.start()] if tail else raw
+        if len(safe) > len(call.sent):
+            out.append(ToolCallDelta(call.call_index or 0, safe[len(call.sent):], index=self.index))
+            call.sent = safe
+
+    def _close_call(self, out: list[Event], body: str) -> None:
+        call, self._call = self._call, None
+        assert call is not None and self._fmt is not None
+        if self._fmt.streams_arguments:
+            self._stream_arguments(out, call, body)
+        try:
+            parsed = self._fmt.parse(body)
+        except (ValueError, json.JSONDecodeError):
+            if call.guessed:  # it was not a call after all: the reply is text
+                self._emit(out, TextDelta, body)
+                return
+            parsed = []
+        if call.call_index is not None:  # already streaming: finish this one
+            raw = body[call.head_end:].rstrip()
+            raw = raw[:-1].rstrip() if raw.endswith("}") else raw
+            arguments = raw if _same_json(raw, parsed[0][1] if parsed else None) else call.sent
+            if len(arguments) > len(call.sent) and arguments.startswith(call.sent):
+                out.append(ToolCallDelta(call.call_index, arguments[len(call.sent):],
+                                         index=self.index))
+            out.append(ToolCallEnd(call.call_index, arguments, index=self.index))
+            parsed = parsed[1:]
+        elif call.dropped:
+            parsed = parsed[1:]
+        for name, arguments in parsed:
+            if name not in self._allowed:
+                continue
+            call_index = self._start_call(out, name)
+            out.append(ToolCallDelta(call_index, arguments, index=self.index))
+            out.append(ToolCallEnd(call_index, arguments, index=self.index))
+
+    def _start_call(self, out: list[Event], name: str) -> int:
+        call_index = self._num_calls
+        self._num_calls += 1
+        self.saw_tool_call = True
+        out.append(ToolCallStart(call_index, new_call_id(), name, index=self.index))
+        return call_index
+
+    def _emit(self, out: list[Event], kind: type[TextDelta] | type[ReasoningDelta],
+              text: str) -> None:
+        if text:
+            out.append(kind(text, index=self.index))
+
+
+def _same_json(a: str, b: str | None) -> bool:
+    if b is None:
+        return False
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except json.JSONDecodeError:
+        return False
