@@ -1,0 +1,301 @@
+"""Per-sequence block tables over one `BlockPool`, and the prefix-cache protocol.
+
+Why: the scheduler plans in integers. It asks this manager "which leading
+blocks of this prompt are already computed?", "give this sequence room for N
+more tokens" and "where do these tokens' K/V go?"; the runner turns the answers
+(block ids and flat slot numbers) into MLX scatters and gathers. No MLX here.
+
+A sequence's life, as the engine drives it:
+
+    blocks, n = get_computed_blocks(prompt, extra)     # prefix hit: n tokens skip prefill
+    allocate_slots(seq, len(prompt) - n, blocks)       # None -> stay queued, nothing changed
+    ... write K/V at slot_mapping(seq, n, len(prompt) - n), run the model ...
+    cache_blocks(seq, tokens_with_kv, extra)           # publish newly full blocks
+    allocate_slots(seq, 1) ... per decode step         # grows by a block every block_size tokens
+    free(seq)                                          # blocks go back, keeping their hashes
+
+Rules, in order:
+ 1. A prefix hit covers whole blocks only and never the last prompt token: the
+    model must run at least one token to produce next-token logits. With prompt
+    length L that is at most floor((L-1)/block_size) blocks.
+ 2. `allocate_slots` either fully succeeds or returns None with no side effects.
+    Cached free blocks count as free (they are evicted on demand), except the
+    very blocks this call revives as computed blocks.
+ 3. Call `allocate_slots` right after `get_computed_blocks` for the same sequence
+    (same scheduler step, nothing allocated in between); a computed block that
+    was evicted meanwhile is an engine bug and raises `EngineFailure`.
+ 4. `cache_blocks` is incremental: each sequence remembers the chained hashes
+    it has published, so each block is hashed once.
+ 5. `cache_prompt=False` (llama.cpp's field), passed to both
+    `get_computed_blocks` and `cache_blocks`, makes a sequence neither read nor
+    publish cached blocks. `enable_caching=False` does the same for every sequence.
+ 6. `free` releases a table tail-first so the tail is evicted before the head
+    (heads are the shared system prompts and histories).
+ 7. `fork` gives the child the parent's *full* blocks only (ref++); the engine
+    recomputes the remaining < block_size tokens into the child's own block, so
+    two rows never write into one block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from ...errors import EngineFailure
+from .block_pool import BlockPool, KVBlock
+from .hashing import iter_block_hashes
+
+SeqId = Hashable
+
+
+@dataclass(slots=True)
+class SeqBlocks:
+    """One sequence's share of the pool."""
+
+    blocks: list[KVBlock] = field(default_factory=list)
+    num_tokens: int = 0  # token slots reserved: positions [0, num_tokens)
+    block_hashes: list[int] = field(default_factory=list)  # published chain, blocks[:len]
+
+
+class KVCacheManager:
+    """Block tables for every live sequence over `num_blocks` blocks of `block_size` tokens."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if block_size <= 0:
+            raise EngineFailure(f"block_size must be positive, got {block_size}", param="block_size")
+        self.pool = BlockPool(num_blocks)
+        self._block_size = block_size
+        self.enable_caching = enable_caching
+        self._seqs: dict[SeqId, SeqBlocks] = {}
+
+    # -- counters ----------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_used_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.pool.num_cached_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, seq_id: SeqId) -> bool:
+        return seq_id in self._seqs
+
+    def _seq(self, seq_id: SeqId) -> SeqBlocks:
+        state = self._seqs.get(seq_id)
+        if state is None:
+            raise EngineFailure(f"unknown sequence {seq_id!r}", param="seq_id")
+        return state
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        return [block.block_id for block in self._seq(seq_id).blocks]
+
+    def num_tokens(self, seq_id: SeqId) -> int:
+        """Token slots reserved for `seq_id` so far (computed + allocated)."""
+        return self._seq(seq_id).num_tokens
+
+    # -- prefix lookup and allocation -------------------------------------------
+
+    def get_computed_blocks(
+        self, token_ids: Sequence[int], extra_key: tuple, *, cache_prompt: bool = True
+    ) -> tuple[list[KVBlock], int]:
+        """The longest run of cached full blocks that prefixes `token_ids` (rule 1).
+
+        Algorithm: walk the chained hashes of blocks 0, 1, ... up to the cap and
+        stop at the first hash the pool does not know; a later block cannot hit
+        once an earlier one missed, since its hash covers the whole prefix.
+        """
+        if not (self.enable_caching and cache_prompt) or not token_ids:
+            return [], 0
+        max_blocks = (len(token_ids) - 1) // self._block_size
+        hits: list[KVBlock] = []
+        for block_hash in iter_block_hashes(
+            token_ids, self._block_size, extra_key, stop_block=max_blocks
+        ):
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self._block_size
+
+    def blocks_needed(
+        self, seq_id: SeqId, num_new_tokens: int, computed_blocks: Sequence[KVBlock] = ()
+    ) -> int:
+        """How many free-queue blocks `allocate_slots` would consume (a dry run)."""
+        num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
+        return num_new_blocks + num_revived
+
+    def _count_blocks(
+        self, seq_id: SeqId, num_new_tokens: int, computed_blocks: Sequence[KVBlock]
+    ) -> tuple[int, int]:
+        """(blocks to take from the free queue, computed blocks to revive off it)."""
+        state = self._seqs.get(seq_id)
+        num_held = len(computed_blocks) if state is None else len(state.blocks)
+        num_tokens = len(computed_blocks) * self._block_size if state is None else state.num_tokens
+        num_required = -(-(num_tokens + num_new_tokens) // self._block_size)  # ceil division
+        num_revived = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        return max(0, num_required - num_held), num_revived
+
+    def allocate_slots(
+        self, seq_id: SeqId, num_new_tokens: int, computed_blocks: Sequence[KVBlock] = ()
+    ) -> list[int] | None:
+        """Grow `seq_id`'s table to hold `num_new_tokens` more tokens; new block ids or None.
+
+        The first call for a sequence may pass the blocks `get_computed_blocks`
+        returned; they open the table (touched: ref++, revived off the free queue)
+        and count as computed tokens. Later calls must not pass any.
+        """
+        if num_new_tokens < 0:
+            raise EngineFailure(f"num_new_tokens must be >= 0, got {num_new_tokens}",
+                                param="num_new_tokens")
+        state = self._seqs.get(seq_id)
+        if state is not None and computed_blocks:
+            raise EngineFailure(f"sequence {seq_id!r} already has blocks; computed_blocks "
+                                "are only accepted on its first allocation", param="computed_blocks")
+        self._check_still_cached(computed_blocks)
+        num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            return None
+        # Touch first: reviving computed blocks takes them off the free queue, so
+        # the eviction below cannot hand one of them out as a "new" block.
+        self.pool.touch(computed_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        if new_blocks is None:  # unreachable: counted above
+            raise EngineFailure("block pool shrank during allocation")
+        if state is None:
+            state = SeqBlocks(
+                blocks=list(computed_blocks),
+                num_tokens=len(computed_blocks) * self._block_size,
+                block_hashes=[block.block_hash for block in computed_blocks],  # type: ignore[misc]
+            )
+            self._seqs[seq_id] = state
+        state.blocks.extend(new_blocks)
+        state.num_tokens += num_new_tokens
+        return [block.block_id for block in new_blocks]
+
+    def _check_still_cached(self, computed_blocks: Sequence[KVBlock]) -> None:
+        for block in computed_blocks:
+            if block.block_hash is None or self.pool.get_cached_block(block.block_hash) is not block:
+                raise EngineFailure(
+                    f"computed block {block.block_id} was evicted before allocate_slots "
+                    "(call it right after get_computed_blocks)",
+                    param="computed_blocks",
+                )
+
+    # -- publishing, freeing, forking --------------------------------------------
+
+    def cache_blocks(
+        self, seq_id: SeqId, token_ids: Sequence[int], extra_key: tuple,
+        *, cache_prompt: bool = True,
+    ) -> int:
+        """Publish every block of `seq_id` that `token_ids` fills and is not yet hashed.
+
+        `token_ids` are all the sequence's tokens whose K/V has been written (never
+        more than its reserved slots). Returns how many blocks were newly hashed.
+        """
+        if not (self.enable_caching and cache_prompt):
+            return 0
+        state = self._seq(seq_id)
+        if len(token_ids) > state.num_tokens:
+            raise EngineFailure(
+                f"{len(token_ids)} tokens given but sequence {seq_id!r} has only "
+                f"{state.num_tokens} slots", param="token_ids")
+        start = len(state.block_hashes)
+        parent = state.block_hashes[-1] if start else None
+        hashes = iter_block_hashes(token_ids, self._block_size, extra_key,
+                                   parent=parent, start_block=start)
+        for index, block_hash in enumerate(hashes, start):
+            self.pool.cache_full_block(state.blocks[index], block_hash)
+            state.block_hashes.append(block_hash)
+        return len(state.block_hashes) - start
+
+    def free(self, seq_id: SeqId) -> bool:
+        """Release every block of `seq_id`, tail first (rule 6). False if it held none."""
+        state = self._seqs.pop(seq_id, None)
+        if state is None:
+            return False
+        self.pool.free_blocks(reversed(state.blocks))
+        return True
+
+    def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId, num_tokens: int | None = None) -> int:
+        """Open `child_seq_id` sharing the parent's full blocks (rule 7).
+
+        `num_tokens` is how many of the parent's tokens have K/V written (default:
+        all reserved). Returns the child's computed token count, a multiple of
+        block_size; the child's table then grows with `allocate_slots`.
+        """
+        parent = self._seq(parent_seq_id)
+        if child_seq_id in self._seqs:
+            raise EngineFailure(f"sequence {child_seq_id!r} already exists", param="child_seq_id")
+        limit = parent.num_tokens if num_tokens is None else num_tokens
+        if not 0 <= limit <= parent.num_tokens:
+            raise EngineFailure(f"num_tokens must be in [0, {parent.num_tokens}], got {limit}",
+                                param="num_tokens")
+        num_full = limit // self._block_size
+        shared = parent.blocks[:num_full]
+        self.pool.touch(shared)
+        self._seqs[child_seq_id] = SeqBlocks(
+            blocks=list(shared),
+            num_tokens=num_full * self._block_size,
+            block_hashes=parent.block_hashes[:num_full],
+        )
+        return num_full * self._block_size
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every free block's hash; returns how many were dropped."""
+        return self.pool.reset_prefix_cache()
+
+    # -- slots for the runner ------------------------------------------------------
+
+    def slot_mapping(self, seq_id: SeqId, start_pos: int, num_tokens: int) -> list[int]:
+        """Flat slot of each position in [start_pos, start_pos + num_tokens).
+
+        Position p lives in table[p // block_size] at offset p % block_size:
+
+            positions   0  1  2  3 |  4  5  6  7 |  8  9        (block_size 4)
+            table       block 5    |  block 2    |  block 7
+            slots      20 21 22 23 |  8  9 10 11 | 28 29        slot = id*4 + p%4
+
+        Algorithm: walk block by block, emitting the run of consecutive slots
+        the range covers inside each block.
+        """
+        state = self._seq(seq_id)
+        end = start_pos + num_tokens
+        if start_pos < 0 or num_tokens < 0 or end > state.num_tokens:
+            raise EngineFailure(
+                f"positions [{start_pos}, {end}) are outside sequence {seq_id!r}'s "
+                f"{state.num_tokens} reserved slots", param="start_pos")
+        bs = self._block_size
+        slots: list[int] = []
+        pos = start_pos
+        while pos < end:
+            index, offset = divmod(pos, bs)
+            base = state.blocks[index].block_id * bs
+            run = min(bs - offset, end - pos)
+            slots.extend(range(base + offset, base + offset + run))
+            pos += run
+        return slots
+
+    def slots_for(self, seq_id: SeqId, num_tokens: int) -> list[int]:
+        """Slots of positions 0..num_tokens-1: the row's read index into the pool."""
+        return self.slot_mapping(seq_id, 0, num_tokens)
