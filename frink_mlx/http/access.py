@@ -1,0 +1,140 @@
+"""Request ids, one structured access-log line per request, and request metrics.
+
+The outermost middleware, so refusals (421/401/413/503) are logged, counted
+and carry a request id like everything else. Pure ASGI: it only wraps `send`
+to add headers and note the status, so streams flow through untouched.
+
+Rules:
+1. Every response carries `request-id` (Anthropic's name) and `x-request-id`
+   (OpenAI's). A valid incoming `x-request-id` (1-128 of [A-Za-z0-9._:-]) is
+   honoured; otherwise one is minted (`req_` + 24 hex digits).
+2. The id is on `request.state.request_id` for the endpoint to reuse.
+3. Endpoints that generate leave what they know on `request.state`; every
+   attribute is optional (absent = not measured, logged as null):
+       model: str              served model name
+       generation: int         model generation that served it
+       prompt_tokens: int      completion_tokens: int      cached_tokens: int
+       ttft_s: float           seconds from arrival to the first token
+   (`note_generation(request, ...)` sets them.) After the response ends this
+   middleware logs them and feeds Metrics: observe_request, observe_tokens,
+   observe_ttft and observe_token_latency (mean inter-token time, from
+   (duration - ttft) / (completion_tokens - 1)).
+4. One JSON object per line on the `frink_mlx.access` logger at INFO:
+   id, method, route, path, status, model, generation, prompt_tokens,
+   completion_tokens, cached_tokens, ttft_ms, duration_ms.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..metrics import metrics_of
+
+access_log = logging.getLogger("frink_mlx.access")
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+UNMATCHED_ROUTE = "<unmatched>"
+STATE_FIELDS = ("model", "generation", "prompt_tokens", "completion_tokens", "cached_tokens",
+                "ttft_s")
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex[:24]
+
+
+def incoming_request_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _VALID_ID.match(text) else None
+    return None
+
+
+def note_generation(request: Request, *, model: str | None = None,
+                    generation: int | None = None, prompt_tokens: int | None = None,
+                    completion_tokens: int | None = None, cached_tokens: int | None = None,
+                    ttft_s: float | None = None) -> None:
+    """Record what a generating endpoint knows, for the access log and metrics."""
+    values = {"model": model, "generation": generation, "prompt_tokens": prompt_tokens,
+              "completion_tokens": completion_tokens, "cached_tokens": cached_tokens,
+              "ttft_s": ttft_s}
+    for name, value in values.items():
+        if value is not None:
+            setattr(request.state, name, value)
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (bounded label), or '<unmatched>'."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) and path else UNMATCHED_ROUTE
+
+
+class AccessLogMiddleware:
+    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
+        self.app = app
+        self.enabled = enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = incoming_request_id(scope) or new_request_id()
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        id_headers = [(b"request-id", request_id.encode()), (b"x-request-id", request_id.encode())]
+        status = 500  # if the app raises before starting a response
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                kept = [(k, v) for k, v in message.get("headers", [])
+                        if k.lower() not in (b"request-id", b"x-request-id")]
+                message = dict(message)
+                message["headers"] = kept + id_headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._record(scope, state, request_id, status, time.perf_counter() - started)
+
+    def _record(self, scope: Scope, state: dict[str, Any], request_id: str, status: int,
+                duration_s: float) -> None:
+        route = route_template(scope)
+        method = str(scope.get("method", ""))
+        noted = {name: state.get(name) for name in STATE_FIELDS}
+        metrics = metrics_of(scope.get("app"))
+        if metrics is not None:
+            _observe(metrics, route, method, status, duration_s, noted)
+        if self.enabled and access_log.isEnabledFor(logging.INFO):
+            ttft = noted.pop("ttft_s")
+            line = {"id": request_id, "method": method, "route": route,
+                    "path": scope.get("path", ""), "status": status, **noted,
+                    "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+                    "duration_ms": round(duration_s * 1000, 1)}
+            access_log.info(json.dumps(line, separators=(",", ":")))
+
+
+def _observe(metrics: Any, route: str, method: str, status: int, duration_s: float,
+             noted: dict[str, Any]) -> None:
+    metrics.observe_request(route, status, duration_s, method=method)
+    model = str(noted["model"] or "")
+    prompt, completion = noted["prompt_tokens"], noted["completion_tokens"]
+    if prompt is not None or completion is not None:
+        metrics.observe_tokens(int(prompt or 0), int(completion or 0), model=model)
+    ttft = noted["ttft_s"]
+    if ttft is not None:
+        metrics.observe_ttft(float(ttft), model=model)
+        if completion is not None and int(completion) > 1 and duration_s > ttft:
+            metrics.observe_token_latency((duration_s - ttft) / (int(completion) - 1), model=model)

@@ -1,0 +1,184 @@
+"""Prometheus metrics for one daemon: a private registry per app, no globals.
+
+Why a registry per app: tests build many apps in one process, and a scrape of
+one daemon must never show another's counters; so nothing here touches
+`prometheus_client`'s default REGISTRY.
+
+Two sources feed it:
+1. Push, per request: the access middleware (http/access.py) calls
+   `observe_request`, `observe_tokens`, `observe_ttft` and
+   `observe_token_latency` from what the endpoint left on `request.state`
+   (see that module), so adapters need no metrics wiring of their own.
+   The hub calls `observe_model_load(model, generation, load_time_s)`.
+2. Pull, per scrape: engine gauges (queue depth, running sequences, KV blocks,
+   prefix-cache hits) are read lazily from `stats_fn() -> EngineStats | None`,
+   bound with `bind_stats`. None (no model loaded) exports nothing rather than
+   zeros: absent means "not measured".
+
+Label cardinality is bounded: `route` is the matched route template (unknown
+paths are "<unmatched>"), `model` is a registry name, `status` an HTTP code.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .engine.types import EngineStats
+
+log = logging.getLogger(__name__)
+
+StatsFn = Callable[[], "EngineStats | None"]
+
+# Seconds. CPU-backend TTFTs run from milliseconds (tiny models) to tens of seconds.
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """Every metric the daemon exports, on its own `CollectorRegistry`."""
+
+    def __init__(self, stats_fn: StatsFn | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "frink_requests", "HTTP requests by route, method and status.",
+            ["route", "method", "status"], registry=r)
+        self.request_duration = Histogram(
+            "frink_request_duration_seconds", "Whole-request wall time, streams included.",
+            ["route"], buckets=REQUEST_BUCKETS_S, registry=r)
+        self.rejections = Counter(
+            "frink_requests_rejected", "Requests refused at the edge, by reason "
+            "(host, origin, auth, size, overloaded).", ["reason"], registry=r)
+        self.in_flight = Gauge(
+            "frink_http_requests_in_flight", "Requests admitted and not yet finished.",
+            registry=r)
+        self.prompt_tokens = Counter(
+            "frink_prompt_tokens", "Prompt tokens processed.", ["model"], registry=r)
+        self.generation_tokens = Counter(
+            "frink_generation_tokens", "Tokens generated.", ["model"], registry=r)
+        self.ttft = Histogram(
+            "frink_time_to_first_token_seconds", "Time from request arrival to the first token.",
+            ["model"], buckets=TTFT_BUCKETS_S, registry=r)
+        self.token_latency = Histogram(
+            "frink_time_per_output_token_seconds",
+            "Mean time between generated tokens, one observation per request.",
+            ["model"], buckets=TOKEN_LATENCY_BUCKETS_S, registry=r)
+        self.model_generation = Gauge(
+            "frink_model_generation", "Generation number of the most recently loaded model.",
+            registry=r)
+        self.model_load_time = Gauge(
+            "frink_model_load_seconds", "Wall time of the model's last load.", ["model"],
+            registry=r)
+        self.model_loads = Counter(
+            "frink_model_loads", "Model loads (initial, swaps and reloads).", ["model"],
+            registry=r)
+        self._stats_fn: StatsFn | None = stats_fn
+        r.register(_EngineCollector(self))
+
+    # --- push side -------------------------------------------------------
+    def bind_stats(self, stats_fn: StatsFn | None) -> None:
+        """Set (or clear) the callable scraped for engine gauges."""
+        self._stats_fn = stats_fn
+
+    def observe_request(self, route: str, status: int, duration_s: float,
+                        method: str = "GET") -> None:
+        self.requests.labels(route=route, method=method, status=str(status)).inc()
+        self.request_duration.labels(route=route).observe(max(duration_s, 0.0))
+
+    def observe_rejection(self, reason: str) -> None:
+        self.rejections.labels(reason=reason).inc()
+
+    def observe_tokens(self, prompt: int, completion: int, model: str = "") -> None:
+        if prompt > 0:
+            self.prompt_tokens.labels(model=model).inc(prompt)
+        if completion > 0:
+            self.generation_tokens.labels(model=model).inc(completion)
+
+    def observe_ttft(self, seconds: float, model: str = "") -> None:
+        self.ttft.labels(model=model).observe(max(seconds, 0.0))
+
+    def observe_token_latency(self, seconds: float, model: str = "") -> None:
+        self.token_latency.labels(model=model).observe(max(seconds, 0.0))
+
+    def observe_model_load(self, model: str, generation: int, load_time_s: float) -> None:
+        self.model_generation.set(generation)
+        self.model_load_time.labels(model=model).set(load_time_s)
+        self.model_loads.labels(model=model).inc()
+
+    # --- pull side -------------------------------------------------------
+    def engine_stats(self) -> EngineStats | None:
+        if self._stats_fn is None:
+            return None
+        try:
+            return self._stats_fn()
+        except Exception:  # a scrape must never fail because the engine is mid-swap
+            log.debug("engine stats unavailable during scrape", exc_info=True)
+            return None
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text exposition format."""
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Reads EngineStats at scrape time; nothing is cached between scrapes."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # families appear only once an engine exists
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._metrics.engine_stats()
+        if stats is None:
+            return
+        gauges: list[tuple[str, str, float]] = [
+            ("frink_queue_depth", "Sequences waiting for admission.", stats.num_waiting),
+            ("frink_running_sequences", "Sequences in the running batch.", stats.num_running),
+            ("frink_kv_blocks_capacity", "KV cache blocks in the pool.", stats.num_blocks_total),
+            ("frink_kv_blocks_used", "KV cache blocks referenced by sequences.",
+             stats.num_blocks_used),
+            ("frink_kv_blocks_cached", "Free KV blocks still holding a prefix hash.",
+             stats.num_blocks_cached),
+            ("frink_kv_block_size_tokens", "Tokens per KV block.", stats.block_size),
+            ("frink_context_ceiling_tokens", "Longest sequence the KV budget admits.",
+             stats.context_ceiling),
+        ]
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(name, doc, value=float(value))
+        counters: list[tuple[str, str, float]] = [
+            ("frink_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+             stats.prefix_hit_tokens_total),
+            ("frink_engine_steps", "Engine steps run by the current model generation.",
+             stats.steps_total),
+        ]
+        for name, doc, value in counters:
+            yield CounterMetricFamily(name, doc, value=float(value))
+
+
+def metrics_of(app: Any) -> Metrics | None:
+    """The app's Metrics (AppState.metrics at `app.state.frink`), or None before start-up."""
+    frink = getattr(getattr(app, "state", None), "frink", None)
+    metrics = getattr(frink, "metrics", None)
+    return metrics if isinstance(metrics, Metrics) else None
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    metrics = metrics_of(request.app)
+    if metrics is None:
+        return Response("# metrics unavailable: daemon is starting\n", status_code=503,
+                        media_type="text/plain", headers={"Retry-After": "1"})
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+routes: list[BaseRoute] = [Route("/metrics", metrics_endpoint, methods=["GET"])]
