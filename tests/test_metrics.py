@@ -1,0 +1,90 @@
+"""/metrics parses with prometheus_client's own parser and moves with traffic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from frink_mlx.engine.types import EngineStats
+from frink_mlx.metrics import Metrics
+from frink_mlx.settings import Settings
+from tests.http.test_security import Probe, make_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_counters_move_with_requests(tmp_path: Path) -> None:
+    app = make_app(Settings(config_dir=str(tmp_path)), Probe())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://127.0.0.1:8177") as c:
+        before = (await c.get("/metrics")).text
+        assert value(before, "frink_requests_total", route="/v1/chat/completions",
+                     method="POST", status="200") == 0
+        for _ in range(3):
+            await c.post("/v1/chat/completions", json={})
+        await c.post("/v1/chat/completions", content=b"x" * (9 * 1024 * 1024))
+        r = await c.get("/metrics")
+        assert r.headers["content-type"].startswith("text/plain")
+        after = r.text
+    assert value(after, "frink_requests_total", route="/v1/chat/completions",
+                 method="POST", status="200") == 3
+    assert value(after, "frink_requests_total", route="<unmatched>",
+                 method="POST", status="413") == 1
+    assert value(after, "frink_requests_rejected_total", reason="size") == 1
+    assert value(after, "frink_prompt_tokens_total", model="tiny") == 15
+    assert value(after, "frink_generation_tokens_total", model="tiny") == 12
+    assert value(after, "frink_time_to_first_token_seconds_count", model="tiny") == 3
+    assert value(after, "frink_time_per_output_token_seconds_count", model="tiny") == 3
+    assert value(after, "frink_request_duration_seconds_count", route="/metrics") == 1
+
+
+def test_engine_gauges_are_lazy_and_absent_without_engine() -> None:
+    metrics = Metrics()
+    assert "frink_queue_depth" not in metrics.render().decode()
+    stats = EngineStats(num_blocks_total=64, num_blocks_used=10, num_blocks_cached=5,
+                        block_size=16, num_running=2, num_waiting=7, prefix_hit_tokens_total=48)
+    metrics.bind_stats(lambda: stats)
+    text = metrics.render().decode()
+    assert value(text, "frink_queue_depth") == 7
+    assert value(text, "frink_running_sequences") == 2
+    assert value(text, "frink_kv_blocks_capacity") == 64
+    assert value(text, "frink_kv_blocks_used") == 10
+    assert value(text, "frink_kv_blocks_cached") == 5
+    assert value(text, "frink_prefix_cache_hit_tokens_total") == 48
+    stats.num_waiting = 1  # read at scrape time, not cached
+    assert value(metrics.render().decode(), "frink_queue_depth") == 1
+
+    def broken() -> EngineStats:
+        raise RuntimeError("mid-swap")
+    metrics.bind_stats(broken)
+    assert "frink_queue_depth" not in metrics.render().decode()
+
+
+def test_model_load_and_registries_are_private() -> None:
+    a, b = Metrics(), Metrics()
+    a.observe_model_load("smollm2", generation=4, load_time_s=1.25)
+    text = a.render().decode()
+    assert value(text, "frink_model_generation") == 4
+    assert value(text, "frink_model_load_seconds", model="smollm2") == 1.25
+    assert value(text, "frink_model_loads_total", model="smollm2") == 1
+    assert value(b.render().decode(), "frink_model_loads_total", model="smollm2") == 0
