@@ -1,0 +1,277 @@
+"""Paged KV storage in MLX arrays, speaking mlx-lm's cache protocol.
+
+Why: continuous batching needs every sequence's keys and values to live in
+one fixed pool addressed by block tables (kv/manager.py decides which block
+holds what), yet we want to run the *stock* mlx-lm model files (llama,
+qwen2, qwen3, mistral, ...) unchanged. Those files only ever talk to a cache
+object through a small duck-typed protocol:
+
+    queries = rope(queries, offset=cache.offset)        # per-row positions
+    keys, values = cache.update_and_fetch(keys, values)  # write new, read all
+    mask = cache.make_mask(N, return_array=..., window_size=...)
+
+so one `PagedLayerCache` per layer per forward call, backed by the shared
+`PagedKVStore`, is all it takes.
+
+Layout (slot-major, one pool per layer for K and one for V):
+
+    pool[layer]  shape (num_blocks * block_size + 1, n_kv_heads, head_dim)
+                 flat slot = block_id * block_size + offset_in_block
+                 the extra last slot is the *trash slot*: padding tokens
+                 write there and padded read positions point there.
+
+    block table [7, 2, 5]  (block_size 4), sequence length 10:
+        position  0 1 2 3 | 4 5 6 7 | 8 9
+        slot     28..31   |  8..11  | 20 21
+
+Rules:
+1. Writes are `pool[write_slots] = new_kv`, an in-place scatter. MLX only
+   updates in place when the pool array has exactly one live reference, so
+   the store is the sole owner of each pool array; never keep another
+   reference (not in a test, not in a cache object) or every step becomes a
+   full copy of the pool (decode time would then grow with num_blocks).
+2. Reads gather `pool[read_slots]` with `read_slots` shaped (B, T): row r's
+   positions 0..T-1, padded with the trash slot, transposed to (B, H, T, D).
+   Memory traffic per layer per step: the gather reads and writes
+   B*T*H*D elements for K and again for V (a contiguous copy), which
+   attention then reads once more; i.e. ~3x the bytes of the live context
+   rows, against ~1x for mlx-lm's contiguous KVCache. For the models we
+   serve on CPU this is small next to streaming the weights once per step
+   (SmolLM2-135M: 46 KB of fp32 KV per token vs 540 MB of weights), which
+   is why no custom kernel is needed on the CPU backend.
+3. Every row carries its own RoPE start position (`offset` is an int32
+   array of shape (B,)); `mx.fast.rope` accepts an array offset.
+4. The boolean mask has shape (B, 1, L, T): query i of row r (absolute
+   position start_r + i) may see key position j iff j <= start_r + i (and,
+   with a sliding window w, j > start_r + i - w). Padding queries (i beyond
+   the row's real tokens) see only key 0, so no softmax row is empty and
+   no NaN can leak into the trash slot. A single unpadded row needs no mask
+   array (None for one token, "causal" for a fresh prompt), which keeps the
+   single-stream path on the same kernels as mlx-lm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RowSpan:
+    """One row of a forward call: `num_new` tokens starting at `start`."""
+
+    start: int
+    num_new: int
+    block_table: Sequence[int]
+
+
+class PagedKVStore:
+    """The per-layer K/V pools. The only owner of the pool arrays (rule 1)."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: mx.Dtype,
+        v_head_dim: int | None = None,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1 (got {num_blocks}, {block_size})")
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.dtype = dtype
+        self.num_slots = num_blocks * block_size
+        self.trash_slot = self.num_slots
+        self.keys: list[mx.array] = [
+            mx.zeros((self.num_slots + 1, n_kv_heads, head_dim), dtype) for _ in range(num_layers)
+        ]
+        self.values: list[mx.array] = [
+            mx.zeros((self.num_slots + 1, n_kv_heads, self.v_head_dim), dtype)
+            for _ in range(num_layers)
+        ]
+        mx.eval(self.keys, self.values)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def arrays(self) -> list[mx.array]:
+        """The pools, for `mx.eval`/`mx.async_eval` (do not keep the list)."""
+        return [*self.keys, *self.values]
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int, int]]) -> None:
+        """Copy the first `num` slots of block `src` into block `dst`, every layer.
+
+        Used when forking n > 1 rows: children share full blocks but need
+        their own copy of the partially filled last block. The gather is
+        evaluated before the scatter so the scatter stays in place (rule 1).
+        """
+        if not pairs:
+            return
+        bs = self.block_size
+        src = mx.array(np.concatenate([np.arange(s * bs, s * bs + n) for s, _, n in pairs]), mx.int32)
+        dst = mx.array(np.concatenate([np.arange(d * bs, d * bs + n) for _, d, n in pairs]), mx.int32)
+        for pools in (self.keys, self.values):
+            for i in range(self.num_layers):
+                rows = pools[i][src]
+                mx.eval(rows)
+                pools[i][dst] = rows
+        mx.eval(self.keys, self.values)
+
+
+class BatchLayout:
+    """The index arrays of one forward call over `rows`, padded to length L.
+
+    write_slots (B*L,): where each input token's K/V goes (trash for padding)
+    read_slots  (B, T): slots of positions 0..T-1 per row (trash beyond the row)
+    offsets     (B,):   RoPE start position of each row
+    """
+
+    def __init__(self, rows: Sequence[RowSpan], *, block_size: int, trash_slot: int) -> None:
+        if not rows:
+            raise ValueError("a forward call needs at least one row")
+        self.batch = len(rows)
+        self.length = max(r.num_new for r in rows)
+        starts = np.array([r.start for r in rows], dtype=np.int64)
+        num_new = np.array([r.num_new for r in rows], dtype=np.int64)
+        ends = starts + num_new
+        self.width = int(ends.max())
+        self._starts, self._num_new = starts, num_new
+        slot_of = _slot_matrix(rows, block_size, trash_slot, self.width)
+        cols = np.arange(self.length)[None, :]
+        pos = starts[:, None] + cols
+        real = cols < num_new[:, None]
+        write = np.where(real, np.take_along_axis(slot_of, np.minimum(pos, self.width - 1), 1), trash_slot)
+        self.write_slots = mx.array(write.reshape(-1).astype(np.int32))
+        self.read_slots = mx.array(slot_of.astype(np.int32))
+        self.offsets = mx.array(starts.astype(np.int32))
+        self._masks: dict[Any, Any] = {}
+
+    def mask(self, window_size: int | None = None) -> mx.array | str | None:
+        """The attention mask (rule 4), built once per window size."""
+        if window_size in self._masks:
+            return self._masks[window_size]
+        value: mx.array | str | None
+        single = self.batch == 1 and window_size is None
+        if single and self.length == 1:
+            value = None
+        elif single and int(self._starts[0]) == 0:
+            value = "causal"
+        else:
+            value = mx.array(self._mask_np(window_size))
+        self._masks[window_size] = value
+        return value
+
+    def _mask_np(self, window_size: int | None) -> np.ndarray:
+        cols = np.arange(self.length)[None, :]
+        q_pos = self._starts[:, None] + cols                     # (B, L)
+        k_pos = np.arange(self.width)[None, None, :]              # (1, 1, T)
+        allowed = k_pos <= q_pos[:, :, None]
+        if window_size is not None:
+            allowed &= k_pos > (q_pos[:, :, None] - window_size)
+        real_q = (cols < self._num_new[:, None])[:, :, None]
+        allowed = np.where(real_q, allowed, k_pos == 0)
+        return allowed[:, None, :, :]
+
+
+def _slot_matrix(rows: Sequence[RowSpan], block_size: int, trash_slot: int, width: int) -> np.ndarray:
+    """(B, width) flat slots of positions 0..width-1 per row; trash past a row's end."""
+    num_blocks_wide = (width + block_size - 1) // block_size
+    tables = np.zeros((len(rows), num_blocks_wide), dtype=np.int64)
+    for r, row in enumerate(rows):
+        needed = (row.start + row.num_new + block_size - 1) // block_size
+        if len(row.block_table) < needed:
+            raise ValueError(
+                f"row {r}: block table holds {len(row.block_table)} blocks, needs {needed}"
+            )
+        tables[r, :needed] = row.block_table[:needed]
+    pos = np.arange(width)
+    slots = tables[:, pos // block_size] * block_size + (pos % block_size)[None, :]
+    ends = np.array([row.start + row.num_new for row in rows])[:, None]
+    return np.where(pos[None, :] < ends, slots, trash_slot)
+
+
+class PagedLayerCache:
+    """mlx-lm's per-layer cache protocol over one layer of a `PagedKVStore`.
+
+    Built fresh for each forward call (cheap: it only holds indices). It
+    never keeps a pool array itself (rule 1): it reaches through the store.
+    """
+
+    def __init__(self, store: PagedKVStore, layer: int, layout: BatchLayout) -> None:
+        self._store = store
+        self._layer = layer
+        self._layout = layout
+        self.offset = layout.offsets
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        batch, heads, length, _ = keys.shape
+        lay, i, store = self._layout, self._layer, self._store
+        k_new = keys.transpose(0, 2, 1, 3).reshape(batch * length, heads, keys.shape[-1])
+        v_new = values.transpose(0, 2, 1, 3).reshape(batch * length, heads, values.shape[-1])
+        store.keys[i][lay.write_slots] = k_new.astype(store.dtype)
+        store.values[i][lay.write_slots] = v_new.astype(store.dtype)
+        k_all = store.keys[i][lay.read_slots].transpose(0, 2, 1, 3)
+        v_all = store.values[i][lay.read_slots].transpose(0, 2, 1, 3)
+        return k_all, v_all
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None, **_: Any
+    ) -> mx.array | str | None:
+        value = self._layout.mask(window_size)
+        if return_array and not isinstance(value, mx.array):
+            value = mx.array(self._layout._mask_np(window_size))
+        return value
+
+    # --- the rest of the protocol: the pool, not this view, holds the state ---
+    @property
+    def state(self) -> list[mx.array]:
+        return []
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def trim(self, n: int) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return False
+
+    def size(self) -> int:
+        return self._layout.width
+
+
+def make_layer_caches(store: PagedKVStore, layout: BatchLayout) -> list[PagedLayerCache]:
+    """One protocol object per layer for a forward call over `layout`."""
+    return [PagedLayerCache(store, i, layout) for i in range(store.num_layers)]
+
+
+def model_kv_geometry(model: Any) -> tuple[int, int, int]:
+    """(num_layers, n_kv_heads, head_dim) of a stock mlx-lm model."""
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ValueError("model has no `layers`; cannot size a paged KV cache for it")
+    attn = getattr(layers[0], "self_attn", None)
+    args = getattr(model, "args", None)
+    n_kv = getattr(attn, "n_kv_heads", None) or getattr(args, "num_key_value_heads", None)
+    head_dim = getattr(attn, "head_dim", None) or getattr(args, "head_dim", None)
+    if head_dim is None and args is not None:
+        head_dim = args.hidden_size // args.num_attention_heads
+    if n_kv is None or head_dim is None:
+        raise ValueError("cannot read n_kv_heads/head_dim from the model's attention layers")
+    return len(layers), int(n_kv), int(head_dim)

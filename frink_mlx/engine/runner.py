@@ -1,0 +1,185 @@
+"""Executes one scheduler step with MLX: inputs, index arrays, forward, sampling.
+
+Why separate from the scheduler: the plan is integers (testable, and made
+while the previous step still runs); this module is the only place that
+turns it into arrays and calls the stock mlx-lm model.
+
+One step, in order:
+1. Block copies for freshly forked rows (n > 1), see kv/paged.py.
+2. Decode forward: every decoding row, one token each, shape (B, 1). A row
+   whose input token was sampled by the previous step takes it straight
+   from that step's (possibly still lazy) token array, so the engine can
+   build step t+1 before reading step t back (mlx-lm's generate_step trick).
+3. Prefill forward: the step's prompt chunks, right-padded to one length.
+   Only the last real position of a *final* chunk goes through the LM head
+   (for the model families we know how to split; others run the full head
+   and slice), so non-final chunks never pay for the (L, vocab) matmul.
+   Decode and prefill are separate calls: padding a decode row to a chunk
+   length would waste compute.
+4. Sampling (sampling.py) over [decode rows; final chunk rows repeated once
+   per sampled row], in `SchedulerOutput.sample_seq_ids` order.
+5. `mx.async_eval` of the tokens and the KV pools; `StepResult.read()`
+   blocks until the host has the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
+from .sampling import RowSampler, SampleOutput, sample
+from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
+from .types import TopLogprob
+
+_SPLITTABLE = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
+
+
+@dataclass(slots=True)
+class RowResult:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class StepResult:
+    """The lazy outputs of one dispatched step."""
+
+    def __init__(self, seq_ids: list[int], out: SampleOutput | None, samplers: Sequence[RowSampler]) -> None:
+        self.seq_ids = seq_ids
+        self._out = out
+        self._want_top = [s.params.top_logprobs for s in samplers]
+        self._want_lp = [s.params.logprobs for s in samplers]
+
+    def read(self) -> list[RowResult]:
+        """Block until the step's tokens are on the host."""
+        if self._out is None:
+            return []
+        out = self._out
+        tokens = out.tokens.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        results = []
+        for i, tok in enumerate(tokens):
+            res = RowResult(int(tok))
+            if lps is not None and self._want_lp[i]:
+                res.logprob = float(lps[i])
+                k = self._want_top[i]
+                if k and top_ids is not None and top_vals is not None:
+                    res.top_logprobs = [TopLogprob(int(t), float(v))
+                                        for t, v in zip(top_ids[i][:k], top_vals[i][:k])]
+            results.append(res)
+        return results
+
+
+class Runner:
+    def __init__(self, model: Any, store: PagedKVStore) -> None:
+        self.model = model
+        self.store = store
+        self._split = _split_head(model)
+        self._prev_tokens: mx.array | None = None
+        self._prev_index: dict[int, int] = {}
+
+    def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
+        """Dispatch one step (asynchronously); see the module docstring."""
+        self.store.copy_blocks(plan.copies)
+        parts: list[mx.array] = []
+        if plan.decode:
+            parts.append(self._decode(plan.decode))
+        if plan.prefill:
+            final = self._prefill(plan.prefill)
+            if final is not None:
+                parts.append(final)
+        seq_ids = plan.sample_seq_ids
+        rows = [samplers[s] for s in seq_ids]
+        if not parts:
+            mx.async_eval(self.store.arrays())
+            return StepResult([], None, [])
+        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        out = sample(logits, rows)
+        self._prev_tokens = out.tokens
+        self._prev_index = {s: i for i, s in enumerate(seq_ids)}
+        mx.async_eval(*out.arrays(), *self.store.arrays())
+        return StepResult(seq_ids, out, rows)
+
+    def forget_pending(self) -> None:
+        """Drop the previous step's token array (after an error)."""
+        self._prev_tokens = None
+        self._prev_index = {}
+
+    def _decode(self, rows: list[DecodeRow]) -> mx.array:
+        layout = BatchLayout([RowSpan(r.position, 1, r.block_table) for r in rows],
+                             block_size=self.store.block_size, trash_slot=self.store.trash_slot)
+        inputs = self._decode_inputs(rows)
+        logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
+        return logits[:, -1, :]
+
+    def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
+        if all(r.token_id is not None for r in rows):
+            return mx.array([r.token_id for r in rows], dtype=mx.int32)
+        if self._prev_tokens is None:
+            raise RuntimeError("a decode row waits for a token no step produced")
+        prev_n = self._prev_tokens.shape[0]
+        known = [r.token_id for r in rows if r.token_id is not None]
+        index, k = [], 0
+        for r in rows:
+            if r.token_id is None:
+                index.append(self._prev_index[r.seq_id])
+            else:
+                index.append(prev_n + k)
+                k += 1
+        pool = self._prev_tokens
+        if known:
+            pool = mx.concatenate([pool, mx.array(known, dtype=mx.int32)])
+        if index == list(range(prev_n)):
+            return pool
+        return pool[mx.array(index, dtype=mx.int32)]
+
+    def _prefill(self, chunks: list[PrefillChunk]) -> mx.array | None:
+        """Run the chunks; logits (one row per sampled row) of the final ones, or None."""
+        length = max(len(c.token_ids) for c in chunks)
+        inputs = np.zeros((len(chunks), length), dtype=np.int32)
+        for i, c in enumerate(chunks):
+            inputs[i, :len(c.token_ids)] = c.token_ids
+        layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
+                             block_size=self.store.block_size, trash_slot=self.store.trash_slot)
+        caches = make_layer_caches(self.store, layout)
+        finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
+                  for i, c in enumerate(chunks) if c.sample_seq_ids]
+        x = mx.array(inputs)
+        if self._split is not None:
+            body, head = self._split
+            hidden = body(x, caches)
+            if not finals:
+                return None
+            picked = _pick(hidden, finals)
+            return head(picked)
+        logits = self.model(x, cache=caches)
+        return _pick(logits, finals) if finals else None
+
+
+def _pick(values: mx.array, finals: list[tuple[int, int, int]]) -> mx.array:
+    """values[(row, pos)] for each final chunk, repeated once per sampled row."""
+    rows = [r for r, _, n in finals for _ in range(n)]
+    cols = [c for _, c, n in finals for _ in range(n)]
+    return values[mx.array(rows), mx.array(cols)]
+
+
+def _split_head(model: Any) -> tuple[Callable, Callable] | None:
+    """(body, head) for model families whose logits are head(body(x)); else None."""
+    kind = type(model).__module__
+    inner = getattr(model, "model", None)
+    args = getattr(model, "args", None)
+    if kind not in _SPLITTABLE or inner is None or args is None:
+        return None
+    if getattr(args, "tie_word_embeddings", False):
+        head = inner.embed_tokens.as_linear
+    elif hasattr(model, "lm_head"):
+        head = model.lm_head
+    else:
+        return None
+    return (lambda x, caches: inner(x, caches)), head

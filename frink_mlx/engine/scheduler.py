@@ -1,0 +1,399 @@
+"""The continuous-batching scheduler: plans each engine step in integers.
+
+Why integers only: the plan (who decodes, which prompt chunk is prefilled,
+which blocks each row reads and writes) must be testable without a model,
+and the engine must be able to plan step t+1 while step t still runs on the
+device (pipelining, see engine.py). So this module never imports mlx; the
+runner turns a `SchedulerOutput` into arrays.
+
+Vocabulary: a *request* (`SeqRequest`, with n rows) becomes a `Group`; each
+row is a `Seq` with its own block table in the `KVCacheManager`. A seq's
+`token_ids` are its prompt plus every output token the host knows;
+`num_pending` counts tokens already sampled on the device but not yet read
+back (at most 1: the previous step's). `num_computed` counts positions whose
+K/V is written or scheduled to be written.
+
+Rules:
+1. Admission is strict FIFO against the block budget: the head of the
+   waiting queue is admitted only when its whole prefill target fits (after
+   prefix-cache hits) and the batch has room for its n rows; if it does not,
+   nobody behind it jumps the queue.
+2. Every step decodes one token for every running seq whose prefill is done
+   and whose `max_tokens` is not yet scheduled, and spends up to
+   `prefill_chunk_tokens` on prefill chunks (running seqs first, then
+   admissions), so a long prompt never stalls running streams.
+3. Decode needs one new slot per row per step; when the pool is out of
+   blocks, the newest running seq is preempted (blocks freed, requeued at the
+   head of the waiting queue, recomputed later from its prompt + outputs,
+   mostly from the prefix cache) instead of failing anybody.
+4. n > 1: row 0 prefills the prompt once; the step that runs its final chunk
+   samples all n rows from the same logits and forks rows 1..n-1, which share
+   the full blocks and get their own copy of the partial last block (a
+   `copies` entry the runner performs before the next forward).
+5. A finished or aborted seq frees its blocks at once; a step already in
+   flight may still write its (discarded) token into them, which is safe
+   because the device runs steps in order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .kv.hashing import make_extra_key
+from .kv.manager import KVCacheManager
+from .types import EngineFinish, SeqRequest
+
+
+@dataclass(slots=True)
+class Group:
+    """One request: n rows sharing a prompt."""
+
+    request: SeqRequest
+    extra_key: tuple
+    arrival_s: float
+    seqs: list["Seq"] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    activated: bool = False  # row 0's prompt was prefilled; every row is live
+
+
+@dataclass(slots=True)
+class Seq:
+    seq_id: int
+    group: Group
+    index: int
+    token_ids: list[int]
+    num_prompt: int
+    max_tokens: int
+    num_pending: int = 0
+    num_computed: int = 0
+    num_scheduled_outputs: int = 0   # outputs known + pending + scheduled this step
+    prefill_target: int = 0          # positions to prefill before decoding (0 = decoding)
+    finish: EngineFinish | None = None
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.token_ids) - self.num_prompt + self.num_pending
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    seq_id: int
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    seq_id: int
+    position: int
+    block_table: list[int]
+    token_id: int | None  # None: the token the previous step sampled (still on device)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    decode: list[DecodeRow] = field(default_factory=list)
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
+    preempted: list[int] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    @property
+    def sample_seq_ids(self) -> list[int]:
+        """The order of sampled rows: decode rows, then each final chunk's rows."""
+        ids = [row.seq_id for row in self.decode]
+        for chunk in self.prefill:
+            ids.extend(chunk.sample_seq_ids)
+        return ids
+
+
+@dataclass(slots=True)
+class Finished:
+    seq: Seq
+    reason: EngineFinish
+    error: str | None = None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_batch: int,
+        prefill_chunk_tokens: int,
+        generation: int = 0,
+    ) -> None:
+        if max_batch < 1 or prefill_chunk_tokens < 1:
+            raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
+        self.kv = kv
+        self.max_batch = max_batch
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.generation = generation
+        self.waiting: deque[Group] = deque()
+        self.running: list[Seq] = []
+        self.seqs: dict[int, Seq] = {}
+        self._next_seq_id = 0
+        self._pending_copies: list[tuple[int, int, int]] = []
+        self.prefix_hit_tokens_total = 0
+        self.prompt_tokens_total = 0
+        self.num_preemptions = 0
+
+    # -- requests in and out ----------------------------------------------------
+
+    def add(self, request: SeqRequest, now_s: float | None = None) -> Group:
+        group = Group(request, make_extra_key(self.generation, request.cache_salt),
+                      time.monotonic() if now_s is None else now_s)
+        for index in range(request.n if request.n > 1 else 1):
+            seq = Seq(self._new_id(), group, index, list(request.prompt_ids),
+                      len(request.prompt_ids), request.max_tokens)
+            group.seqs.append(seq)
+            self.seqs[seq.seq_id] = seq
+        self.waiting.append(group)
+        self.prompt_tokens_total += len(request.prompt_ids)
+        return group
+
+    def _new_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    def abort(self, request_id: str, reason: EngineFinish = "abort",
+              error: str | None = None) -> list[Finished]:
+        """End every live row of `request_id` now; their blocks are freed."""
+        done: list[Finished] = []
+        for group in list(self.waiting):
+            if group.request.request_id == request_id:
+                self.waiting.remove(group)
+        for seq in list(self.seqs.values()):
+            if seq.group.request.request_id == request_id and seq.finish is None:
+                done.append(self._finish(seq, reason, error))
+        return done
+
+    def expire_waiting(self, older_than_s: float, now_s: float | None = None) -> list[Group]:
+        """Remove (and return) waiting requests that arrived before `older_than_s` ago."""
+        now = time.monotonic() if now_s is None else now_s
+        expired = [g for g in self.waiting if now - g.arrival_s > older_than_s]
+        for group in expired:
+            self.waiting.remove(group)
+            for seq in group.seqs:
+                if seq.finish is None:
+                    self._finish(seq, "error")
+        return expired
+
+    def _finish(self, seq: Seq, reason: EngineFinish, error: str | None = None) -> Finished:
+        seq.finish = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        self.seqs.pop(seq.seq_id, None)
+        return Finished(seq, reason, error)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- planning ---------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step.
+
+        Algorithm:
+          1. decode: for each running seq past prefill with outputs left, reserve
+             one slot (preempting the newest running seq when out of blocks);
+          2. prefill: give the chunk budget to running seqs still in prefill, in
+             admission order;
+          3. admit from the head of the waiting queue while the budget, the batch
+             and the block pool allow (strict FIFO), each starting its first chunk.
+        """
+        out = SchedulerOutput(copies=self._pending_copies)
+        self._pending_copies = []
+        self._plan_decode(out)
+        budget = self.prefill_chunk_tokens
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq.in_prefill and seq.finish is None:
+                budget -= self._plan_chunk(seq, budget, out)
+        while budget > 0 and self.waiting and self._admit_head():
+            budget -= self._plan_chunk(self.running[-1], budget, out)
+        self.mark_sampled(out.sample_seq_ids)
+        return out
+
+    def _plan_decode(self, out: SchedulerOutput) -> None:
+        for seq in list(self.running):
+            if seq not in self.running or seq.in_prefill or seq.finish is not None:
+                continue
+            if seq.num_scheduled_outputs >= seq.max_tokens:
+                continue
+            if not self._reserve(seq, 1, out):
+                continue  # seq itself was preempted
+            position = seq.num_computed
+            token = seq.token_ids[-1] if seq.num_pending == 0 else None
+            out.decode.append(DecodeRow(seq.seq_id, position, [], token))
+            seq.num_computed += 1
+            seq.num_scheduled_outputs += 1
+        for row in out.decode:  # tables once every reservation is done
+            row.block_table = self.kv.block_table(row.seq_id)
+
+    def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
+        while self.kv.allocate_slots(seq.seq_id, num_tokens) is None:
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Seq, out: SchedulerOutput) -> None:
+        """Rule 3: free seq's blocks and put it back at the head of the queue."""
+        self.running.remove(seq)
+        out.preempted.append(seq.seq_id)
+        out.decode = [row for row in out.decode if row.seq_id != seq.seq_id]
+        self.num_preemptions += 1
+        group = seq.group
+        if not group.activated:  # row 0 of a request still in its first prefill
+            for member in group.seqs:
+                self.kv.free(member.seq_id)
+                member.num_computed = member.prefill_target = 0
+            self.waiting.appendleft(group)
+            return
+        self.kv.free(seq.seq_id)
+        seq.num_computed = seq.prefill_target = 0
+        seq.num_scheduled_outputs = seq.num_outputs
+        solo = Group(group.request, group.extra_key, group.arrival_s, [seq],
+                     group.num_cached_tokens, activated=True)
+        seq.group = solo
+        self.waiting.appendleft(solo)
+
+    def _admit_head(self) -> bool:
+        """Rule 1: admit the waiting head if its blocks and rows fit; else admit nobody."""
+        group = self.waiting[0]
+        seq = group.seqs[0]
+        if seq.num_pending:  # its last token is still on the device
+            return False
+        if len(self.running) + len(group.seqs) > self.max_batch:
+            return False
+        cache_prompt = group.request.cache_prompt
+        blocks, num_hit = self.kv.get_computed_blocks(seq.token_ids, group.extra_key,
+                                                      cache_prompt=cache_prompt)
+        target = len(seq.token_ids)
+        if self.kv.allocate_slots(seq.seq_id, target - num_hit, blocks) is None:
+            return False
+        if not group.activated and not self._fork_children(seq):
+            self.kv.free(seq.seq_id)
+            return False
+        self.waiting.popleft()
+        seq.num_computed = num_hit
+        seq.prefill_target = target
+        if not group.activated:
+            group.num_cached_tokens = num_hit
+            self.prefix_hit_tokens_total += num_hit
+        self.running.append(seq)
+        return True
+
+    def _fork_children(self, parent: Seq) -> bool:
+        """Rule 4: open rows 1..n-1 on the parent's reserved prompt blocks, or roll back."""
+        length = len(parent.token_ids)
+        opened: list[Seq] = []
+        for child in parent.group.seqs[1:]:
+            num_shared = self.kv.fork(parent.seq_id, child.seq_id, length)
+            opened.append(child)
+            if self.kv.allocate_slots(child.seq_id, length - num_shared) is None:
+                for member in opened:
+                    self.kv.free(member.seq_id)
+                return False
+            child.num_computed = num_shared
+        return True
+
+    def _plan_chunk(self, seq: Seq, budget: int, out: SchedulerOutput) -> int:
+        """Schedule the next prefill chunk of seq within budget; returns tokens used."""
+        num = min(budget, seq.prefill_target - seq.num_computed)
+        start = seq.num_computed
+        chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
+                             self.kv.block_table(seq.seq_id), [])
+        seq.num_computed += num
+        if not seq.in_prefill:
+            chunk.sample_seq_ids = [seq.seq_id]
+            seq.prefill_target = 0
+            seq.num_scheduled_outputs = seq.num_outputs + 1
+            if not seq.group.activated:
+                chunk.sample_seq_ids += self._activate_children(seq)
+        out.prefill.append(chunk)
+        return num
+
+    def _activate_children(self, parent: Seq) -> list[int]:
+        """The parent's final chunk runs now: rows 1..n-1 join the batch next step."""
+        group = parent.group
+        group.activated = True
+        bs = self.kv.block_size
+        length = len(parent.token_ids)
+        for child in group.seqs[1:]:
+            if length > child.num_computed:
+                index = child.num_computed // bs
+                src = self.kv.block_table(parent.seq_id)[index]
+                dst = self.kv.block_table(child.seq_id)[index]
+                self._pending_copies.append((src, dst, length - child.num_computed))
+            child.num_computed = length
+            child.num_scheduled_outputs = 1
+            self.running.append(child)
+        return [child.seq_id for child in group.seqs[1:]]
+
+    # -- results ----------------------------------------------------------------
+
+    def mark_sampled(self, seq_ids: Iterable[int]) -> None:
+        """The planned step samples these rows; their tokens are pending until `update`."""
+        for seq_id in seq_ids:
+            seq = self.seqs.get(seq_id)
+            if seq is not None:
+                seq.num_pending += 1
+
+    def update(self, seq_ids: list[int], token_ids: list[int],
+               stop_reasons: dict[int, EngineFinish] | None = None) -> list[Finished]:
+        """Record the tokens one step sampled; returns the rows that finished.
+
+        Rows no longer live (aborted, finished or preempted meanwhile) are skipped.
+        A row finishes on a stop token ("eos"), its max_tokens ("length"), or a
+        reason the engine supplies (constraint verdicts).
+        """
+        done: list[Finished] = []
+        for seq_id, token in zip(seq_ids, token_ids):
+            seq = self.seqs.get(seq_id)
+            if seq is None or seq.num_pending == 0:
+                continue
+            seq.num_pending -= 1
+            seq.token_ids.append(token)
+            self._publish(seq)
+            reason = (stop_reasons or {}).get(seq_id)
+            if reason is None and token in seq.group.request.stop_token_ids:
+                reason = "eos"
+            if reason is None and seq.num_outputs >= seq.max_tokens and not seq.num_pending:
+                reason = "length"
+            if reason is not None:
+                self._drop_waiting(seq)
+                done.append(self._finish(seq, reason))
+        return done
+
+    def _publish(self, seq: Seq) -> None:
+        if seq.seq_id not in self.kv or seq.in_prefill:
+            return
+        known = min(len(seq.token_ids), seq.num_computed)
+        self.kv.cache_blocks(seq.seq_id, seq.token_ids[:known], seq.group.extra_key,
+                             cache_prompt=seq.group.request.cache_prompt)
+
+    def _drop_waiting(self, seq: Seq) -> None:
+        for group in list(self.waiting):
+            if seq in group.seqs:
+                group.seqs.remove(seq)
+                if not group.seqs:
+                    self.waiting.remove(group)
