@@ -1,1 +1,93 @@
-"""adapters/anthropic"""
+"""Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
+
+The routes only decode, translate (translate.py) and frame; the daemon's
+AppState does the work. Quirks kept on purpose:
+1. Every error -- malformed JSON included -- leaves in Anthropic's envelope
+   `{"type": "error", "error": {"type", "message"}}` with the error's status.
+2. The prompt is rendered and admitted before the SSE header is sent, so a
+   template error or an over-long prompt is a real 400, not an `error` event.
+3. Streams send `ping` right after `message_start` (as Anthropic does) and as
+   the keepalive while the model is silent; an engine failure mid-stream is an
+   `error` event, after which the stream ends.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ...core.events import Done, ErrorEvent
+from ...errors import EngineFailure
+from ...http.body import decode_body
+from ...http.errors import anthropic_error, endpoint
+from ...http.sse import run_until_disconnect, sse_frame, sse_response
+from . import wire
+from .translate import Frame, MessageBuilder, to_gen_request
+
+PING_FRAME = sse_frame(json.dumps({"type": "ping"}), event="ping")
+
+
+def _message_id(run: Any) -> str:
+    run_id = str(getattr(run, "id", "") or uuid.uuid4().hex)
+    return run_id if run_id.startswith("msg_") else f"msg_{run_id.split('-')[-1]}"
+
+
+def _encode(frames: list[Frame]) -> str:
+    return "".join(sse_frame(json.dumps(payload, ensure_ascii=False), event=name)
+                   for name, payload in frames)
+
+
+async def _stream(run: Any, builder: MessageBuilder) -> AsyncIterator[str]:
+    yield _encode(builder.start())
+    async for event in run.events():
+        if event.index != 0:
+            continue
+        frames = builder.feed(event)
+        if frames:
+            yield _encode(frames)
+        if isinstance(event, (Done, ErrorEvent)):
+            return
+
+
+async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:
+    async for event in run.events():
+        if event.index != 0:
+            continue
+        if isinstance(event, ErrorEvent):
+            raise EngineFailure(event.message, code=event.code)
+        builder.feed(event)
+        if isinstance(event, Done):
+            break
+    return builder.message()
+
+
+@endpoint(anthropic_error)
+async def create_message(request: Request) -> Response:
+    body = await decode_body(request, wire.MessagesRequest)
+    gen = to_gen_request(body)
+    run = await request.app.state.frink.generate(gen)
+    builder = MessageBuilder(id=_message_id(run), model=run.model,
+                             prompt_tokens=run.prompt_tokens)
+    if body.stream:
+        return sse_response(_stream(run, builder), on_close=run.abort, keepalive_frame=PING_FRAME)
+    message = await run_until_disconnect(request, lambda: _collect(run, builder),
+                                         on_disconnect=run.abort)
+    return JSONResponse(message)
+
+
+@endpoint(anthropic_error)
+async def count_tokens(request: Request) -> Response:
+    body = await decode_body(request, wire.CountTokensRequest)
+    num_tokens = await request.app.state.frink.count_tokens(to_gen_request(body))
+    return JSONResponse({"input_tokens": num_tokens})
+
+
+routes: list[BaseRoute] = [
+    Route("/v1/messages", create_message, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]

@@ -1,0 +1,144 @@
+"""Anthropic Messages API wire structs (requests only; responses are built as dicts).
+
+Rules:
+1. Every request struct forbids unknown fields, so a field this server does not
+   implement (`service_tier`, `container`, `mcp_servers`, ...) is refused by name
+   ("Object contains unknown field `container`") instead of being ignored.
+2. Content blocks are a tagged union on `type`. Blocks the server cannot serve
+   (images, documents, server-tool results) decode into `OtherBlock`-like structs
+   so translate.py can refuse them naming their position, rather than failing
+   with an opaque union error.
+3. `cache_control` is accepted everywhere the API allows it and has no effect
+   beyond what the automatic prefix cache already does (it is a hint, not a
+   semantic change); `citations` on text blocks sent back by a client likewise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+
+class _Block(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class TextBlock(_Block, tag="text"):
+    text: str
+    cache_control: dict[str, Any] | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class ToolUseBlock(_Block, tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ImageBlock(_Block, tag="image"):
+    source: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class DocumentBlock(_Block, tag="document"):
+    source: dict[str, Any]
+    title: str | None = None
+    context: str | None = None
+    citations: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Block, tag="tool_result"):
+    tool_use_id: str
+    content: Union[str, list[Union[TextBlock, ImageBlock, DocumentBlock]]] = ""
+    is_error: bool = False
+    cache_control: dict[str, Any] | None = None
+
+
+class ThinkingBlock(_Block, tag="thinking"):
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Block, tag="redacted_thinking"):
+    data: str
+
+
+ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
+                     RedactedThinkingBlock, ImageBlock, DocumentBlock]
+
+
+class MessageParam(msgspec.Struct, forbid_unknown_fields=True):
+    role: Literal["user", "assistant"]
+    content: Union[str, list[ContentBlock]]
+
+
+class ToolParam(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    input_schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    description: str = ""
+    type: str | None = None            # "custom" or absent; server tools are refused by name
+    cache_control: dict[str, Any] | None = None
+
+
+class _Choice(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class ToolChoiceAuto(_Choice, tag="auto"):
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(_Choice, tag="any"):
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(_Choice, tag="tool"):
+    name: str
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(_Choice, tag="none"):
+    pass
+
+
+ToolChoice = Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone]
+
+
+class ThinkingEnabled(_Choice, tag="enabled"):
+    budget_tokens: int
+
+
+class ThinkingDisabled(_Choice, tag="disabled"):
+    pass
+
+
+class Metadata(msgspec.Struct, forbid_unknown_fields=True):
+    user_id: str | None = None
+
+
+class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    messages: list[MessageParam]
+    system: Union[str, list[TextBlock], None] = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+
+
+class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    max_tokens: int
+    messages: list[MessageParam]
+    system: Union[str, list[TextBlock], None] = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+    metadata: Metadata | None = None

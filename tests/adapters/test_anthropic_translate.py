@@ -1,0 +1,190 @@
+"""Anthropic adapter on golden JSON, no model: wire -> GenRequest, events -> frames/message."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+
+from frink_mlx.adapters.anthropic import wire
+from frink_mlx.adapters.anthropic.translate import (MessageBuilder, thinking_signature,
+                                                    to_gen_request)
+from frink_mlx.core.events import (Done, ErrorEvent, ReasoningDelta, TextDelta, ToolCallDelta,
+                                   ToolCallEnd, ToolCallStart, Usage)
+from frink_mlx.core.request import Message, ToolCall
+from frink_mlx.errors import InvalidRequest, UnsupportedField
+from frink_mlx.http.body import decode_struct
+
+TOOL_ROUND_TRIP = {
+    "model": "default", "max_tokens": 64, "temperature": 0.5, "top_p": 0.9, "top_k": 20,
+    "stop_sequences": ["END"], "metadata": {"user_id": "u1"},
+    "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 2048},
+    "tools": [{"name": "get_weather", "description": "Weather for a city",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "tool_choice": {"type": "auto"},
+    "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Use the tool.", "signature": "sig"},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "18C, sunny"}]},
+            {"type": "text", "text": "Thanks!"}]},
+    ],
+}
+
+
+def decode(body: dict[str, Any], kind: type = wire.MessagesRequest) -> Any:
+    return decode_struct(json.dumps(body).encode(), kind)
+
+
+def test_tool_round_trip_request_translates() -> None:
+    gen = to_gen_request(decode(TOOL_ROUND_TRIP))
+    assert gen.messages == [
+        Message("system", "Be brief."),
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "Checking.", tool_calls=[
+            ToolCall("toolu_1", "get_weather", '{"city": "Paris"}')], reasoning="Use the tool."),
+        Message("tool", "18C, sunny", tool_call_id="toolu_1", name="get_weather"),
+        Message("user", "Thanks!"),
+    ]
+    assert [t.name for t in gen.tools] == ["get_weather"]
+    assert gen.tools[0].parameters["properties"]["city"] == {"type": "string"}
+    assert (gen.max_tokens, gen.stop, gen.user) == (64, ["END"], "u1")
+    assert (gen.sampling.temperature, gen.sampling.top_p, gen.sampling.top_k) == (0.5, 0.9, 20)
+    assert (gen.thinking, gen.thinking_budget_tokens, gen.tool_choice) == (True, 2048, "auto")
+
+
+@pytest.mark.parametrize("choice,expected", [
+    ({"type": "any"}, "required"), ({"type": "none"}, "none"),
+    ({"type": "tool", "name": "get_weather"}, "get_weather")])
+def test_tool_choice_mapping(choice: dict, expected: str) -> None:
+    assert to_gen_request(decode({**TOOL_ROUND_TRIP, "tool_choice": choice})).tool_choice == expected
+
+
+def test_thinking_disabled_and_absent() -> None:
+    base = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert to_gen_request(decode({**base, "thinking": {"type": "disabled"}})).thinking is False
+    gen = to_gen_request(decode(base))
+    assert gen.thinking is None and gen.stream is False and gen.sampling.temperature == 1.0
+
+
+def test_count_tokens_request() -> None:
+    req = decode({"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "s"},
+                 wire.CountTokensRequest)
+    assert [m.role for m in to_gen_request(req).messages or []] == ["system", "user"]
+
+
+@pytest.mark.parametrize("patch,param", [
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
+     "messages[0].content[0]"),
+    ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "tools[0].type"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+     "tool_choice.disable_parallel_tool_use"),
+])
+def test_unsupported_fields_refused_by_name(patch: dict, param: str) -> None:
+    with pytest.raises(UnsupportedField) as err:
+        to_gen_request(decode({**TOOL_ROUND_TRIP, **patch}))
+    assert err.value.param == param and param in err.value.message
+
+
+def test_unknown_and_bad_fields_name_the_field() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        decode({**TOOL_ROUND_TRIP, "container": "c1"})
+    assert "container" in err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        decode({k: v for k, v in TOOL_ROUND_TRIP.items() if k != "max_tokens"})
+    assert "max_tokens" in err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        to_gen_request(decode({**TOOL_ROUND_TRIP, "temperature": 1.5}))
+    assert err.value.param == "temperature"
+
+
+EVENTS = [
+    ReasoningDelta("Think"), ReasoningDelta("ing."),
+    TextDelta("Hello"), TextDelta(" world"),
+    ToolCallStart(0, "call_abc", "get_weather"), ToolCallDelta(0, '{"city": '),
+    ToolCallDelta(0, '"Paris"}'), ToolCallEnd(0, '{"city": "Paris"}'),
+    Done("tool_calls", Usage(prompt_tokens=30, completion_tokens=12, cached_tokens=16),
+         stop_kind="tool_calls"),
+]
+
+
+def frames_for(events: list) -> tuple[MessageBuilder, list]:
+    builder = MessageBuilder(id="msg_1", model="tiny", prompt_tokens=30)
+    frames = builder.start()
+    for event in events:
+        frames += builder.feed(event)
+    return builder, frames
+
+
+def test_frames_golden_order() -> None:
+    _, frames = frames_for(EVENTS)
+    sig = thinking_signature("Thinking.")
+    assert [(n, p.get("index"), (p.get("delta") or p.get("content_block") or {}).get("type"))
+            for n, p in frames] == [
+        ("message_start", None, None), ("ping", None, None),
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "signature_delta"), ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"),
+        ("content_block_delta", 1, "text_delta"), ("content_block_delta", 1, "text_delta"),
+        ("content_block_stop", 1, None),
+        ("content_block_start", 2, "tool_use"),
+        ("content_block_delta", 2, "input_json_delta"), ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None),
+        ("message_delta", None, None), ("message_stop", None, None)]
+    assert frames[5][1]["delta"] == {"type": "signature_delta", "signature": sig}
+    assert frames[-2][1] == {"type": "message_delta",
+                             "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                             "usage": {"input_tokens": 14, "output_tokens": 12,
+                                       "cache_read_input_tokens": 16,
+                                       "cache_creation_input_tokens": 0}}
+
+
+def test_sdk_accumulator_rebuilds_the_same_message() -> None:
+    builder, frames = frames_for(EVENTS)
+    snapshot = None
+    json_bufs: dict[int, bytes] = {}
+    for name, payload in frames:
+        if name == "ping":
+            continue
+        snapshot = accumulate_event(event=payload, current_snapshot=snapshot, json_bufs=json_bufs)
+    final = builder.message()
+    assert snapshot is not None
+    assert snapshot.to_dict(exclude_none=True) == {
+        k: v for k, v in final.items() if v is not None} | {"content": final["content"]}
+    assert final["content"] == [
+        {"type": "thinking", "thinking": "Thinking.", "signature": thinking_signature("Thinking.")},
+        {"type": "text", "text": "Hello world"},
+        {"type": "tool_use", "id": "call_abc", "name": "get_weather", "input": {"city": "Paris"}}]
+    assert final["stop_reason"] == "tool_use"
+
+
+@pytest.mark.parametrize("done,reason,seq", [
+    (Done("stop", Usage(), stop_kind="eos"), "end_turn", None),
+    (Done("stop", Usage(), stop_kind="stop_sequence", stop_sequence="END"), "stop_sequence", "END"),
+    (Done("length", Usage(), stop_kind="length"), "max_tokens", None)])
+def test_stop_reasons(done: Done, reason: str, seq: str | None) -> None:
+    builder, frames = frames_for([TextDelta("x"), done])
+    assert builder.message()["stop_reason"] == reason
+    assert builder.message()["stop_sequence"] == seq
+
+
+def test_error_event_frame() -> None:
+    _, frames = frames_for([TextDelta("x"), ErrorEvent("boom", status=500)])
+    assert frames[-1] == ("error", {"type": "error",
+                                    "error": {"type": "api_error", "message": "boom"}})
+
+
+def test_wire_structs_round_trip_through_msgspec() -> None:
+    req = decode(TOOL_ROUND_TRIP)
+    again = msgspec.json.decode(msgspec.json.encode(req), type=wire.MessagesRequest)
+    assert again == req
