@@ -85,6 +85,7 @@ class ResponseFormat:
     pattern: str | None = None
     strict: bool = False
     name: str | None = None
+    param: str | None = None   # the request field it came from (for 400s), e.g. "text.format"
 
 
 @dataclass(slots=True)
@@ -118,3 +119,7 @@ class GenRequest:
     request_id: str = ""
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific, documented per adapter
+    # Names of the `sampling` fields the client actually sent (None = unknown:
+    # a field still at its SamplingParams default counts as unsent). Lets the
+    # daemon apply models.toml [sampling] defaults only where the client was silent.
+    sampling_sent: frozenset[str] | None = None

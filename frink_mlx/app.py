@@ -1,0 +1,186 @@
+"""create_app(settings) -> the Starlette app: routes, middleware, lifespan, AppState.
+
+One route list serves the real server and the tests: every adapter module
+exports `routes`, and `route_list()` concatenates the ones present
+(openai, anthropic, llamacpp, responses, embeddings, admin, metrics). The
+lifespan builds everything (no module-level runtime state): the registry, the
+hub, the metrics, and -- unless told not to -- the default model's generation.
+
+`AppState` is the one thing adapters call: `generate()` leases a generation,
+takes its decode handles, renders and tokenizes, compiles any grammar, and
+submits, raising `FrinkError`s before a single byte of the answer is sent.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
+
+from .core.prompt import check_token_ids, encode_text
+from .core.request import GenRequest
+from .engine.handles import DecodeHandles, Run
+from .engine.hub import Generation, GenerationFactory, Hub, build_generation
+from .errors import InvalidRequest, UnsupportedField
+from .registry import Registry, load_registry
+from .settings import Settings
+
+log = logging.getLogger("frink_mlx.app")
+
+# Adapter modules whose `routes` are mounted, in order (absent ones are skipped).
+ROUTE_MODULES = (
+    "frink_mlx.adapters.openai",
+    "frink_mlx.adapters.anthropic",
+    "frink_mlx.adapters.responses",
+    "frink_mlx.adapters.llamacpp",
+    "frink_mlx.adapters.embeddings",
+    "frink_mlx.adapters.admin",
+    "frink_mlx.metrics",
+)
+
+
+def _module_if_present(name: str) -> Any | None:
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    return importlib.import_module(name)
+
+
+def route_list() -> list[BaseRoute]:
+    routes: list[BaseRoute] = []
+    for name in ROUTE_MODULES:
+        module = _module_if_present(name)
+        if module is not None:
+            routes.extend(getattr(module, "routes", []))
+    return routes
+
+
+def middleware_list(settings: Settings) -> list[Middleware]:
+    security = _module_if_present("frink_mlx.http.security")
+    return list(security.build_middleware(settings)) if security is not None else []
+
+
+@dataclass
+class AppState:
+    """What every route reaches through `request.app.state.frink`."""
+
+    settings: Settings
+    registry: Registry
+    hub: Hub
+    started_at: float = field(default_factory=time.monotonic)
+    metrics: Any = None
+    _compilers: dict[int, Any] = field(default_factory=dict)
+
+    # --- generation ------------------------------------------------------------
+    async def generate(self, req: GenRequest) -> Run:
+        """Lease, render + tokenize, check the ceiling, compile, submit.
+
+        Raises FrinkError before anything is sent; the Run owns the lease."""
+        self._refuse_encoder_target(req.model)
+        lease = await self.hub.acquire(req.model)
+        try:
+            handles = DecodeHandles.take(lease.generation)
+            prepared = handles.prepare(req)
+            constraints = await self._constraints(lease.generation, handles, prepared)
+            return handles.submit(prepared, lease, constraints)
+        except BaseException:
+            lease.release()
+            raise
+
+    def _refuse_encoder_target(self, name: str | None) -> None:
+        """Do not swap the generative model out just to refuse the request."""
+        current = self.hub.current
+        if current is not None and current.answers_to(name):
+            return
+        spec = self.registry.resolve(name)
+        if spec.kind != "generative":
+            raise InvalidRequest(
+                f"The model '{spec.name}' is an embedding model (kind = \"{spec.kind}\") and "
+                "cannot generate text; use /v1/embeddings with it.", param="model",
+                code="model_not_generative")
+
+    async def _constraints(self, gen: Generation, handles: DecodeHandles, prepared: Any) -> Any:
+        req = prepared.request
+        module = _module_if_present("frink_mlx.engine.constraints")
+        if module is None:
+            if req.response_format is not None:
+                raise UnsupportedField("response_format", "needs the structured-output engine")
+            return None
+        compiler = self._compilers.get(gen.number)
+        if compiler is None:
+            vocab = int(gen.loaded.config.get("vocab_size") or len(handles.tokenizer))
+            compiler = module.GrammarCompiler.for_tokenizer(handles.tokenizer, vocab_size=vocab)
+            self._compilers = {gen.number: compiler}  # one per live generation
+        return await module.build_constraints(req, prepared.markup, compiler)
+
+    async def count_tokens(self, req: GenRequest) -> int:
+        async with self.hub.lease(req.model) as gen:
+            return len(DecodeHandles.take(gen).render(req).ids)
+
+    async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
+        async with self.hub.lease(model) as gen:
+            return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
+
+    async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
+        async with self.hub.lease(model) as gen:
+            handles = DecodeHandles.take(gen)
+            check_token_ids(handles.tokenizer, ids, param="tokens")
+            piece = handles.text.piece or (lambda i: handles.text.decode([i]))
+            return [piece(i) for i in ids]
+
+    async def detokenize(self, model: str | None, ids: list[int]) -> str:
+        async with self.hub.lease(model) as gen:
+            handles = DecodeHandles.take(gen)
+            return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
+
+    # --- status ----------------------------------------------------------------
+    def engine_stats(self) -> Any:
+        gen = self.hub.current
+        return gen.engine.stats() if gen is not None and gen.engine is not None else None
+
+    @property
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+
+def _metrics_for(state: AppState) -> Any:
+    module = _module_if_present("frink_mlx.metrics")
+    return module.Metrics(stats_fn=state.engine_stats) if module is not None else None
+
+
+def _on_load(state: AppState, gen: Generation) -> None:
+    if state.metrics is not None and hasattr(state.metrics, "observe_model_load"):
+        state.metrics.observe_model_load(gen.name, gen.number,
+                                         float(getattr(gen.loaded, "load_time_s", 0.0)))
+
+
+def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
+               factory: GenerationFactory | None = None) -> Starlette:
+    """The daemon app. `factory` replaces model loading (tests only)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reg = registry if registry is not None else load_registry(settings)
+        hub = Hub(settings, reg, factory=factory or build_generation)
+        state = AppState(settings, reg, hub)
+        state.metrics = _metrics_for(state)
+        hub.on_load = lambda gen: _on_load(state, gen)
+        app.state.frink = state
+        if load_default:
+            await hub.load(None)
+        try:
+            yield
+        finally:
+            await hub.shutdown()
+
+    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan)

@@ -1,0 +1,253 @@
+"""Token ids -> protocol-neutral events, per choice.
+
+The engine hands back one `StepOutput` per generated token per row; this
+module turns them into `core.events` without knowing MLX or HTTP. The pipeline
+for one choice, in order:
+
+    ids --IncrementalDetokenizer--> stable text --StopMatcher--> text before any stop
+        --StreamParser (reasoning / tool calls)--> events --(+ logprobs)--> Done
+
+Rules:
+1. UTF-8 safety: text is released only when the decoded window no longer ends
+   in U+FFFD, so a multi-byte character split across tokens is never sent in
+   halves (the sliding prefix/read-offset scheme of TGI and vLLM).
+2. Stop strings are matched on the accumulated text, across token boundaries.
+   Text that could still be the start of a stop is held back, so a partial stop
+   never leaks; the stop itself is never sent.
+3. An end-of-sequence token (one of `eos_ids`) ends the row without text.
+4. Finish reasons: eos / stop string -> "stop" ("tool_calls" when the parser
+   emitted a tool call), the engine's length -> "length", abort -> "abort";
+   an engine error becomes one `ErrorEvent` and nothing after it.
+5. Each `Done` carries that choice's usage: the shared prompt counts plus its
+   own completion tokens (adapters sum completion tokens over choices).
+6. Logprobs ride on the first `TextDelta` emitted after their tokens' text is
+   released; those still held when the choice ends go out on an empty delta.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .events import Done, ErrorEvent, Event, TextDelta, TokenLogprob, Usage
+from .parsers import MarkupInfo, StreamParser, build_parser
+from .request import GenRequest
+
+if TYPE_CHECKING:  # core never imports the engine at run time (app -> adapters -> core <- engine)
+    from ..engine.types import StepOutput
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(slots=True)
+class TokenText:
+    """The tokenizer's two views the pipeline needs, passed in by the engine side."""
+
+    decode: Decode                      # ids -> text, special tokens kept
+    piece: Callable[[int], str] | None = None   # one token -> its text (for logprobs)
+
+
+class IncrementalDetokenizer:
+    """Rule 1: release decoded text only once it is complete UTF-8."""
+
+    def __init__(self, decode: Decode) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0   # start of the window re-decoded for context
+        self._read = 0     # ids before this have had their text released
+
+    def add(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        window = self._ids[self._prefix:]
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(window)
+        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(prefix_text):]
+
+    def flush(self) -> str:
+        """Whatever is still held (possibly an incomplete character) at the end."""
+        prefix_text = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return text[len(prefix_text):] if len(text) > len(prefix_text) else ""
+
+
+class StopMatcher:
+    """Rule 2: find the earliest stop string; hold back what may begin one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.matched: str | None = None
+
+    def feed(self, text: str) -> str:
+        """Text safe to release; sets `matched` once a stop is found."""
+        if self.matched is not None:
+            return ""
+        buf = self._held + text
+        hit_at, hit = len(buf) + 1, None
+        for stop in self.stops:
+            at = buf.find(stop)
+            if at != -1 and at < hit_at:
+                hit_at, hit = at, stop
+        if hit is not None:
+            self.matched, self._held = hit, ""
+            return buf[:hit_at]
+        keep = self._partial_len(buf)
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep]
+
+    def _partial_len(self, buf: str) -> int:
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buf)), best, -1):
+                if buf.endswith(stop[:n]):
+                    best = n
+                    break
+        return best
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.matched is not None else held
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    index: int
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    parser: StreamParser
+    num_tokens: int = 0
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    done: bool = False
+    first_token_at: float | None = None
+
+
+class OutputPipeline:
+    """All choices of one request: feed StepOutputs, get events (see rules)."""
+
+    def __init__(self, request: GenRequest, markup: MarkupInfo, text: TokenText, *,
+                 prompt_tokens: int, eos_ids: frozenset[int], started_at: float | None = None) -> None:
+        self.request = request
+        self.text = text
+        self.eos_ids = eos_ids
+        self.usage = Usage(prompt_tokens=prompt_tokens)
+        self.started_at = time.monotonic() if started_at is None else started_at
+        self.want_logprobs = request.sampling.logprobs
+        self.choices = [
+            ChoiceState(i, IncrementalDetokenizer(text.decode), StopMatcher(request.stop),
+                        build_parser(markup, request, i))
+            for i in range(request.n)
+        ]
+
+    @property
+    def all_done(self) -> bool:
+        return all(c.done for c in self.choices)
+
+    def on_step(self, step: StepOutput) -> list[Event]:
+        """Events produced by one engine output (rules 1-6)."""
+        if step.num_prompt_tokens is not None:
+            self.usage.prompt_tokens = step.num_prompt_tokens
+        if step.num_cached_tokens is not None:
+            self.usage.cached_tokens = step.num_cached_tokens
+        choice = self.choices[step.index]
+        if choice.done:
+            return []  # tokens after a stop string, until the row ends
+        if step.finish == "error" or step.finish == "constraint" and step.error:
+            choice.done = True
+            return [ErrorEvent(step.error or "generation failed", index=choice.index)]
+        events: list[Event] = []
+        if step.token_id is not None:
+            events += self._on_token(choice, step)
+        if choice.done:
+            return events
+        if step.finish is not None:
+            events += self._finish(choice, _FINISH[step.finish], stop_kind=_STOP_KIND[step.finish])
+        return events
+
+    def _on_token(self, choice: ChoiceState, step: StepOutput) -> list[Event]:
+        assert step.token_id is not None
+        choice.num_tokens += 1
+        if choice.first_token_at is None:
+            choice.first_token_at = time.monotonic()
+        is_eos = step.finish == "eos" and step.token_id in self.eos_ids and not self.request.ignore_eos
+        if is_eos:
+            return []
+        if self.want_logprobs and step.logprob is not None:
+            choice.pending_logprobs.append(self._logprob(step))
+        released = choice.stops.feed(choice.detok.add(step.token_id))
+        events = self._parse(choice, released)
+        if choice.stops.matched is not None:
+            events += self._finish(choice, "stop", stop_kind="stop_sequence",
+                                   stop_sequence=choice.stops.matched)
+        return events
+
+    def _parse(self, choice: ChoiceState, text: str, final: bool = False) -> list[Event]:
+        events = choice.parser.feed(text) if text else []
+        if final:
+            events += choice.parser.finish()
+        if choice.pending_logprobs:
+            events = self._attach_logprobs(choice, events, final)
+        return events
+
+    def _attach_logprobs(self, choice: ChoiceState, events: list[Event], final: bool) -> list[Event]:
+        for i, ev in enumerate(events):
+            if isinstance(ev, TextDelta):
+                lps = (*ev.logprobs, *choice.pending_logprobs)
+                choice.pending_logprobs.clear()
+                events[i] = dataclasses.replace(ev, logprobs=lps)
+                return events
+        if final:
+            events.append(TextDelta("", index=choice.index, logprobs=tuple(choice.pending_logprobs)))
+            choice.pending_logprobs.clear()
+        return events
+
+    def _logprob(self, step: StepOutput) -> TokenLogprob:
+        piece = self.text.piece or (lambda i: self.text.decode([i]))
+        top = tuple(
+            TokenLogprob(t.token_id, piece(t.token_id), t.logprob, list(piece(t.token_id).encode()))
+            for t in (step.top_logprobs or [])[: self.request.sampling.top_logprobs]
+        )
+        assert step.token_id is not None and step.logprob is not None
+        token = piece(step.token_id)
+        return TokenLogprob(step.token_id, token, step.logprob, list(token.encode()), top)
+
+    def _finish(self, choice: ChoiceState, reason: str, *, stop_kind: str,
+                stop_sequence: str | None = None) -> list[Event]:
+        tail = "" if choice.stops.matched is not None else choice.stops.feed(choice.detok.flush())
+        tail += choice.stops.flush()
+        events = self._parse(choice, tail, final=True)
+        if choice.stops.matched is not None and stop_sequence is None:
+            stop_kind, stop_sequence, reason = "stop_sequence", choice.stops.matched, "stop"
+        if reason == "stop" and choice.parser.saw_tool_call:
+            reason, stop_kind = "tool_calls", "tool_calls"
+        choice.done = True
+        usage = dataclasses.replace(self.usage, completion_tokens=choice.num_tokens)
+        events.append(Done(reason, usage, stop_kind=stop_kind,  # type: ignore[arg-type]
+                           stop_sequence=stop_sequence, index=choice.index,
+                           timings=self._timings(choice)))
+        return events
+
+    def _timings(self, choice: ChoiceState) -> dict[str, float]:
+        now = time.monotonic()
+        if choice.first_token_at is None:
+            return {}
+        ttft_ms = (choice.first_token_at - self.started_at) * 1000.0
+        return {"ttft_ms": ttft_ms, "prompt_ms": ttft_ms,
+                "predicted_ms": (now - choice.first_token_at) * 1000.0}
+
+    def abort(self, reason: str = "abort") -> list[Event]:
+        """End every open choice (client went away, stream ended early)."""
+        events: list[Event] = []
+        for choice in self.choices:
+            if not choice.done:
+                events += self._finish(choice, reason, stop_kind=reason)
+        return events
+
+
+_FINISH = {"eos": "stop", "length": "length", "abort": "abort", "constraint": "stop", "error": "error"}
+_STOP_KIND = {"eos": "eos", "length": "length", "abort": "abort", "constraint": "eos", "error": "error"}

@@ -1,0 +1,168 @@
+"""GenRequest -> prompt token ids: chat templates, tools, thinking, raw prompts.
+
+This runs before any byte of the answer is sent, so every failure here is a
+real 400 naming the field, even on streaming requests.
+
+Rules:
+1. Chat requests are rendered with the model's chat template (or the
+   registry's override) to text, then encoded without special tokens -- the
+   template writes BOS itself. This is exactly what `mlx_lm.generate` does, so
+   greedy output matches it token for token.
+2. Messages go to the template in the HF shape: `content` as a string,
+   assistant `tool_calls` as `{"id", "type": "function", "function": {"name",
+   "arguments": <dict when the JSON parses>}}`, tool results with
+   `tool_call_id`/`name`, earlier reasoning as `reasoning_content`.
+3. `thinking` None leaves the template's default; True/False is passed as
+   `enable_thinking` (mlx-lm's wrapper renames it for templates that differ).
+4. Raw text prompts are encoded as the tokenizer does, adding BOS unless the
+   text already starts with it (mlx_lm's rule); token-id prompts are checked
+   against the vocabulary.
+5. Template errors (Jinja exceptions, a missing template) -> InvalidRequest
+   with `param="messages"`; bad token ids -> `param="prompt"`.
+
+The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
+`apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequest
+from .request import GenRequest, Message, Tool
+
+
+@dataclass(slots=True, frozen=True)
+class RenderedPrompt:
+    ids: list[int]
+    text: str | None          # the rendered text (None for token-id prompts)
+    opens_thinking: bool = False
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, TypeError):
+        return raw
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    if message.reasoning is not None:
+        out["reasoning_content"] = message.reasoning
+    return out
+
+
+def tool_dict(tool: Tool) -> dict[str, Any]:
+    return {"type": "function",
+            "function": {"name": tool.name, "description": tool.description,
+                         "parameters": tool.parameters}}
+
+
+def _template_kwargs(request: GenRequest, template: str | None) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"add_generation_prompt": request.add_generation_prompt}
+    if request.continue_final_message:
+        kwargs["continue_final_message"] = True
+        kwargs["add_generation_prompt"] = False
+    if request.thinking is not None:
+        kwargs["enable_thinking"] = request.thinking
+    if request.tools and request.tool_choice != "none":
+        kwargs["tools"] = [tool_dict(t) for t in request.tools]
+    if template is not None:
+        kwargs["chat_template"] = template
+    return kwargs
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    flag = getattr(tokenizer, "has_chat_template", None)
+    if isinstance(flag, bool):
+        return flag
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
+def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None) -> str:
+    """The chat template applied to `request.messages` (rules 1-3, 5)."""
+    if not request.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    if template is None and not has_chat_template(tokenizer):
+        raise InvalidRequest(
+            "This model has no chat template; send a raw prompt to /v1/completions "
+            "or set chat_template for it in models.toml.", param="messages")
+    messages = [message_dict(m) for m in request.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             **_template_kwargs(request, template))
+    except Exception as exc:  # Jinja raises many types; all are the request's problem
+        raise InvalidRequest(f"The chat template could not render these messages: {exc}",
+                             param="messages") from None
+    if not isinstance(text, str):
+        raise InvalidRequest("The chat template did not produce text.", param="messages")
+    return text
+
+
+def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
+                think_start: str | None = None) -> RenderedPrompt:
+    text = render_chat_text(tokenizer, request, template)
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
+    return RenderedPrompt(ids, text, opens_thinking=opens)
+
+
+def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    """Rule 4 for text: BOS is added unless asked not to or already present."""
+    bos = getattr(tokenizer, "bos_token", None)
+    add = add_special_tokens and not (bos and text.startswith(bos))
+    return list(tokenizer.encode(text, add_special_tokens=add))
+
+
+def _vocab_size(tokenizer: Any) -> int:
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return int(tokenizer.vocab_size)
+
+
+def check_token_ids(tokenizer: Any, ids: list[Any], param: str = "prompt") -> list[int]:
+    limit = _vocab_size(tokenizer)
+    for i, tok in enumerate(ids):
+        if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < limit:
+            raise InvalidRequest(f"'{param}[{i}]' is not a token id of this model (0..{limit - 1}).",
+                                 param=param)
+    return list(ids)
+
+
+def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return RenderedPrompt(encode_text(tokenizer, prompt,
+                                          add_special_tokens=request.add_special_tokens), prompt)
+    if isinstance(prompt, list) and prompt:
+        return RenderedPrompt(check_token_ids(tokenizer, prompt), None)
+    raise InvalidRequest("'prompt' must be a non-empty string or list of token ids.", param="prompt")
+
+
+def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None = None,
+                  think_start: str | None = None) -> RenderedPrompt:
+    """The ids to prefill for `request` (chat or raw)."""
+    if request.messages is not None:
+        if request.prompt is not None:
+            raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")
+        return render_chat(tokenizer, request, template=template, think_start=think_start)
+    if request.prompt is None:
+        raise InvalidRequest("The request has neither 'messages' nor 'prompt'.", param="messages")
+    rendered = render_raw(tokenizer, request)
+    if not rendered.ids:
+        raise InvalidRequest("'prompt' encodes to no tokens.", param="prompt")
+    return rendered

@@ -1,0 +1,225 @@
+"""Decode handles: everything one request needs, taken once from its lease.
+
+Why: a route that passed model, tokenizer, KV pool, ceiling and gate by hand
+could transpose them, or pair one generation's tokenizer with another's
+engine. `DecodeHandles.take(generation)` is the only way in, so every
+generating route renders, tokenizes and submits against one generation.
+
+Rules:
+1. An encoder-only model is refused here, once for every generating route,
+   naming the model, its kind and /v1/embeddings.
+2. `start()` renders the prompt and tokenizes it before anything is sent to
+   the client, so template errors and context overflows are real 400s.
+3. max_tokens None -> up to the context ceiling; prompt + max_tokens over the
+   ceiling -> ContextLengthExceeded (never silently clamped).
+4. models.toml `[sampling]` defaults fill the fields the client did not send.
+5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
+6. A `Run` owns the lease: it is released when the events end or on
+   `abort()`, whichever comes first (both idempotent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..core.events import ErrorEvent, Event
+from ..core.output import OutputPipeline, TokenText
+from ..core.parsers import MarkupInfo
+from ..core.prompt import RenderedPrompt, render_prompt
+from ..core.request import GenRequest, SamplingParams
+from ..errors import ContextLengthExceeded, InvalidRequest, UnsupportedField
+from .hub import Generation, Lease
+from .types import SeqRequest
+
+log = logging.getLogger("frink_mlx.handles")
+
+_SAMPLING_DEFAULT = SamplingParams()
+_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def markup_of(tokenizer: Any) -> MarkupInfo:
+    """What mlx-lm's TokenizerWrapper knows about thinking and tool-call markers."""
+    parser = getattr(tokenizer, "tool_parser", None)
+    fmt = getattr(parser, "__name__", None)
+    return MarkupInfo(
+        think_start=getattr(tokenizer, "think_start", None),
+        think_end=getattr(tokenizer, "think_end", None),
+        tool_call_start=getattr(tokenizer, "tool_call_start", None),
+        tool_call_end=getattr(tokenizer, "tool_call_end", None),
+        tool_format=fmt.rsplit(".", 1)[-1] if isinstance(fmt, str) else None,
+    )
+
+
+def token_text(tokenizer: Any) -> TokenText:
+    def decode(ids: Any) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False,
+                                clean_up_tokenization_spaces=False)
+
+    return TokenText(decode=decode, piece=lambda i: decode([i]))
+
+
+def apply_sampling_defaults(request: GenRequest, defaults: Any) -> SamplingParams:
+    """Rule 4: a model default replaces a field the client did not send."""
+    if defaults is None:
+        return request.sampling
+    sent = request.sampling_sent
+    changes = {}
+    for name in _DEFAULTABLE:
+        value = getattr(defaults, name, None)
+        if value is None:
+            continue
+        unsent = name not in sent if sent is not None else \
+            getattr(request.sampling, name) == getattr(_SAMPLING_DEFAULT, name)
+        if unsent:
+            changes[name] = value
+    return dataclasses.replace(request.sampling, **changes) if changes else request.sampling
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeHandles:
+    generation: Generation
+    model: Any
+    tokenizer: Any
+    engine: Any
+    context_ceiling: int
+    markup: MarkupInfo
+    text: TokenText
+    eos_ids: frozenset[int]
+    template: str | None
+
+    @classmethod
+    def take(cls, gen: Generation) -> "DecodeHandles":
+        """Rule 1: the one check that refuses encoders on generating routes."""
+        if gen.engine is None or gen.spec.kind != "generative":
+            raise InvalidRequest(
+                f"The model '{gen.spec.name}' is an embedding model (kind = \"{gen.spec.kind}\") "
+                "and cannot generate text; use /v1/embeddings with it.", param="model",
+                code="model_not_generative")
+        tok = gen.loaded.tokenizer
+        ceiling = gen.plan.context_ceiling if gen.plan is not None else gen.loaded.context_length
+        # the loader already installed models.toml's chat_template on the tokenizer
+        return cls(gen, gen.loaded.model, tok, gen.engine, int(ceiling), markup_of(tok),
+                   token_text(tok), frozenset(getattr(tok, "eos_token_ids", ()) or ()), None)
+
+    def render(self, request: GenRequest) -> RenderedPrompt:
+        return render_prompt(self.tokenizer, request, template=self.template,
+                             think_start=self.markup.think_start)
+
+    def max_tokens_for(self, request: GenRequest, num_prompt: int) -> int:
+        """Rule 3."""
+        param = "messages" if request.messages is not None else "prompt"
+        if num_prompt >= self.context_ceiling:
+            raise ContextLengthExceeded(num_prompt, self.context_ceiling, param=param)
+        if request.max_tokens is None:
+            return self.context_ceiling - num_prompt
+        if request.max_tokens < 1:
+            raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
+        if num_prompt + request.max_tokens > self.context_ceiling:
+            raise ContextLengthExceeded(num_prompt + request.max_tokens, self.context_ceiling,
+                                        param="max_tokens")
+        return request.max_tokens
+
+    def prepare(self, request: GenRequest) -> "Prepared":
+        """Render, tokenize and check (rules 2-3); nothing is submitted yet."""
+        if request.n < 1:
+            raise InvalidRequest("'n' must be at least 1.", param="n")
+        rendered = self.render(request)
+        max_tokens = self.max_tokens_for(request, len(rendered.ids))
+        markup = dataclasses.replace(self.markup, prompt_opens_thinking=rendered.opens_thinking)
+        return Prepared(request, rendered, max_tokens, markup)
+
+    def submit(self, prepared: "Prepared", lease: Lease | None = None,
+               constraints: list[Any] | None = None) -> "Run":
+        """Hand the prepared request to the engine (rules 4-5); the Run streams it."""
+        request, rendered = prepared.request, prepared.rendered
+        request_id = request.request_id or f"req-{uuid.uuid4().hex[:24]}"
+        seq = SeqRequest(
+            request_id=request_id, prompt_ids=rendered.ids,
+            sampling=apply_sampling_defaults(request, self.generation.spec.sampling),
+            max_tokens=prepared.max_tokens,
+            stop_token_ids=frozenset() if request.ignore_eos else self.eos_ids,
+            n=request.n, cache_prompt=request.cache_prompt, cache_salt=request.cache_salt,
+            constraints=constraints)
+        pipeline = OutputPipeline(request, prepared.markup, self.text,
+                                  prompt_tokens=len(rendered.ids), eos_ids=self.eos_ids)
+        stream = self.engine.submit(seq)
+        return Run(id=request_id, model=self.generation.spec.name,
+                   generation=self.generation.number, created=int(time.time()),
+                   prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
+                   max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
+                   _lease=lease, _handles=self)
+
+    def start(self, request: GenRequest, lease: Lease | None = None) -> "Run":
+        """prepare + submit, unconstrained (structured output goes through AppState)."""
+        if request.response_format is not None:
+            raise UnsupportedField("response_format", "needs the structured-output engine")
+        return self.submit(self.prepare(request), lease)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    request: GenRequest
+    rendered: RenderedPrompt
+    max_tokens: int
+    markup: MarkupInfo
+
+
+@dataclass(slots=True)
+class Run:
+    """One submitted generation: its ids, its events, its abort."""
+
+    id: str
+    model: str            # the served registry name
+    generation: int
+    created: int          # unix seconds
+    prompt_ids: list[int]
+    prompt_text: str | None
+    markup: MarkupInfo
+    max_tokens: int
+    _stream: Any
+    _pipeline: OutputPipeline
+    _lease: Lease | None
+    _handles: DecodeHandles
+    _finished: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def handles(self) -> DecodeHandles:
+        return self._handles
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events for every choice; `Done` once per choice (or an ErrorEvent)."""
+        pipeline = self._pipeline
+        try:
+            async for step in self._stream:
+                for event in pipeline.on_step(step):
+                    yield event
+                if pipeline.all_done:
+                    break
+            if not pipeline.all_done:
+                for event in pipeline.abort("abort"):
+                    yield event
+        except Exception as exc:  # noqa: BLE001 - an engine crash is an event, not a hang
+            log.exception("generation %s failed", self.id)
+            yield ErrorEvent(f"generation failed: {exc}")
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._stream.abort()  # no-op after a normal end; frees rows ended by stop strings
+        if self._lease is not None:
+            self._lease.release()
+
+    async def abort(self) -> None:
+        """Stop the decode (within one engine step) and release the lease."""
+        self._close()

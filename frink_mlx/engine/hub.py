@@ -1,0 +1,305 @@
+"""Model generations: one immutable pointer, leases, and swaps that never splice.
+
+The active model is a pointer to an immutable `Generation` (checkpoint,
+tokenizer, engine with its KV pool, context plan, number). A request leases
+the generation once and keeps that lease to its last byte, so a swap can
+never splice two checkpoints into one answer:
+
+    request A ── lease(g1) ──────────────────────────── release ─┐
+    swap               load g2 (worker thread) ── publish g2     │
+    request B                                    lease(g2) ──...  └─ g1 freed
+                                                                    (engine shut down,
+                                                                     mx.clear_cache())
+
+Rules:
+1. Resolution: None / "default" / the active model's name or aliases -> the
+   active generation, immediately. Another registry entry -> a just-in-time
+   swap when `settings.auto_swap` (else Conflict 409). Names in no entry ->
+   ModelNotFound 404. Nothing active -> NoModelLoaded 503 (+ Retry-After).
+2. Swaps are serialised on one FIFO lock: waiting requests are answered in
+   arrival order, and one that finds its model already active after the wait
+   just leases it. A generation lives at least `settings.min_generation_s`
+   before a swap may replace it (no thrashing).
+3. Loads run in a worker thread. An admin load while another load runs is
+   Conflict 409. A failed load keeps the old generation serving and is kept
+   in `last_error` for /admin/models.
+4. A replaced (or unloaded) generation is retired: its engine is shut down
+   and memory released when its last lease ends. Nothing in flight migrates.
+5. After an explicit unload the hub is parked: every request gets 503 until
+   an admin load; just-in-time swaps do not wake it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Literal
+
+import anyio
+
+from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
+from ..registry import ModelSpec, Registry
+from ..settings import Settings
+
+log = logging.getLogger("frink_mlx.hub")
+
+HubState = Literal["ready", "loading", "unavailable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One loaded model, never mutated after publication."""
+
+    number: int
+    spec: ModelSpec
+    loaded: Any            # engine.loader.LoadedModel
+    engine: Any            # engine.engine.Engine | None (encoders have none)
+    plan: Any              # engine.budget.KVPlan | None
+    created_at: float      # time.monotonic()
+    created_unix: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def answers_to(self, name: str | None) -> bool:
+        return name is None or name in ("default", self.spec.name, *self.spec.aliases)
+
+
+# (spec, settings, number, gate) -> Generation; blocking, run in a worker thread
+GenerationFactory = Callable[[ModelSpec, Settings, int, Any], Generation]
+
+
+def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any) -> Generation:
+    """Load `spec` and start its engine (the production factory)."""
+    from .loader import load_model
+
+    loaded = load_model(spec, settings)
+    if loaded.kind != "generative":
+        return Generation(number, spec, loaded, None, None, time.monotonic())
+    from .budget import plan_kv
+    from .engine import Engine, EngineConfig
+
+    plan = plan_kv(loaded, settings)
+    config = EngineConfig(
+        block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=settings.max_batch,
+        prefill_chunk_tokens=settings.prefill_chunk_tokens, batching=settings.batching,
+        context_ceiling=plan.context_ceiling, max_queue=settings.max_queue,
+        queue_timeout_s=settings.queue_timeout_s, generation=number)
+    engine = Engine(loaded, config, gate)
+    engine.start()
+    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+
+
+def free_generation(gen: Generation, timeout_s: float) -> None:
+    """Shut the engine down and hand its memory back (blocking)."""
+    if gen.engine is not None:
+        try:
+            gen.engine.shutdown(timeout_s)
+        except Exception:  # noqa: BLE001 - freeing must not fail the caller
+            log.exception("engine shutdown failed for generation %d", gen.number)
+    gc.collect()
+    try:
+        import mlx.core as mx
+
+        mx.clear_cache()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def default_gate() -> Any:
+    try:
+        from .gate import DecodeGate
+    except ImportError:  # the engine helper's module; a plain lock serves until then
+        import threading
+
+        return threading.Lock()
+    return DecodeGate()
+
+
+class Lease:
+    """One request's hold on one generation; release() is idempotent."""
+
+    def __init__(self, hub: "Hub", gen: Generation) -> None:
+        self.hub, self.generation, self._held = hub, gen, True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.hub._release(self.generation)
+
+
+class Hub:
+    """Owns the active generation pointer (see module rules)."""
+
+    def __init__(self, settings: Settings, registry: Registry, *,
+                 factory: GenerationFactory = build_generation, gate: Any = None,
+                 on_load: Callable[[Generation], None] | None = None) -> None:
+        self.settings, self.registry, self.factory = settings, registry, factory
+        self.gate = gate if gate is not None else default_gate()
+        self.on_load = on_load
+        self.current: Generation | None = None
+        self.loading: str | None = None
+        self.last_error: dict[str, Any] | None = None
+        self.parked = False
+        self._numbers = 0
+        self._leases: dict[int, int] = {}
+        self._retired: dict[int, Generation] = {}
+        self._swap_lock = anyio.Lock()
+        self._frees: list[asyncio.Future[None]] = []
+
+    # --- state -----------------------------------------------------------------
+    @property
+    def state(self) -> HubState:
+        if self.current is not None:
+            return "ready"
+        return "loading" if self.loading is not None else "unavailable"
+
+    def num_leases(self, gen: Generation | None = None) -> int:
+        gen = gen or self.current
+        return 0 if gen is None else self._leases.get(gen.number, 0)
+
+    @property
+    def retired(self) -> list[Generation]:
+        return list(self._retired.values())
+
+    # --- leases ----------------------------------------------------------------
+    async def acquire(self, name: str | None) -> Lease:
+        """Lease the generation that serves `name` (rules 1-2)."""
+        gen = self._active_for(name)
+        if gen is None:
+            spec = self.registry.resolve(name)
+            gen = await self._swap_for(spec)
+        self._leases[gen.number] = self._leases.get(gen.number, 0) + 1
+        return Lease(self, gen)
+
+    @asynccontextmanager
+    async def lease(self, name: str | None) -> AsyncIterator[Generation]:
+        held = await self.acquire(name)
+        try:
+            yield held.generation
+        finally:
+            held.release()
+
+    def _active_for(self, name: str | None) -> Generation | None:
+        gen = self.current
+        if gen is not None and gen.answers_to(name):
+            return gen
+        if gen is None and (self.parked or name is None or name == "default"
+                            or not self.settings.auto_swap):
+            self.registry.resolve(name)  # unknown names stay 404 even now
+            raise self._unavailable()
+        return None
+
+    def _unavailable(self) -> NoModelLoaded:
+        if self.loading is not None:
+            return NoModelLoaded(f"The model '{self.loading}' is loading.", retry_after_s=2.0)
+        return NoModelLoaded("No model is loaded; POST /admin/models/load to load one.",
+                             retry_after_s=10.0)
+
+    async def _swap_for(self, spec: ModelSpec) -> Generation:
+        if not self.settings.auto_swap:
+            active = self.current.name if self.current else "none"
+            raise Conflict(f"The model '{spec.name}' is not loaded (active: '{active}') and "
+                           "automatic swapping is off; POST /admin/models/load first.",
+                           param="model")
+        async with self._swap_lock:
+            if self.current is not None and self.current.spec.name == spec.name:
+                return self.current
+            if self.parked:
+                raise self._unavailable()
+            await self._wait_min_lifetime()
+            return await self._load_locked(spec)
+
+    async def _wait_min_lifetime(self) -> None:
+        if self.current is None:
+            return
+        left = self.current.created_at + self.settings.min_generation_s - time.monotonic()
+        if left > 0:
+            await anyio.sleep(left)
+
+    def _release(self, gen: Generation) -> None:
+        count = self._leases.get(gen.number, 0) - 1
+        if count > 0:
+            self._leases[gen.number] = count
+            return
+        self._leases.pop(gen.number, None)
+        if gen.number in self._retired:
+            self._schedule_free(gen)
+
+    # --- load / unload ---------------------------------------------------------
+    async def load(self, name: str | None) -> Generation:
+        """Admin load: 409 when a load is running; else swap to `name` now."""
+        spec = self.registry.resolve(name)
+        if self.loading is not None or self._swap_lock.locked():
+            raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
+                           "try again when it finishes.", param="model")
+        async with self._swap_lock:
+            self.parked = False
+            if self.current is not None and self.current.spec.name == spec.name:
+                return self.current
+            return await self._load_locked(spec)
+
+    async def _load_locked(self, spec: ModelSpec) -> Generation:
+        self.loading = spec.name
+        number = self._numbers + 1
+        started = time.monotonic()
+        try:
+            gen = await anyio.to_thread.run_sync(
+                self.factory, spec, self.settings, number, self.gate, abandon_on_cancel=False)
+        except Exception as exc:  # rule 3: keep the old model, remember why
+            self.last_error = {"model": spec.name, "message": str(getattr(exc, "message", exc)),
+                               "type": type(exc).__name__, "at": time.time()}
+            log.error("loading %s failed: %s", spec.name, exc)
+            if isinstance(exc, FrinkError) and exc.status < 500:
+                raise
+            raise EngineFailure(f"Loading the model '{spec.name}' failed: {exc}") from exc
+        finally:
+            self.loading = None
+        self._numbers = number
+        log.info("generation %d: %s loaded in %.2fs", number, spec.name, time.monotonic() - started)
+        self._publish(gen)
+        if self.on_load is not None:
+            self.on_load(gen)
+        return gen
+
+    def _publish(self, gen: Generation | None) -> None:
+        old, self.current = self.current, gen
+        if old is not None:
+            self._retired[old.number] = old
+            if self._leases.get(old.number, 0) == 0:
+                self._schedule_free(old)
+
+    async def unload(self) -> Generation | None:
+        """Retire the active generation; park the hub (rule 5)."""
+        async with self._swap_lock:
+            old = self.current
+            self.parked = True
+            self._publish(None)
+            return old
+
+    # --- freeing ---------------------------------------------------------------
+    def _schedule_free(self, gen: Generation) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, free_generation, gen, self.settings.drain_timeout_s)
+        future.add_done_callback(lambda _f: self._retired.pop(gen.number, None))
+        self._frees.append(future)
+
+    async def wait_freed(self) -> None:
+        """Wait for every scheduled free (tests, shutdown)."""
+        while self._frees:
+            pending, self._frees = self._frees, []
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Retire everything; engines finish their in-flight rows first."""
+        self._publish(None)
+        for gen in list(self._retired.values()):
+            if self._leases.get(gen.number, 0) > 0:
+                self._leases.pop(gen.number, None)
+                self._schedule_free(gen)
+        await self.wait_freed()

@@ -1,0 +1,90 @@
+"""FrinkError -> each protocol's error envelope, and the one endpoint wrapper.
+
+Nothing below the adapters knows about HTTP: errors carry a status, a code, a
+param and maybe `retry_after_s` (errors.py). This module is the only place
+that turns them into responses, so every route answers the same way:
+
+1. A `FrinkError` becomes its status and the protocol's envelope.
+2. Anything else is a bug: logged with its traceback and answered as a 500
+   `internal_error` envelope -- never a hung request, never an HTML page.
+3. `retry_after_s` becomes a `Retry-After` header (whole seconds, at least 1).
+
+Envelopes:
+    OpenAI     {"error": {"message", "type", "param", "code"}}
+    Anthropic  {"type": "error", "error": {"type", "message"}}
+    llama.cpp  {"error": {"code": <status>, "message", "type"}}
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import Any, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..errors import FrinkError
+
+log = logging.getLogger("frink_mlx.http")
+
+Envelope = Callable[[FrinkError], JSONResponse]
+Handler = Callable[[Request], Awaitable[Response]]
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
+    421: "permission_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error",
+}
+
+
+def _headers(exc: FrinkError) -> dict[str, str] | None:
+    if exc.retry_after_s is None:
+        return None
+    return {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+
+
+def openai_error(exc: FrinkError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
+
+
+def anthropic_error(exc: FrinkError) -> JSONResponse:
+    kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
+    body = {"type": "error", "error": {"type": kind, "message": exc.message}}
+    return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
+
+
+def llamacpp_error(exc: FrinkError) -> JSONResponse:
+    body = {"error": {"code": exc.status, "message": exc.message, "type": exc.type}}
+    return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
+
+
+def as_frink_error(exc: BaseException) -> FrinkError:
+    """`exc` itself when it is a FrinkError, else a 500 that hides internals."""
+    if isinstance(exc, FrinkError):
+        return exc
+    log.error("unhandled error", exc_info=exc)
+    return FrinkError(f"Internal server error ({type(exc).__name__}).")
+
+
+def endpoint(envelope: Envelope) -> Callable[[Handler], Handler]:
+    """Decorate a Starlette endpoint so every error leaves in `envelope`'s shape."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:  # noqa: BLE001 - rule 2 above
+                return envelope(as_frink_error(exc))
+
+        return run
+
+    return wrap
+
+
+def error_body(exc: FrinkError) -> dict[str, Any]:
+    """The OpenAI-shaped error object, for errors sent inside an open stream."""
+    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}

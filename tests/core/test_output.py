@@ -1,0 +1,127 @@
+"""core/output.py: UTF-8-safe incremental text, stops across token boundaries, finish, usage."""
+
+from __future__ import annotations
+
+from frink_mlx.core.events import Done, ErrorEvent, TextDelta
+from frink_mlx.core.output import IncrementalDetokenizer, OutputPipeline, StopMatcher, TokenText
+from frink_mlx.core.parsers import MarkupInfo
+from frink_mlx.core.request import GenRequest, SamplingParams
+from frink_mlx.engine.types import StepOutput, TopLogprob
+
+# A byte-level toy vocabulary: each id is one byte, so multi-byte characters
+# span several tokens exactly as they do in byte-level BPE.
+EOS = 1000
+
+
+def byte_decode(ids):
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def ids_of(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def pipeline(stop=(), n=1, logprobs=False, top=0, messages=False) -> OutputPipeline:
+    req = GenRequest(model="m", prompt=None if messages else "x", stop=list(stop), n=n,
+                     sampling=SamplingParams(logprobs=logprobs, top_logprobs=top))
+    if messages:
+        from frink_mlx.core.request import Message
+        req.messages = [Message("user", "hi")]
+    return OutputPipeline(req, MarkupInfo(), TokenText(byte_decode), prompt_tokens=7,
+                          eos_ids=frozenset({EOS}))
+
+
+def run(p: OutputPipeline, ids, finish="eos", index=0):
+    events = []
+    steps = [StepOutput(index, t, logprob=-0.5, top_logprobs=[TopLogprob(t, -0.5)],
+                        num_prompt_tokens=7 if k == 0 else None,
+                        num_cached_tokens=4 if k == 0 else None) for k, t in enumerate(ids)]
+    steps[-1].finish = finish
+    for s in steps:
+        events += p.on_step(s)
+    return events
+
+
+def text_of(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def test_multibyte_characters_are_never_split():
+    text = "héllo wörld 🎉 日本"
+    events = run(pipeline(), ids_of(text) + [EOS])
+    assert text_of(events) == text
+    for e in events:
+        if isinstance(e, TextDelta):
+            assert "\ufffd" not in e.text
+
+
+def test_detokenizer_holds_incomplete_bytes_until_complete():
+    d = IncrementalDetokenizer(byte_decode)
+    emoji = ids_of("🎉")
+    assert [d.add(b) for b in emoji[:-1]] == ["", "", ""]
+    assert d.add(emoji[-1]) == "🎉"
+    assert d.flush() == ""
+
+
+def test_stop_string_across_token_boundaries_never_leaks():
+    events = run(pipeline(stop=["END"]), ids_of("abc EN") + ids_of("D tail"), finish=None)
+    assert text_of(events) == "abc "
+    done = [e for e in events if isinstance(e, Done)]
+    assert len(done) == 1 and done[0].finish_reason == "stop"
+    assert done[0].stop_kind == "stop_sequence" and done[0].stop_sequence == "END"
+
+
+def test_partial_stop_is_released_when_it_does_not_complete():
+    events = run(pipeline(stop=["END"]), ids_of("EN then E") + [EOS])
+    assert text_of(events) == "EN then E"
+
+
+def test_earliest_of_several_stops_wins():
+    m = StopMatcher(["world", "lo w"])
+    assert m.feed("hello world") == "hel"
+    assert m.matched == "lo w"
+
+
+def test_eos_ends_without_text_and_counts_usage():
+    events = run(pipeline(), ids_of("hi") + [EOS])
+    done = events[-1]
+    assert isinstance(done, Done) and done.finish_reason == "stop" and done.stop_kind == "eos"
+    assert done.usage.prompt_tokens == 7 and done.usage.cached_tokens == 4
+    assert done.usage.completion_tokens == 3
+    assert text_of(events) == "hi"
+
+
+def test_length_finish():
+    events = run(pipeline(), ids_of("abc"), finish="length")
+    assert events[-1].finish_reason == "length" and text_of(events) == "abc"
+
+
+def test_engine_error_becomes_error_event_and_nothing_after():
+    p = pipeline()
+    events = p.on_step(StepOutput(0, None, finish="error", error="boom"))
+    assert events == [ErrorEvent("boom")]
+    assert p.all_done
+
+
+def test_n_choices_are_independent():
+    p = pipeline(n=2)
+    ev = run(p, ids_of("aa") + [EOS], index=0) + run(p, ids_of("bbb"), finish="length", index=1)
+    assert text_of([e for e in ev if e.index == 0]) == "aa"
+    assert text_of([e for e in ev if e.index == 1]) == "bbb"
+    dones = {e.index: e for e in ev if isinstance(e, Done)}
+    assert dones[0].usage.completion_tokens == 3 and dones[1].usage.completion_tokens == 3
+    assert p.all_done
+
+
+def test_logprobs_ride_on_text_and_cover_every_token():
+    events = run(pipeline(logprobs=True, top=1), ids_of("é!") + [EOS])
+    lps = [lp for e in events if isinstance(e, TextDelta) for lp in e.logprobs]
+    assert [lp.token_id for lp in lps] == ids_of("é!")
+    assert all(lp.logprob == -0.5 and len(lp.top) == 1 for lp in lps)
+
+
+def test_abort_closes_open_choices():
+    p = pipeline(n=2)
+    p.on_step(StepOutput(0, ids_of("a")[0]))
+    dones = [e for e in p.abort() if isinstance(e, Done)]
+    assert [d.finish_reason for d in dones] == ["abort", "abort"]
