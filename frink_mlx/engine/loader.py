@@ -1,0 +1,180 @@
+"""Registry entry -> a loaded, warmed-up model (`load_model`).
+
+Why: every source kind (MLX checkpoint dir, GGUF file, pip-package resource)
+must end as the same `LoadedModel`, and the CPU backend needs one deliberate
+choice: MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes
+through BLAS, so quantized weights are dequantized to float32 on the CPU
+backend when memory allows.
+
+Rules:
+1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
+   is imported first (cached by content hash, see gguf.py).
+2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
+   replaces the checkpoint's template.
+3. Dequantize decision: `settings.dequantize`, else `spec.dequantize`, decides
+   when set (True forces, even past the memory check). Unset means automatic:
+   on the CPU backend only, and only if the float32 weights fit in
+   `DEQUANT_RAM_FRACTION` of physical RAM.
+4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
+   lazy weight materialisation and kernel set-up.
+5. `context_length` = the trained length (`max_position_embeddings`), capped
+   by `spec.context_length`.
+6. `kind = "encoder"` hands off to `frink_mlx.engine.encoder.load_encoder`.
+
+This module is blocking; call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import ConfigError, ModelFormatError
+from ..registry import ModelSpec, resolve_source
+from ..settings import Settings
+
+DEQUANT_RAM_FRACTION = 0.25
+WARMUP_TOKENS = 4
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    spec: ModelSpec
+    kind: str
+    model: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper; None for encoders (they own theirs)
+    config: dict[str, Any]
+    path: Path
+    context_length: int
+    dtype: mx.Dtype
+    load_time_s: float
+    encoder: object | None = None
+
+
+def checkpoint_path(spec: ModelSpec, settings: Settings) -> Path:
+    """The MLX checkpoint dir behind `spec`, importing a GGUF if needed (rule 1)."""
+    source = resolve_source(spec)
+    if source.is_file():
+        if source.suffix.lower() != ".gguf":
+            raise ModelFormatError(f"model {spec.name!r}: {source} is neither a dir nor a .gguf file")
+        from .gguf import import_gguf
+
+        return import_gguf(source, settings.cache_dir)
+    if not (source / "config.json").is_file():
+        raise ModelFormatError(f"model {spec.name!r}: {source} has no config.json")
+    return source
+
+
+def load_model(spec: ModelSpec, settings: Settings) -> LoadedModel:
+    started = time.perf_counter()
+    path = checkpoint_path(spec, settings)
+    if spec.kind == "encoder":
+        return _load_encoder(spec, settings, path, started)
+    import mlx_lm
+
+    tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
+    try:
+        model, tokenizer, config = mlx_lm.load(
+            str(path), tokenizer_config=tokenizer_config, return_config=True)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
+    if should_dequantize(model, spec, settings):
+        dequantize_to_float32(model)
+    _warm_up(model, tokenizer)
+    return LoadedModel(
+        spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=config,
+        path=path, context_length=context_length(config, spec),
+        dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
+    )
+
+
+def _load_encoder(spec: ModelSpec, settings: Settings, path: Path, started: float) -> LoadedModel:
+    try:
+        from .encoder import load_encoder
+    except ImportError as exc:
+        raise ConfigError(f"model {spec.name!r}: encoder support is unavailable ({exc})") from None
+    encoder = load_encoder(path, spec, settings)
+    config = json.loads((path / "config.json").read_text())
+    model = getattr(encoder, "model", None)
+    return LoadedModel(
+        spec=spec, kind="encoder", model=model, tokenizer=None, config=config, path=path,  # type: ignore[arg-type]
+        context_length=context_length(config, spec),
+        dtype=_compute_dtype(model) if isinstance(model, nn.Module) else mx.float32,
+        load_time_s=time.perf_counter() - started, encoder=encoder,
+    )
+
+
+def context_length(config: dict[str, Any], spec: ModelSpec) -> int:
+    trained = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
+    return min(trained, spec.context_length) if spec.context_length else trained
+
+
+def physical_ram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def float32_nbytes(model: nn.Module) -> int:
+    """Bytes the model's weights would take as float32 once dequantized."""
+    from mlx.utils import tree_flatten
+
+    bits = {name: m.bits for name, m in model.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    total = 0
+    for name, value in tree_flatten(model.parameters()):
+        module, _, leaf = name.rpartition(".")
+        if module in bits and leaf in ("scales", "biases"):
+            continue
+        elements = value.size * 32 // bits[module] if module in bits and leaf == "weight" else value.size
+        total += elements * 4
+    return total
+
+
+def _is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+               for _, m in model.named_modules())
+
+
+def should_dequantize(model: nn.Module, spec: ModelSpec, settings: Settings) -> bool:
+    """Rule 3."""
+    if not _is_quantized(model):
+        return False
+    choice = settings.dequantize if settings.dequantize is not None else spec.dequantize
+    if choice is not None:
+        return choice
+    if mx.metal.is_available():
+        return False
+    ram = physical_ram_bytes()
+    return ram > 0 and float32_nbytes(model) <= DEQUANT_RAM_FRACTION * ram
+
+
+def dequantize_to_float32(model: nn.Module) -> None:
+    """Replace QuantizedLinear/QuantizedEmbedding with float32 Linear/Embedding in place."""
+    from mlx_lm.utils import dequantize_model
+
+    dequantize_model(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+
+
+def _compute_dtype(model: nn.Module) -> mx.Dtype:
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            return module.scales.dtype
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            return module.weight.dtype
+    return mx.float32
+
+
+def _warm_up(model: nn.Module, tokenizer: Any) -> None:
+    ids = tokenizer.encode("Hello, warm up.")[:WARMUP_TOKENS] or [0]
+    mx.eval(model(mx.array([ids])))
