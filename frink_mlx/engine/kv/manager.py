@@ -172,7 +172,7 @@ class KVCacheManager:
         if state is not None and computed_blocks:
             raise EngineFailure(f"sequence {seq_id!r} already has blocks; computed_blocks "
                                 "are only accepted on its first allocation", param="computed_blocks")
-        self._check_still_cached(computed_blocks)
+        computed_hashes = self._hashes_of_cached(computed_blocks)
         num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
@@ -186,14 +186,16 @@ class KVCacheManager:
             state = SeqBlocks(
                 blocks=list(computed_blocks),
                 num_tokens=len(computed_blocks) * self._block_size,
-                block_hashes=[block.block_hash for block in computed_blocks],  # type: ignore[misc]
+                block_hashes=computed_hashes,
             )
             self._seqs[seq_id] = state
         state.blocks.extend(new_blocks)
         state.num_tokens += num_new_tokens
         return [block.block_id for block in new_blocks]
 
-    def _check_still_cached(self, computed_blocks: Sequence[KVBlock]) -> None:
+    def _hashes_of_cached(self, computed_blocks: Sequence[KVBlock]) -> list[int]:
+        """The computed blocks' hashes, checking each is still the cached one (rule 3)."""
+        hashes: list[int] = []
         for block in computed_blocks:
             if block.block_hash is None or self.pool.get_cached_block(block.block_hash) is not block:
                 raise EngineFailure(
@@ -201,6 +203,8 @@ class KVCacheManager:
                     "(call it right after get_computed_blocks)",
                     param="computed_blocks",
                 )
+            hashes.append(block.block_hash)
+        return hashes
 
     # -- publishing, freeing, forking --------------------------------------------
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from frink_mlx.engine.kv.hashing import hash_block, make_extra_key
 from frink_mlx.engine.kv.manager import KVCacheManager
@@ -278,3 +280,96 @@ def test_accounting_modules_never_import_mlx() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "[]"
+
+
+# -- randomized: every prefix hit must point at slots holding exactly those tokens ----
+
+class Model:
+    """Drives a manager like the engine does and 'writes' (extra, token) into each slot."""
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.storage: dict[int, tuple[tuple, int]] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.extras: dict[int, tuple] = {}
+        self.next_id = 0
+
+    def write(self, seq: int, start: int) -> None:
+        tokens = self.tokens[seq]
+        slots = self.kv.slot_mapping(seq, start, len(tokens) - start)
+        for slot, token in zip(slots, tokens[start:]):
+            self.storage[slot] = (self.extras[seq], token)
+        self.kv.cache_blocks(seq, tokens, self.extras[seq])
+
+    def admit(self, prompt: list[int], extra: tuple) -> None:
+        computed, num_hit = self.kv.get_computed_blocks(prompt, extra)
+        assert num_hit < len(prompt) and num_hit == len(computed) * self.kv.block_size
+        for i, block in enumerate(computed):  # the hit really holds this prefix
+            for offset in range(self.kv.block_size):
+                slot = block.block_id * self.kv.block_size + offset
+                assert self.storage[slot] == (extra, prompt[i * self.kv.block_size + offset])
+        seq, snapshot = self.next_id, self.snapshot()
+        self.next_id += 1
+        if self.kv.allocate_slots(seq, len(prompt) - num_hit, computed) is None:
+            assert self.snapshot() == snapshot
+            return
+        self.tokens[seq], self.extras[seq] = list(prompt), extra
+        self.write(seq, num_hit)
+
+    def decode(self, seq: int, token: int) -> None:
+        if self.kv.allocate_slots(seq, 1) is not None:
+            self.tokens[seq].append(token)
+            self.write(seq, len(self.tokens[seq]) - 1)
+
+    def fork(self, parent: int) -> None:
+        child = self.next_id
+        self.next_id += 1
+        shared = self.kv.fork(parent, child)
+        self.tokens[child], self.extras[child] = list(self.tokens[parent]), self.extras[parent]
+        if self.kv.allocate_slots(child, len(self.tokens[child]) - shared) is None:
+            self.free(child)
+        else:
+            self.write(child, shared)
+
+    def free(self, seq: int) -> None:
+        self.kv.free(seq)
+        del self.tokens[seq], self.extras[seq]
+
+    def snapshot(self) -> tuple:
+        return (self.kv.pool.free_block_ids(), refs(self.kv), dict(self.kv.pool.cached))
+
+    def check_invariants(self) -> None:
+        pool = self.kv.pool
+        holders = [0] * pool.num_blocks
+        for seq in self.tokens:
+            table = self.kv.block_table(seq)
+            assert len(table) == -(-self.kv.num_tokens(seq) // self.kv.block_size)
+            for block_id in table:
+                holders[block_id] += 1
+        assert refs(self.kv) == holders
+        free_ids = pool.free_block_ids()
+        assert sorted(free_ids) == [i for i, n in enumerate(holders) if n == 0]
+        for block_hash, block in pool.cached.items():
+            assert block.block_hash == block_hash
+        assert sum(b.block_hash is not None for b in pool.blocks) == len(pool.cached)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_random_workloads_keep_accounting_and_content_consistent(data: st.DataObject) -> None:
+    model = Model(KVCacheManager(8, 4))
+    for _ in range(data.draw(st.integers(5, 40))):
+        live = sorted(model.tokens)
+        op = data.draw(st.sampled_from(["admit", "admit", "decode", "free", "fork", "reset"]))
+        if op == "admit" or not live:
+            prompt = data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=14))
+            model.admit(prompt, data.draw(st.sampled_from([(0, None), (0, "s"), (1, None)])))
+        elif op == "decode":
+            model.decode(data.draw(st.sampled_from(live)), data.draw(st.integers(0, 2)))
+        elif op == "free":
+            model.free(data.draw(st.sampled_from(live)))
+        elif op == "fork":
+            model.fork(data.draw(st.sampled_from(live)))
+        else:
+            model.kv.reset_prefix_cache()
+        model.check_invariants()
