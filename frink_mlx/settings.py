@@ -95,6 +95,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ConfigError(f"invalid setting: {exc}") from None
 
 
+def user_config_home() -> str:
+    """$XDG_CONFIG_HOME or ~/.config: where systemd looks for user units."""
+    return os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+
+
 def blas_reexec_marker() -> str | None:
     """The marker set by the one-time OpenBLAS re-exec (see engine/blas.py)."""
     return os.environ.get(ENV_PREFIX + "BLAS_REEXEC")

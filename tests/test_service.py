@@ -1,0 +1,280 @@
+"""`frink-mlx service ...`: rendered templates, and the exact launchctl/systemctl sequence.
+
+The service managers are fakes on PATH that append their argv to a log and keep
+just enough state ("loaded"/"active") for the verbs to branch the way the real
+ones would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import os
+import plistlib
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from frink_mlx import service
+from frink_mlx.errors import ConfigError
+from frink_mlx.service import plan_service, render_plist, render_unit, service_command
+from frink_mlx.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+UID = os.getuid()
+TARGET = f"gui/{UID}/dev.frink.mlx"
+
+FAKE_LAUNCHCTL = """#!/bin/sh
+echo "launchctl $*" >> "$FAKE_LOG"
+case "$1" in
+  print) if [ -f "$FAKE_STATE/loaded" ]; then
+           printf '%s\\n' "$2 = {" "	state = running" "	pid = 4242" "	runs = 1" "}"; exit 0
+         fi
+         echo "Could not find service" >&2; exit 113;;
+  bootstrap) touch "$FAKE_STATE/loaded";;
+  bootout) rm -f "$FAKE_STATE/loaded";;
+esac
+exit 0
+"""
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "systemctl $*" >> "$FAKE_LOG"
+case "$2" in
+  restart|start) touch "$FAKE_STATE/active";;
+  stop) rm -f "$FAKE_STATE/active";;
+  disable) rm -f "$FAKE_STATE/active";;
+  is-active) if [ -f "$FAKE_STATE/active" ]; then echo active; exit 0; fi; echo inactive; exit 3;;
+esac
+exit 0
+"""
+
+FAKE_JOURNALCTL = """#!/bin/sh
+echo "journalctl $*" >> "$FAKE_LOG"
+echo "Nov 29 frink-mlx[42]: frink-mlx ready on http://127.0.0.1:8177"
+"""
+
+
+class Fakes:
+    def __init__(self, root: Path) -> None:
+        self.bin, self.state, self.log = root / "bin", root / "state", root / "calls.log"
+        self.bin.mkdir(parents=True)
+        self.state.mkdir()
+        for name, text in (("launchctl", FAKE_LAUNCHCTL), ("systemctl", FAKE_SYSTEMCTL),
+                           ("journalctl", FAKE_JOURNALCTL)):
+            path = self.bin / name
+            path.write_text(text)
+            path.chmod(0o755)
+
+    def calls(self) -> list[str]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        self.log.unlink(missing_ok=True)
+        return lines
+
+
+@pytest.fixture
+def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fakes:
+    f = Fakes(tmp_path / "fakes")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg"))
+    monkeypatch.setenv("PATH", f"{f.bin}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(f.log))
+    monkeypatch.setenv("FAKE_STATE", str(f.state))
+    return f
+
+
+def settings_for(tmp_path: Path, **kw: object) -> Settings:
+    return Settings(config_dir=str(tmp_path / "home" / "cfg"),  # type: ignore[arg-type]
+                    cache_dir=str(tmp_path / "home" / "cache"), **kw)
+
+
+def verb(action: str, backend: str, **kw: object) -> argparse.Namespace:
+    return argparse.Namespace(action=action, backend=backend, generate_key=False, lines=50,
+                              follow=False, **kw)
+
+
+# --- rendering -----------------------------------------------------------------
+
+def odd_plan(tmp_path: Path):
+    weird = tmp_path / "a&b <c> 'd'"
+    s = Settings(config_dir=str(weird / "cfg"), models_path=str(weird / "models.toml"),
+                 port=9123, drain_timeout_s=12.0)
+    return plan_service(s, key_file=weird / "key", log_dir=weird / "logs",
+                        python="/opt/venv dir/bin/python")
+
+
+def test_plist_round_trips_through_plistlib(tmp_path: Path) -> None:
+    plan = odd_plan(tmp_path)
+    data = plistlib.loads(render_plist(plan).encode())
+    assert data["Label"] == "dev.frink.mlx"
+    assert data["ProgramArguments"] == [
+        "/opt/venv dir/bin/python", "-m", "frink_mlx.cli", "serve", "--host", "127.0.0.1",
+        "--port", "9123", "--api-key-file", str(tmp_path / "a&b <c> 'd'" / "key")]
+    assert data["RunAtLoad"] is True
+    assert data["KeepAlive"] == {"SuccessfulExit": False}
+    assert data["ThrottleInterval"] == 10 and data["ExitTimeOut"] == 17
+    assert data["ProcessType"] == "Interactive"
+    env = data["EnvironmentVariables"]
+    assert env["FRINK_MLX_MODELS"] == str(tmp_path / "a&b <c> 'd'" / "models.toml")
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert data["StandardOutPath"] == data["StandardErrorPath"] == str(plan.log_file)
+
+
+@pytest.mark.skipif(shutil.which("plutil") is None, reason="plutil is macOS-only")
+def test_plist_passes_plutil_lint(tmp_path: Path) -> None:
+    path = tmp_path / "dev.frink.mlx.plist"
+    path.write_text(render_plist(odd_plan(tmp_path)))
+    subprocess.run(["plutil", "-lint", str(path)], check=True)
+
+
+def test_systemd_unit_rendering(tmp_path: Path) -> None:
+    plan = odd_plan(tmp_path)
+    unit = render_unit(plan)
+    lines = unit.splitlines()
+    exec_start = next(l for l in lines if l.startswith("ExecStart="))
+    assert shlex.split(exec_start.removeprefix("ExecStart=")) == list(plan.program_args)
+    assert "Restart=on-failure" in lines and "RestartSec=10" in lines
+    assert "TimeoutStopSec=17" in lines and "WantedBy=default.target" in lines
+    assert f'Environment="FRINK_MLX_MODELS={tmp_path}/a&b <c> \'d\'/models.toml"' in lines
+    assert "@" not in "".join(l for l in lines if not l.startswith("#"))
+    assert service.systemd_quote('50% of $HOME "x"') == '"50%% of $$HOME \\"x\\""'
+
+
+def test_non_loopback_install_needs_key_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--generate-key"):
+        plan_service(Settings(host="0.0.0.0", config_dir=str(tmp_path)), key_file=None,
+                     log_dir=tmp_path)
+
+
+# --- command sequences ------------------------------------------------------------
+
+def test_launchd_verbs(tmp_path: Path, fakes: Fakes) -> None:
+    settings = settings_for(tmp_path)
+    plist = tmp_path / "home" / "Library" / "LaunchAgents" / "dev.frink.mlx.plist"
+    key = tmp_path / "home" / "cfg" / "api_key"
+    args = verb("install", "launchd")
+    args.generate_key = True
+    assert service_command(settings, args) == 0
+    assert fakes.calls() == [f"launchctl print {TARGET}", f"launchctl enable {TARGET}",
+                             f"launchctl bootstrap gui/{UID} {plist}"]
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.read_text().startswith("frk-")
+    assert str(key) in plistlib.loads(plist.read_bytes())["ProgramArguments"]
+    assert (tmp_path / "home" / "Library" / "Logs" / "frink-mlx").is_dir()
+
+    first_key = key.read_text()
+    assert service_command(settings, args) == 0  # re-install reloads, keeps the key
+    assert fakes.calls() == [f"launchctl print {TARGET}", f"launchctl bootout {TARGET}",
+                             f"launchctl enable {TARGET}", f"launchctl bootstrap gui/{UID} {plist}"]
+    assert key.read_text() == first_key
+
+    assert service_command(settings, verb("stop", "launchd")) == 0
+    assert fakes.calls() == [f"launchctl print {TARGET}", f"launchctl bootout {TARGET}"]
+    assert service_command(settings, verb("start", "launchd")) == 0
+    assert fakes.calls() == [f"launchctl print {TARGET}", f"launchctl bootstrap gui/{UID} {plist}",
+                             f"launchctl kickstart {TARGET}"]
+    assert service_command(settings, verb("status", "launchd")) == 3  # nothing on /health
+    assert fakes.calls() == [f"launchctl print {TARGET}"]
+    assert service_command(settings, verb("uninstall", "launchd")) == 0
+    assert fakes.calls() == [f"launchctl print {TARGET}", f"launchctl bootout {TARGET}"]
+    assert not plist.exists() and key.exists()
+    with pytest.raises(ConfigError, match="not installed"):
+        service_command(settings, verb("start", "launchd"))
+
+
+def test_systemd_verbs(tmp_path: Path, fakes: Fakes, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_for(tmp_path, models_path=str(tmp_path / "m.toml"))
+    unit = tmp_path / "home" / "xdg" / "systemd" / "user" / "frink-mlx.service"
+    assert service_command(settings, verb("install", "systemd")) == 0
+    assert fakes.calls() == ["systemctl --user daemon-reload",
+                             "systemctl --user enable frink-mlx.service",
+                             "systemctl --user restart frink-mlx.service"]
+    text = unit.read_text()
+    assert "--api-key-file" not in text  # no key file: loopback service without auth
+    assert f'Environment="FRINK_MLX_MODELS={tmp_path}/m.toml"' in text
+    assert service_command(settings, verb("stop", "systemd")) == 0
+    assert fakes.calls() == ["systemctl --user stop frink-mlx.service"]
+    assert service_command(settings, verb("start", "systemd")) == 0
+    assert fakes.calls() == ["systemctl --user start frink-mlx.service"]
+    assert service_command(settings, verb("status", "systemd")) == 3
+    assert fakes.calls() == ["systemctl --user is-active frink-mlx.service"]
+    capsys.readouterr()
+    assert service_command(settings, verb("logs", "systemd")) == 0
+    assert fakes.calls() == ["journalctl --user -u frink-mlx.service -n 50 --no-pager"]
+    assert "ready on" in capsys.readouterr().out
+    assert service_command(settings, verb("uninstall", "systemd")) == 0
+    assert fakes.calls() == ["systemctl --user disable --now frink-mlx.service",
+                             "systemctl --user daemon-reload"]
+    assert not unit.exists()
+
+
+@pytest.fixture
+def health_server() -> Iterator[int]:
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"status": "ok", "model": "tiny"}'
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_status_reads_launchctl_and_health(tmp_path: Path, fakes: Fakes, health_server: int,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_for(tmp_path, port=health_server)
+    service_command(settings, verb("install", "launchd"))
+    fakes.calls()
+    capsys.readouterr()
+    assert service_command(settings, verb("status", "launchd")) == 0
+    out = capsys.readouterr().out
+    assert "state = running; pid = 4242" in out and '"status": "ok"' in out
+
+
+def test_launchd_logs_tail(tmp_path: Path, fakes: Fakes,
+                           capsys: pytest.CaptureFixture[str]) -> None:
+    settings = settings_for(tmp_path)
+    log = tmp_path / "home" / "Library" / "Logs" / "frink-mlx" / "frink-mlx.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    args = verb("logs", "launchd")
+    args.lines = 3
+    assert service_command(settings, args) == 0
+    assert capsys.readouterr().out == "line 97\nline 98\nline 99\n"
+
+
+def test_make_install_service_calls_the_command(tmp_path: Path, fakes: Fakes) -> None:
+    if shutil.which("make") is None:
+        pytest.skip("make not installed")
+    bin_dir = tmp_path / "venvbin"
+    bin_dir.mkdir()
+    entry = bin_dir / "frink-mlx"
+    entry.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO}" exec "{sys.executable}" '
+                     f'-m frink_mlx.cli "$@" --backend systemd\n')
+    entry.chmod(0o755)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    env = {**os.environ, "FRINK_MLX_CONFIG_DIR": str(tmp_path / "home" / "cfg"),
+           "FRINK_MLX_CACHE_DIR": str(tmp_path / "home" / "cache")}
+    done = subprocess.run(["make", "-s", "install-service", f"BIN={bin_dir}", f"STAMP={stamp}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert fakes.calls() == ["systemctl --user daemon-reload",
+                             "systemctl --user enable frink-mlx.service",
+                             "systemctl --user restart frink-mlx.service"]
+    assert (tmp_path / "home" / "xdg" / "systemd" / "user" / "frink-mlx.service").exists()
