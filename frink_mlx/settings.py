@@ -62,6 +62,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     prefill_chunk_tokens: int = 256
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
+    max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
     max_queue: int = 64                          # requests waiting beyond this get 503
     queue_timeout_s: float = 30.0                # a request waiting on a full KV pool this long gets 503
     # --- lifecycle ---

@@ -134,6 +134,7 @@ class Scheduler:
         max_batch: int,
         prefill_chunk_tokens: int,
         generation: int = 0,
+        one_request_at_a_time: bool = False,
     ) -> None:
         if max_batch < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
@@ -141,6 +142,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.generation = generation
+        self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
         self.running: list[Seq] = []
         self.seqs: dict[int, Seq] = {}
@@ -181,9 +183,13 @@ class Scheduler:
         return done
 
     def expire_waiting(self, older_than_s: float, now_s: float | None = None) -> list[Group]:
-        """Remove (and return) waiting requests that arrived before `older_than_s` ago."""
+        """Remove (and return) never-started requests waiting longer than `older_than_s`.
+
+        Preempted rows already streamed output, so they wait as long as it takes.
+        """
         now = time.monotonic() if now_s is None else now_s
-        expired = [g for g in self.waiting if now - g.arrival_s > older_than_s]
+        expired = [g for g in self.waiting
+                   if not g.activated and now - g.arrival_s > older_than_s]
         for group in expired:
             self.waiting.remove(group)
             for seq in group.seqs:
@@ -283,6 +289,8 @@ class Scheduler:
         if seq.num_pending:  # its last token is still on the device
             return False
         if len(self.running) + len(group.seqs) > self.max_batch:
+            return False
+        if self.one_request_at_a_time and self.running:
             return False
         cache_prompt = group.request.cache_prompt
         blocks, num_hit = self.kv.get_computed_blocks(seq.token_ids, group.extra_key,

@@ -1,0 +1,102 @@
+"""The context ceiling: how many KV blocks this machine can afford for a model.
+
+Why at load time: a daemon that runs out of memory mid-request kills every
+stream; one that knows its pool size can refuse a prompt that can never fit
+(400 context_length_exceeded) and queue one that only has to wait (503).
+
+The arithmetic, in order:
+1. device budget: an explicit override (settings.kv_budget_bytes, else the
+   model's models.toml kv_budget_bytes); else Metal's recommended working
+   set on macOS; else physical RAM (Linux).
+2. KV budget = device budget - weight bytes - headroom * device budget.
+3. bytes per token = 2 (K and V) * layers * kv heads * head dim * dtype size;
+   a block holds block_size tokens.
+4. num_blocks = floor(KV budget / block bytes), capped so the pool is no
+   larger than max_batch full trained contexts, nor than
+   settings.max_kv_pool_bytes (a 135M model must not grab 20 GB).
+5. context ceiling = min(trained context length, num_blocks * block_size).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class KVPlan:
+    num_blocks: int
+    block_size: int
+    context_ceiling: int
+    bytes_per_token: int
+    budget_bytes: int      # the device budget the plan started from (rule 1)
+    weights_bytes: int
+    budget_source: str = "ram"   # "override" | "metal" | "ram"
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.bytes_per_token
+
+
+def device_budget_bytes(settings: Settings, spec: Any = None) -> tuple[int, str]:
+    """Rule 1: (bytes, source)."""
+    override = settings.kv_budget_bytes or getattr(spec, "kv_budget_bytes", None)
+    if override:
+        return int(override), "override"
+    if sys.platform == "darwin":
+        try:
+            import mlx.core as mx
+
+            if mx.metal.is_available():
+                info = mx.metal.device_info()
+                size = int(info.get("max_recommended_working_set_size", 0))
+                if size > 0:
+                    return size, "metal"
+        except Exception:  # noqa: BLE001 - fall back to physical RAM
+            pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "ram"
+
+
+def weights_nbytes(model: Any) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def kv_bytes_per_token(model: Any, dtype: Any) -> int:
+    """Rule 3, from the model's attention geometry."""
+    from .kv.paged import model_kv_geometry
+
+    layers, kv_heads, head_dim = model_kv_geometry(model)
+    return 2 * layers * kv_heads * head_dim * int(dtype.size)
+
+
+def plan_kv(loaded: Any, settings: Settings) -> KVPlan:
+    """Size the block pool and the context ceiling for `loaded` (rules 1-5)."""
+    block_size = settings.block_size
+    if block_size < 1:
+        raise ConfigError(f"block_size must be >= 1, got {block_size}")
+    budget, source = device_budget_bytes(settings, getattr(loaded, "spec", None))
+    weights = weights_nbytes(loaded.model)
+    per_token = kv_bytes_per_token(loaded.model, loaded.dtype)
+    kv_budget = budget - weights - int(settings.memory_headroom_fraction * budget)
+    per_block = per_token * block_size
+    num_blocks = kv_budget // per_block
+    trained = int(loaded.context_length)
+    blocks_per_context = -(-trained // block_size)
+    num_blocks = min(num_blocks, max(1, settings.max_batch) * blocks_per_context,
+                     settings.max_kv_pool_bytes // per_block)
+    if num_blocks < 1:
+        raise ConfigError(
+            f"model {getattr(loaded.spec, 'name', '?')!r} leaves no room for its KV cache: "
+            f"budget {budget} bytes ({source}), weights {weights} bytes, "
+            f"headroom {settings.memory_headroom_fraction:.0%}, one block {per_block} bytes")
+    return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
+                  context_ceiling=min(trained, int(num_blocks) * block_size),
+                  bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
+                  budget_source=source)

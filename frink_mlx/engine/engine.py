@@ -1,0 +1,451 @@
+"""The engine: one thread that owns every MLX call for one loaded model.
+
+Why one thread: MLX work must not interleave across threads (see gate.py),
+and continuous batching needs one place that sees every live sequence. The
+event loop only talks to it through a thread-safe inbox (submit, abort) and
+per-request `SeqStream`s (StepOutputs pushed with `call_soon_threadsafe`).
+
+The loop, pipelined like mlx-lm's generate_step:
+
+    forever:
+        drain the inbox (block on it when there is nothing to do)
+        expire requests that waited too long for the pool (-> Overloaded)
+        if the in-flight step has rows whose next draw needs host values
+            (grammar masks, penalties): read it back first
+        plan step t+1 (scheduler, integers)
+        with gate: dispatch step t+1 (runner; its decode inputs are step
+            t's still-lazy tokens), then read step t back to the host
+        scheduler.update(step t) -> StepOutputs to each stream
+
+So the device works on t+1 while the host turns step t into events. A row
+that finished at step t costs one wasted row in step t+1.
+
+Failure rules:
+1. `submit` validates synchronously: empty prompt, n, constraints
+   (InvalidRequest), prompt + 1 token over the ceiling
+   (ContextLengthExceeded), a full waiting queue (Overloaded). max_tokens is
+   clamped to the ceiling, never refused.
+2. A request that waited longer than `queue_timeout_s` without starting
+   ends its stream with `Overloaded` (iteration raises it).
+3. An exception while building a step ends that step's rows with
+   finish="error"; an exception while evaluating one also rebuilds the KV
+   pools (their contents are unknown) and ends every live row. The thread
+   keeps serving either way: no request ever hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Iterator
+
+from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, Overloaded
+from .gate import DecodeGate
+from .kv.manager import KVCacheManager
+from .kv.paged import PagedKVStore, model_kv_geometry
+from .runner import Runner, StepResult
+from .sampling import RowSampler
+from .scheduler import Finished, Scheduler, Seq
+from .types import EngineStats, SeqRequest, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int
+    num_blocks: int
+    max_batch: int
+    prefill_chunk_tokens: int
+    batching: bool
+    context_ceiling: int
+    max_queue: int
+    queue_timeout_s: float
+    generation: int = 0
+
+
+class SeqStream:
+    """The StepOutputs of one request, consumed on the event loop (or a thread).
+
+    Async iteration needs the stream to be created on a running event loop
+    (the daemon's case); created elsewhere, it is a plain blocking iterator
+    (tests, benchmarks). Iteration ends when every row has finished; it
+    raises `Overloaded` if the request timed out in the queue (rule 2).
+    """
+
+    def __init__(self, engine: "Engine", request_id: str, num_rows: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._rows_open = num_rows
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._aqueue: asyncio.Queue[Any] | None = asyncio.Queue() if self._loop else None
+        self._squeue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.closed = False
+
+    # -- engine side ---------------------------------------------------------
+    def _push(self, item: list[StepOutput] | BaseException) -> None:
+        if self._loop is None:
+            self._squeue.put(item)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)  # type: ignore[union-attr]
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            self._engine.abort(self.request_id)
+
+    # -- consumer side ---------------------------------------------------------
+    def abort(self) -> None:
+        """Thread-safe; the engine frees this request's blocks within one step."""
+        if not self.closed:
+            self._engine.abort(self.request_id)
+
+    def _take(self, item: list[StepOutput] | BaseException) -> list[StepOutput]:
+        if isinstance(item, BaseException):
+            self.closed = True
+            raise item
+        for out in item:
+            if out.finish is not None:
+                self._rows_open -= 1
+        if self._rows_open <= 0:
+            self.closed = True
+        return item
+
+    async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        if self._aqueue is None:
+            raise RuntimeError("this SeqStream was created outside an event loop; iterate it with `for`")
+        while not self.closed:
+            for out in self._take(await self._aqueue.get()):
+                yield out
+
+    def __iter__(self) -> Iterator[StepOutput]:
+        while not self.closed:
+            for out in self._take(self._squeue.get()):
+                yield out
+
+
+class Engine:
+    def __init__(self, loaded: Any, config: EngineConfig, gate: DecodeGate) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.gate = gate
+        model = loaded.model
+        self._geometry = model_kv_geometry(model)
+        self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
+        self.store = self._new_store()
+        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.kv, max_batch=config.max_batch,
+            prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
+            one_request_at_a_time=not config.batching)
+        self.runner = Runner(model, self.store)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, SeqStream] = {}
+        self._samplers: dict[int, RowSampler] = {}
+        self._reported: set[int] = set()
+        self._queue_lock = threading.Lock()
+        self._num_inbox = 0       # submitted, not yet seen by the MLX thread
+        self._num_waiting = 0     # never-started requests in the scheduler's queue
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stats = EngineStats(num_blocks_total=config.num_blocks, block_size=config.block_size,
+                                  context_ceiling=config.context_ceiling)
+
+    def _new_store(self) -> PagedKVStore:
+        layers, heads, head_dim = self._geometry
+        return PagedKVStore(num_layers=layers, num_blocks=self.config.num_blocks,
+                            block_size=self.config.block_size, n_kv_heads=heads,
+                            head_dim=head_dim, dtype=self._dtype)
+
+    # -- public API (any thread) -------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._main, name="frink-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, seq: SeqRequest) -> SeqStream:
+        """Validate (rule 1) and enqueue; the stream yields this request's outputs."""
+        if self._stopping:
+            raise Overloaded("The engine is shutting down.", retry_after_s=1.0)
+        seq = self._validated(seq)
+        with self._queue_lock:
+            depth = self._num_inbox + self._num_waiting
+            if depth >= self.config.max_queue:
+                raise Overloaded(
+                    f"{depth} requests are already waiting (max_queue "
+                    f"{self.config.max_queue}); retry later.",
+                    retry_after_s=max(1.0, depth / max(1, self.config.max_batch)))
+            self._num_inbox += 1
+        stream = SeqStream(self, seq.request_id, max(1, seq.n))
+        self._inbox.put(("submit", (seq, stream)))
+        return stream
+
+    def _validated(self, seq: SeqRequest) -> SeqRequest:
+        ceiling = self.config.context_ceiling
+        if not seq.prompt_ids:
+            raise InvalidRequest("The prompt is empty.", param="prompt")
+        if seq.n < 1 or seq.n > self.config.max_batch:
+            raise InvalidRequest(f"'n' must be between 1 and {self.config.max_batch}.", param="n")
+        if seq.constraints is not None and len(seq.constraints) != seq.n:
+            raise InvalidRequest("one constraint per row is needed", param="response_format")
+        if len(seq.prompt_ids) + 1 > ceiling:
+            raise ContextLengthExceeded(len(seq.prompt_ids) + 1, ceiling)
+        if seq.max_tokens < 1:
+            raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
+        room = ceiling - len(seq.prompt_ids)
+        if seq.max_tokens > room:
+            seq = SeqRequest(**{f: getattr(seq, f) for f in SeqRequest.__slots__})  # type: ignore[arg-type]
+            seq.max_tokens = room
+        if not seq.request_id:
+            seq.request_id = f"seq-{secrets.token_hex(8)}"
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        s, sch = self._stats, self.scheduler
+        s.num_blocks_used = self.kv.num_used_blocks
+        s.num_blocks_cached = self.kv.num_cached_blocks
+        s.num_running = len(sch.running)
+        s.num_waiting = self._num_inbox + self._num_waiting
+        s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
+        s.prompt_tokens_total = sch.prompt_tokens_total
+        s.extra["num_preemptions"] = float(sch.num_preemptions)
+        s.extra["kv_pool_bytes"] = float(self.store.nbytes)
+        return EngineStats(**{f: getattr(s, f) for f in EngineStats.__dataclass_fields__})
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Let running rows finish for up to timeout_s, abort the rest, join the thread."""
+        self._stopping = True
+        self._inbox.put(("drain", time.monotonic() + max(0.0, timeout_s)))
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, timeout_s) + 30.0)
+            self._thread = None
+
+    # -- the MLX thread --------------------------------------------------------------
+
+    def _main(self) -> None:
+        pending: StepResult | None = None
+        drain_deadline: float | None = None
+        while True:
+            idle = pending is None and not self.scheduler.has_work
+            drain_deadline = self._drain_inbox(block=idle, deadline=drain_deadline)
+            if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
+                if pending is not None:
+                    self._deliver(pending)
+                self._abort_all("abort", None)
+                _synchronize()  # nothing of ours may still run on the device after the join
+                return
+            self._expire_waiting()
+            if pending is not None and _needs_host(pending, self._samplers):
+                self._deliver(pending)
+                pending = None
+            pending = self._step(pending)
+
+    def _drain_inbox(self, *, block: bool, deadline: float | None) -> float | None:
+        try:
+            item = self._inbox.get(timeout=0.05 if (block and deadline) else None) if block \
+                else self._inbox.get_nowait()
+        except queue.Empty:
+            return deadline
+        while True:
+            kind, payload = item
+            if kind == "submit":
+                self._admit(*payload)
+            elif kind == "abort":
+                self._finish_rows(self.scheduler.abort(payload))
+            elif kind == "drain":
+                deadline = payload
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return deadline
+
+    def _admit(self, seq: SeqRequest, stream: SeqStream) -> None:
+        with self._queue_lock:
+            self._num_inbox -= 1
+        if seq.request_id in self._streams:
+            stream._push(InvalidRequest(f"request id {seq.request_id!r} is already running",
+                                        param="request_id"))
+            return
+        group = self.scheduler.add(seq)
+        self._recount_queue()
+        self._streams[seq.request_id] = stream
+        base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
+        for row in group.seqs:
+            constraint = seq.constraints[row.index] if seq.constraints else None
+            self._samplers[row.seq_id] = RowSampler(seq.sampling, base_seed + row.index, constraint,
+                                                    list(seq.prompt_ids))
+
+    def _expire_waiting(self) -> None:
+        expired = self.scheduler.expire_waiting(self.config.queue_timeout_s)
+        if expired:
+            self._recount_queue()
+        for group in expired:
+            for row in group.seqs:
+                self._samplers.pop(row.seq_id, None)
+            stream = self._streams.pop(group.request.request_id, None)
+            if stream is not None:
+                stream._push(Overloaded(
+                    f"The request waited {self.config.queue_timeout_s:.0f}s for KV cache space.",
+                    retry_after_s=max(1.0, self.config.queue_timeout_s / 4)))
+
+    def _step(self, pending: StepResult | None) -> StepResult | None:
+        """Plan and dispatch one step, then read back the previous one."""
+        plan = self.scheduler.schedule()
+        self._recount_queue()
+        if plan.is_empty:
+            if pending is not None:
+                self._deliver(pending)
+            elif self.scheduler.has_work:
+                time.sleep(0.005)  # blocked on the pool; aborts or timeouts will free it
+            return None
+        result: StepResult | None = None
+        try:
+            with self.gate:
+                result = self.runner.run(plan, self._samplers)
+        except Exception as exc:  # noqa: BLE001 - rule 3: this step's rows end, the engine goes on
+            log.exception("engine step failed while building")
+            ids = set(plan.sample_seq_ids) | {c.seq_id for c in plan.prefill}
+            self._fail_rows(ids, exc)
+            self.runner.forget_pending()
+        if pending is not None:
+            self._deliver(pending)
+        self._stats.steps_total += 1
+        return result
+
+    def _deliver(self, step: StepResult) -> None:
+        """Read one step back and turn it into StepOutputs (and finishes)."""
+        try:
+            with self.gate:
+                rows = step.read()
+        except Exception as exc:  # noqa: BLE001 - rule 3
+            log.exception("engine step failed while evaluating")
+            self._reset_after_eval_error(exc)
+            return
+        live: dict[int, Seq] = {}
+        stop: dict[int, Any] = {}
+        for seq_id, row in zip(step.seq_ids, rows):
+            seq = self.scheduler.seqs.get(seq_id)
+            if seq is None or seq.num_pending == 0:
+                continue
+            live[seq_id] = seq
+            sampler = self._samplers.get(seq_id)
+            if sampler is not None:
+                sampler.history.append(row.token_id)
+                reason = _constraint_verdict(sampler, row.token_id)
+                if reason is not None:
+                    stop[seq_id] = reason
+        finished = {f.seq.seq_id: f for f in self.scheduler.update(
+            step.seq_ids, [r.token_id for r in rows], stop)}
+        outputs: dict[str, list[StepOutput]] = {}
+        for seq_id, row in zip(step.seq_ids, rows):
+            seq = live.get(seq_id)
+            if seq is None:
+                continue
+            done = finished.get(seq_id)
+            out = StepOutput(seq.index, row.token_id, row.logprob, row.top_logprobs,
+                             finish=done.reason if done else None, error=done.error if done else None)
+            self._first_output(seq, out)
+            outputs.setdefault(seq.group.request.request_id, []).append(out)
+            self._stats.generated_tokens_total += 1
+            if done:
+                self._samplers.pop(seq_id, None)
+        self._push_outputs(outputs)
+
+    def _first_output(self, seq: Seq, out: StepOutput) -> None:
+        if seq.seq_id not in self._reported:
+            self._reported.add(seq.seq_id)
+            out.num_prompt_tokens = seq.num_prompt
+            out.num_cached_tokens = seq.group.num_cached_tokens
+
+    def _push_outputs(self, outputs: dict[str, list[StepOutput]]) -> None:
+        for request_id, outs in outputs.items():
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            stream._push(outs)
+            if any(o.finish for o in outs) and not self._group_alive(request_id):
+                self._close_stream(request_id)
+
+    def _group_alive(self, request_id: str) -> bool:
+        return any(s.group.request.request_id == request_id for s in self.scheduler.seqs.values())
+
+    def _close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def _finish_rows(self, finished: list[Finished]) -> None:
+        outputs: dict[str, list[StepOutput]] = {}
+        for f in finished:
+            self._samplers.pop(f.seq.seq_id, None)
+            out = StepOutput(f.seq.index, None, finish=f.reason, error=f.error)
+            self._first_output(f.seq, out)
+            outputs.setdefault(f.seq.group.request.request_id, []).append(out)
+        self._recount_queue()
+        self._push_outputs(outputs)
+
+    def _recount_queue(self) -> None:
+        self._num_waiting = sum(1 for g in self.scheduler.waiting if not g.activated)
+
+    def _fail_rows(self, seq_ids: set[int], exc: BaseException) -> None:
+        message = f"engine step failed: {exc}"
+        done: list[Finished] = []
+        for seq_id in seq_ids:
+            seq = self.scheduler.seqs.get(seq_id)
+            if seq is not None:
+                done += self.scheduler.abort(seq.group.request.request_id, "error", message)
+        self._finish_rows(done)
+
+    def _reset_after_eval_error(self, exc: BaseException) -> None:
+        self.runner.forget_pending()
+        self._abort_all("error", f"engine step failed: {exc}")
+        self.store = self._new_store()
+        self.runner.store = self.store
+        self.kv.reset_prefix_cache()
+
+    def _abort_all(self, reason: Any, error: str | None) -> None:
+        ids = {s.group.request.request_id for s in self.scheduler.seqs.values()}
+        done: list[Finished] = []
+        for request_id in ids:
+            done += self.scheduler.abort(request_id, reason, error)
+        self._finish_rows(done)
+
+
+def _needs_host(step: StepResult, samplers: dict[int, RowSampler]) -> bool:
+    return any((s := samplers.get(i)) is not None and s.needs_host_tokens for i in step.seq_ids)
+
+
+def _constraint_verdict(sampler: RowSampler, token_id: int) -> str | None:
+    c = sampler.constraint
+    if c is None:
+        return None
+    try:
+        if not c.accept(token_id):
+            return "constraint"
+        return "eos" if c.is_done() else None
+    except Exception:  # noqa: BLE001 - a broken matcher ends its row, not the engine
+        log.exception("row constraint failed")
+        return "constraint"
+
+
+def _synchronize() -> None:
+    import mlx.core as mx
+
+    mx.synchronize()
+
+
+def _param_dtype(model: Any) -> Any:
+    from mlx.utils import tree_flatten
+
+    for _, value in tree_flatten(model.parameters()):
+        return value.dtype
+    raise ValueError("model has no parameters")
