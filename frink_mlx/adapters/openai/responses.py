@@ -1,0 +1,309 @@
+"""OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+The daemon helper's adapters/openai/__init__.py includes `routes` from here.
+Request rules (responses_wire.py has the decoding rules):
+1. `input` as a string is one user message. As items: `message` (roles
+   developer/system -> system), `function_call`, `function_call_output`,
+   `reasoning`. Consecutive assistant-side items (reasoning, message,
+   function_call) merge into one assistant turn, which is how chat templates
+   expect tool calls; `function_call_output` becomes a `tool` message naming
+   the call and its tool.
+2. `instructions` becomes the leading system message for this request only.
+3. `previous_response_id` prepends the stored conversation of that response
+   (its input and output); an unknown id is a 404 naming it.
+4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on;
+   reasoning comes back as raw `reasoning_text`, never as a summary, so
+   `summary` other than "auto" is refused by name.
+5. `text.format` json_object/json_schema becomes the structured-output
+   constraint; `parallel_tool_calls: false` is refused (the model decides).
+6. With `store` (the API's default true) the finished response is kept in a
+   bounded in-memory store (responses_store.py) for follow-ups and GET.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ...core.events import Done, ErrorEvent
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from ...errors import EngineFailure, InvalidRequest, UnsupportedField
+from ...http.body import decode_body, validation_param
+from ...http.errors import endpoint, openai_error
+from ...http.sse import run_until_disconnect, sse_frame, sse_response
+from . import responses_wire as w
+from .responses_events import ResponseBuilder, created_now, new_id
+from .responses_store import ResponseStore, StoredResponse
+
+
+# -- request -------------------------------------------------------------------
+def _part_text(content: str | list[w.ContentPart], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, (w.InputText, w.OutputText)):
+            texts.append(part.text)
+        elif isinstance(part, w.Refusal):
+            texts.append(part.refusal)
+        else:
+            raise UnsupportedField(f"{where}[{j}]", "is not text; this server serves text-only "
+                                   "models")
+    return "".join(texts)
+
+
+def decode_item(raw: dict[str, Any], i: int) -> Any:
+    kind = raw.get("type", "message")
+    struct = w.INPUT_ITEM_TYPES.get(kind) if isinstance(kind, str) else None
+    if struct is None:
+        raise UnsupportedField(f"input[{i}].type", f"'{kind}' items are not supported")
+    try:
+        return msgspec.convert(raw, struct)
+    except msgspec.ValidationError as exc:
+        inner = validation_param(exc)
+        raise InvalidRequest(f"Invalid input item: {exc}",
+                             param=f"input[{i}]" + (f".{inner}" if inner else "")) from None
+
+
+def _assistant_turn(out: list[Message]) -> Message:
+    if out and out[-1].role == "assistant":
+        return out[-1]
+    out.append(Message("assistant"))
+    return out[-1]
+
+
+def input_messages(items: str | list[dict[str, Any]] | None,
+                   tool_names: dict[str, str]) -> list[Message]:
+    if items is None:
+        raise InvalidRequest("'input' is required.", param="input")
+    if isinstance(items, str):
+        return [Message("user", items)]
+    out: list[Message] = []
+    for i, raw in enumerate(items):
+        item = decode_item(raw, i)
+        if isinstance(item, w.MessageItem):
+            text = _part_text(item.content, f"input[{i}].content")
+            if item.role == "assistant":
+                turn = _assistant_turn(out)
+                turn.content += text
+            else:
+                out.append(Message("system" if item.role == "developer" else item.role, text))
+        elif isinstance(item, w.FunctionCallItem):
+            tool_names[item.call_id] = item.name
+            _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, item.name, item.arguments))
+        elif isinstance(item, w.FunctionCallOutputItem):
+            out.append(Message("tool", _part_text(item.output, f"input[{i}].output"),
+                               tool_call_id=item.call_id, name=tool_names.get(item.call_id)))
+        elif isinstance(item, w.ReasoningItem):
+            text = "".join(p.text for p in (item.content or item.summary))
+            turn = _assistant_turn(out)
+            turn.reasoning = (turn.reasoning or "") + text
+    return out
+
+
+def to_tools(tools: list[w.FunctionTool] | None) -> list[Tool]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        if tool.type != "function":
+            raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' tools are not supported; "
+                                   "only 'function'")
+        if not tool.name:
+            raise InvalidRequest(f"'tools[{i}].name' is required.", param=f"tools[{i}].name")
+        out.append(Tool(tool.name, tool.description or "",
+                        tool.parameters or {"type": "object", "properties": {}}))
+    return out
+
+
+def to_tool_choice(choice: str | w.FunctionChoice | None) -> str:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        return choice
+    if choice.type != "function" or not choice.name:
+        raise UnsupportedField("tool_choice.type", f"'{choice.type}' is not supported; use "
+                               "'auto', 'none', 'required' or a function")
+    return choice.name
+
+
+def to_thinking(reasoning: w.Reasoning | None) -> bool | None:
+    if reasoning is None:
+        return None
+    for name in ("summary", "generate_summary"):
+        value = getattr(reasoning, name)
+        if value not in (None, "auto"):
+            raise UnsupportedField(f"reasoning.{name}", "cannot be honoured: reasoning is "
+                                   "returned as raw reasoning_text, not summarised")
+    if reasoning.effort is None:
+        return None
+    return reasoning.effort not in ("none", "minimal")
+
+
+def to_response_format(text: w.TextConfig | None) -> ResponseFormat | None:
+    if text is None:
+        return None
+    if text.verbosity not in (None, "medium"):
+        raise UnsupportedField("text.verbosity", "cannot be honoured by a local model")
+    fmt = text.format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ResponseFormat("json_object", param="text.format")
+    if fmt.schema is None:
+        raise InvalidRequest("'text.format.schema' is required for json_schema.",
+                             param="text.format.schema")
+    return ResponseFormat("json_schema", schema=fmt.schema, strict=bool(fmt.strict),
+                          name=fmt.name, param="text.format")
+
+
+def to_sampling(req: w.ResponsesRequest) -> SamplingParams:
+    sampling = SamplingParams()
+    if req.temperature is not None:
+        if not 0.0 <= req.temperature <= 2.0:
+            raise InvalidRequest("'temperature' must be between 0 and 2.", param="temperature")
+        sampling.temperature = req.temperature
+    if req.top_p is not None:
+        if not 0.0 < req.top_p <= 1.0:
+            raise InvalidRequest("'top_p' must be in (0, 1].", param="top_p")
+        sampling.top_p = req.top_p
+    return sampling
+
+
+def to_gen_request(req: w.ResponsesRequest, history: list[Message]
+                   ) -> tuple[GenRequest, list[Message]]:
+    """The GenRequest, and the conversation (without instructions) to store with the answer."""
+    if req.parallel_tool_calls is False:
+        raise UnsupportedField("parallel_tool_calls", "cannot be false: the model decides how "
+                               "many calls it makes")
+    if req.max_output_tokens is not None and req.max_output_tokens < 1:
+        raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
+    tool_names = {c.id: c.name for m in history for c in m.tool_calls}
+    conversation = history + input_messages(req.input, tool_names)
+    messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
+    gen = GenRequest(model=req.model or "default", messages=messages, tools=to_tools(req.tools),
+                     tool_choice=to_tool_choice(req.tool_choice),
+                     max_tokens=req.max_output_tokens, sampling=to_sampling(req),
+                     stream=req.stream, thinking=to_thinking(req.reasoning),
+                     response_format=to_response_format(req.text), user=req.user)
+    return gen, conversation
+
+
+# -- response ------------------------------------------------------------------
+def response_base(req: w.ResponsesRequest, model: str) -> dict[str, Any]:
+    """The request fields a Response object echoes."""
+    text_format: dict[str, Any] = {"type": "text"}
+    if req.text is not None and req.text.format is not None:
+        text_format = msgspec.to_builtins(req.text.format)
+    tool_choice = req.tool_choice or "auto"
+    return {"id": new_id("resp"), "object": "response", "created_at": created_now(),
+            "model": model, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "previous_response_id":
+            req.previous_response_id, "parallel_tool_calls": True, "store": req.store,
+            "temperature": req.temperature, "top_p": req.top_p, "truncation": "disabled",
+            "tool_choice": tool_choice if isinstance(tool_choice, str)
+            else msgspec.to_builtins(tool_choice),
+            "tools": [msgspec.to_builtins(t) for t in req.tools or []],
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                          "summary": None},
+            "text": {"format": text_format}, "metadata": req.metadata or {}, "user": req.user,
+            "background": False}
+
+
+def output_message(output: list[dict[str, Any]]) -> Message:
+    """The response's output as one assistant turn, for the store."""
+    message = Message("assistant")
+    for item in output:
+        if item["type"] == "message":
+            message.content += "".join(p["text"] for p in item["content"])
+        elif item["type"] == "reasoning":
+            message.reasoning = (message.reasoning or "") + "".join(
+                p["text"] for p in item["content"])
+        elif item["type"] == "function_call":
+            message.tool_calls.append(ToolCall(item["call_id"], item["name"], item["arguments"]))
+    return message
+
+
+def store_of(request: Request) -> ResponseStore:
+    """Rule 6: one store per app, created on first use."""
+    state = request.app.state
+    store = getattr(state, "responses_store", None)
+    if store is None:
+        store = state.responses_store = ResponseStore()
+    return store
+
+
+def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilder,
+          conversation: list[Message]) -> None:
+    if req.store and builder.status != "failed":
+        store.put(StoredResponse(builder.response(),
+                                 conversation + [output_message(builder.output)]))
+
+
+async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
+                  ) -> AsyncIterator[str]:
+    events = builder.start()
+    async for event in run.events():
+        if event.index != 0:
+            continue
+        events += builder.feed(event)
+        yield "".join(sse_frame(json.dumps(e, ensure_ascii=False), event=e["type"])
+                      for e in events)
+        events = []
+        if isinstance(event, (Done, ErrorEvent)):
+            keep()
+            return
+
+
+async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
+    async for event in run.events():
+        if event.index != 0:
+            continue
+        if isinstance(event, ErrorEvent):
+            raise EngineFailure(event.message, code=event.code)
+        builder.feed(event)
+        if isinstance(event, Done):
+            break
+    return builder.response()
+
+
+@endpoint(openai_error)
+async def create_response(request: Request) -> Response:
+    req = await decode_body(request, w.ResponsesRequest)
+    store = store_of(request)
+    history: list[Message] = []
+    if req.previous_response_id is not None:
+        history = list(store.get(req.previous_response_id, param="previous_response_id").messages)
+    gen, conversation = to_gen_request(req, history)
+    run = await request.app.state.frink.generate(gen)
+    builder = ResponseBuilder(base=response_base(req, run.model))
+    if req.stream:
+        return sse_response(_stream(run, builder, lambda: _keep(req, store, builder, conversation)),
+                            on_close=run.abort)
+    response = await run_until_disconnect(request, lambda: _collect(run, builder),
+                                          on_disconnect=run.abort)
+    _keep(req, store, builder, conversation)
+    return JSONResponse(response)
+
+
+@endpoint(openai_error)
+async def get_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    return JSONResponse(store_of(request).get(response_id).response)
+
+
+@endpoint(openai_error)
+async def delete_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    store_of(request).delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+routes: list[BaseRoute] = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+]

@@ -1,0 +1,150 @@
+"""OpenAI Responses API request structs (responses are built as dicts by responses.py).
+
+Rules:
+1. The request forbids unknown fields: a Responses feature this server lacks
+   (`background`, `conversation`, `include`, `prompt`, ...) is refused by name.
+2. `input` items are decoded per item `type` (a message may omit `type`), so
+   an unsupported item (`item_reference`, `file_search_call`, ...) is refused
+   naming its position, `input[3].type`.
+3. Items echoed back from an earlier response (output messages, reasoning,
+   function calls) carry `id`/`status`; those are accepted and not used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+
+class _Item(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class InputText(msgspec.Struct, tag_field="type", tag="input_text", forbid_unknown_fields=True):
+    text: str
+
+
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text", forbid_unknown_fields=True):
+    text: str
+    annotations: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[Any] | None = None
+
+
+class InputImage(msgspec.Struct, tag_field="type", tag="input_image", forbid_unknown_fields=True):
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class InputFile(msgspec.Struct, tag_field="type", tag="input_file", forbid_unknown_fields=True):
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+
+
+class Refusal(msgspec.Struct, tag_field="type", tag="refusal", forbid_unknown_fields=True):
+    refusal: str
+
+
+ContentPart = Union[InputText, OutputText, InputImage, InputFile, Refusal]
+
+
+class MessageItem(_Item):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Union[str, list[ContentPart]]
+    type: Literal["message"] = "message"
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(_Item):
+    call_id: str
+    name: str
+    arguments: str
+    type: Literal["function_call"] = "function_call"
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Item):
+    call_id: str
+    output: Union[str, list[ContentPart]]
+    type: Literal["function_call_output"] = "function_call_output"
+    id: str | None = None
+    status: str | None = None
+
+
+class ReasoningText(msgspec.Struct, forbid_unknown_fields=True):
+    text: str
+    type: str = "reasoning_text"
+
+
+class ReasoningItem(_Item):
+    summary: list[ReasoningText] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    type: Literal["reasoning"] = "reasoning"
+    id: str | None = None
+    status: str | None = None
+    encrypted_content: str | None = None
+
+
+INPUT_ITEM_TYPES: dict[str, type[_Item]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
+}
+
+
+class FunctionTool(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(msgspec.Struct, forbid_unknown_fields=True):
+    type: str
+    name: str | None = None
+
+
+class Reasoning(msgspec.Struct, forbid_unknown_fields=True):
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
+class TextFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
+    model: str | None = None
+    input: Union[str, list[dict[str, Any]], None] = None
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Union[Literal["auto", "none", "required"], FunctionChoice, None] = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning: Reasoning | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None
