@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import asyncio
+from types import SimpleNamespace
+
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from prometheus_client.parser import text_string_to_metric_families
 
 from frink_mlx.engine.types import EngineStats
 from frink_mlx.metrics import Metrics
 from frink_mlx.settings import Settings
-from tests.http.test_security import Probe, make_app
+from frink_mlx import metrics as metrics_mod
+from frink_mlx.http.access import note_generation
+from frink_mlx.http.security import build_middleware
 
 pytestmark = pytest.mark.anyio
 
@@ -19,6 +28,22 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+async def generate(request: Request) -> JSONResponse:
+    """Stands in for a generating endpoint: 10 ms to the first token, 20 ms more to finish."""
+    await request.body()
+    await asyncio.sleep(0.03)
+    note_generation(request, model="tiny", generation=1, prompt_tokens=5, completion_tokens=4,
+                    ttft_s=0.01)
+    return JSONResponse({"ok": True})
+
+
+def make_app(settings: Settings) -> Starlette:
+    routes = [Route("/v1/chat/completions", generate, methods=["POST"]), *metrics_mod.routes]
+    app = Starlette(routes=routes, middleware=build_middleware(settings))
+    app.state.frink = SimpleNamespace(settings=settings, metrics=Metrics())
+    return app
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -34,7 +59,7 @@ def value(text: str, name: str, **labels: str) -> float:
 
 
 async def test_counters_move_with_requests(tmp_path: Path) -> None:
-    app = make_app(Settings(config_dir=str(tmp_path)), Probe())
+    app = make_app(Settings(config_dir=str(tmp_path)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://127.0.0.1:8177") as c:
         before = (await c.get("/metrics")).text
