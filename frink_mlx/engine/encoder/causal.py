@@ -66,7 +66,7 @@ def encoder_from_generative(loaded: Any, settings: Any) -> Encoder:
 
     return Encoder(
         name=str(loaded.spec.name),
-        forward=forward,
+        model=forward,
         tokenizer=LMTokenizer(loaded.tokenizer),
         head=HeadConfig.for_hidden_states(),
         dim=dim,

@@ -17,8 +17,8 @@ Batching (`embed`), stated before the loop:
 
    run the model once, pool by the checkpoint's recipe (`pooling.py`),
    evaluate, and scatter the vectors back to their input positions.
-4. The caller's `lock` (the process-wide DecodeGate) is held per batch only,
-   so a long embedding request interleaves with generation steps.
+4. The caller's `lock` factory (the DecodeGate's `exclusive`) is entered per
+   batch only, so a long embedding request interleaves with generation steps.
 
 `embed` blocks; callers run it off the event loop. Token-id inputs are used
 verbatim (no special tokens added): a client that wants `[CLS] ... [SEP]`
@@ -60,7 +60,7 @@ class Encoder:
     """A loaded embedding model. Thread-compatible: serialise `embed` via `lock`."""
 
     name: str
-    forward: Forward
+    model: Forward
     tokenizer: TextTokenizer
     head: HeadConfig
     dim: int
@@ -119,7 +119,7 @@ class Encoder:
         self,
         token_lists: Sequence[Sequence[int]],
         *,
-        lock: contextlib.AbstractContextManager[Any] | None = None,
+        lock: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> np.ndarray:
         """Checked token lists -> float32 (N, dim) vectors in input order. Blocking."""
         num_inputs = len(token_lists)
@@ -128,14 +128,14 @@ class Encoder:
         for start in range(0, num_inputs, self.batch_size):
             rows = order[start : start + self.batch_size]
             ids, mask = _pad([token_lists[i] for i in rows])
-            with lock if lock is not None else contextlib.nullcontext():
+            with lock() if lock is not None else contextlib.nullcontext():
                 vectors = self._run_batch(ids, mask)
             out[rows] = vectors
         return out
 
     def _run_batch(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)
-        vectors = pool(self.forward(ids_mx, mask_mx), mask_mx, self.head)
+        vectors = pool(self.model(ids_mx, mask_mx), mask_mx, self.head)
         mx.eval(vectors)
         self._calls += 1
         return np.array(vectors, dtype=np.float32)

@@ -27,7 +27,7 @@ import mlx.core as mx
 from ...errors import ModelFormatError
 from .bert import BertArgs, BertModel
 from .encoder import Encoder
-from .pooling import read_head_config
+from .pooling import read_head_config, read_max_seq_length
 
 
 class HFTokenizer:
@@ -85,14 +85,13 @@ def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
     model.eval()
     mx.eval(model.parameters())
     head = read_head_config(path)
-    positions = args.max_position_embeddings - args.position_offset
-    max_length = min(head.max_seq_length or positions, positions)
+    max_length = max_input_tokens(args, head.max_seq_length)
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelFormatError(f"{tokenizer_file}: missing (encoders need a fast tokenizer file)")
     return Encoder(
         name=str(getattr(spec, "name", path.name)),
-        forward=model,
+        model=model,
         tokenizer=HFTokenizer(tokenizer_file),
         head=head,
         dim=args.hidden_size,
@@ -101,6 +100,18 @@ def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
         truncatable=bool(getattr(spec, "matryoshka", False)),
         arch=args.model_type,
     )
+
+
+def max_input_tokens(args: BertArgs, max_seq_length: int | None) -> int:
+    """Rule 2: the sentence-transformers limit, capped by the model's positions."""
+    positions = args.max_position_embeddings - args.position_offset
+    return min(max_seq_length or positions, positions)
+
+
+def encoder_limits(path: Path) -> tuple[int, int]:
+    """(dim, max input tokens) of a checkpoint dir from its config files, no weights."""
+    args = BertArgs.from_config(_read_config(path))
+    return args.hidden_size, max_input_tokens(args, read_max_seq_length(path))
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -88,7 +88,7 @@ def read_head_config(path: Path) -> HeadConfig:
     if types[:1] != [_ST + "Transformer"] or pooling_dir is None:
         raise ModelFormatError(f"{modules_file}: expected Transformer followed by Pooling")
     pooling = _read_pooling(pooling_dir / "config.json")
-    return HeadConfig(pooling=pooling, normalize=normalize, max_seq_length=_read_max_seq(path))
+    return HeadConfig(pooling=pooling, normalize=normalize, max_seq_length=read_max_seq_length(path))
 
 
 def _read_pooling(config_file: Path) -> PoolingMode:
@@ -106,7 +106,7 @@ def _read_pooling(config_file: Path) -> PoolingMode:
     return modes[0]
 
 
-def _read_max_seq(path: Path) -> int | None:
+def read_max_seq_length(path: Path) -> int | None:
     config_file = path / "sentence_bert_config.json"
     if not config_file.is_file():
         return None

@@ -1,0 +1,199 @@
+"""Serving embeddings from the hub: which encoder answers, and running it off the loop.
+
+An embedding request is answered by the `embedder` of one leased generation:
+
+    active generation          its embedder
+    ------------------------   ---------------------------------------------
+    kind = "encoder"           the encoder itself (served as the active model)
+    generative, embeddings=E   encoder entry E, loaded next to it (side-car)
+    generative, "self"         its own hidden states, mean-pooled (opt-in)
+    generative, no embeddings  none: refused by name, never a silent fallback
+
+Rules:
+1. Resolution never swaps the chat model out for an embedding it already
+   serves: a request naming the active model, `default`, or the side-car
+   encoder's name or alias leases the active generation.
+2. Any other encoder entry leases through the hub as usual (a just-in-time
+   swap makes it the active model). A generative entry without embeddings is
+   refused before any swap.
+3. `attach_embedder` runs inside the hub's load (worker thread), so a
+   side-car that cannot load fails the load by name, with the old
+   generation still serving.
+4. Work runs in a worker thread; each padded batch holds the DecodeGate
+   (`exclusive()`: MLX is driven by one thread at a time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import anyio
+import numpy as np
+
+from ...errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
+from .encoder import Encoder, shrink
+
+SELF = "self"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    model: str           # the encoder that made the vectors (honest, even via an alias)
+    vectors: np.ndarray  # (N, dim) float32, input order
+    num_tokens: int      # tokens actually embedded (after any requested truncation)
+
+
+# --- loading (called by the hub, in its worker thread) ------------------------------
+def attach_embedder(gen: Any, registry: Any, settings: Any) -> Any:
+    """The generation with its `embedder` set (rule 3); unchanged when it has none."""
+    if getattr(gen, "embedder", None) is not None:
+        return gen
+    spec = gen.spec
+    if spec.kind == "encoder":
+        embedder = getattr(gen.loaded, "encoder", None)
+    elif spec.embeddings == SELF:
+        from .causal import encoder_from_generative
+
+        embedder = encoder_from_generative(gen.loaded, settings)
+    elif spec.embeddings:
+        from ..loader import load_model
+
+        embedder = load_model(registry.resolve(spec.embeddings), settings).encoder
+    else:
+        return gen
+    return dataclasses.replace(gen, embedder=embedder)
+
+
+# --- resolution (rules 1-2) ---------------------------------------------------------
+def serves(gen: Any, name: str | None, registry: Any) -> bool:
+    """Does the active generation answer embedding requests for `name`?"""
+    if getattr(gen, "embedder", None) is None:
+        return False
+    if gen.answers_to(name):
+        return True
+    sidecar = gen.spec.embeddings
+    if not sidecar or sidecar == SELF:
+        return False
+    try:
+        return bool(registry.resolve(name).name == sidecar)
+    except ModelNotFound:
+        return False
+
+
+def no_embedder(name: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The model '{name}' does not serve embeddings: give its models.toml entry "
+        '`embeddings = "<encoder entry>"` (or "self" to pool its own hidden states), '
+        "or request an encoder model.",
+        param="model", code="model_not_embedding")
+
+
+async def embed(
+    hub: Any, registry: Any, name: str | None, inputs: Sequence[str] | Sequence[Sequence[int]],
+    *, truncate: bool = False, dimensions: int | None = None,
+) -> EmbedResult:
+    """Lease the generation serving `name`, embed `inputs` in a worker thread."""
+    current = hub.current
+    if current is not None and serves(current, name, registry):
+        lease = await hub.acquire(current.spec.name)  # no await before the lease: no race
+    else:
+        spec = registry.resolve(name)
+        if spec.kind != "encoder" and not spec.embeddings:
+            raise no_embedder(spec.name)
+        lease = await hub.acquire(name)
+    try:
+        encoder = lease.generation.embedder
+        if encoder is None:
+            raise no_embedder(lease.generation.spec.name)
+        check_dimensions(encoder, dimensions)
+        work = partial(embed_blocking, encoder, inputs, truncate=truncate,
+                       dimensions=dimensions, lock=gate_lock(hub.gate))
+        return await anyio.to_thread.run_sync(work)
+    finally:
+        lease.release()
+
+
+def gate_lock(gate: Any) -> Callable[[], Any]:
+    """The DecodeGate's `exclusive()` (rule 4), or the gate itself if it is a plain lock."""
+    exclusive = getattr(gate, "exclusive", None)
+    return exclusive if callable(exclusive) else (lambda: gate)
+
+
+# --- the work (blocking) ------------------------------------------------------------
+def check_dimensions(encoder: Encoder, dimensions: int | None) -> None:
+    if dimensions is None or dimensions == encoder.dim:
+        return
+    if not encoder.truncatable:
+        raise UnsupportedField(
+            "dimensions",
+            f"is not supported by '{encoder.name}': its embeddings are {encoder.dim}-wide and "
+            "it was not trained to be shortened (omit it, or send the full width)")
+    if not 1 <= dimensions <= encoder.dim:
+        raise InvalidRequest(
+            f"'dimensions' must be between 1 and {encoder.dim} for '{encoder.name}'.",
+            param="dimensions")
+
+
+def embed_blocking(
+    encoder: Encoder, inputs: Sequence[str] | Sequence[Sequence[int]], *, truncate: bool,
+    dimensions: int | None, lock: Callable[[], Any] | None,
+) -> EmbedResult:
+    """Tokenize (texts), check lengths, embed in padded batches, shorten if asked."""
+    if inputs and isinstance(inputs[0], str):
+        tokens = encoder.tokenize([str(t) for t in inputs], truncate=truncate)
+    else:
+        tokens = [list(map(int, ids)) for ids in inputs]  # type: ignore[arg-type]
+    tokens = encoder.check_lengths(tokens, truncate=truncate)
+    vectors = encoder.embed(tokens, lock=lock)
+    if dimensions is not None and dimensions != encoder.dim:
+        vectors = shrink(vectors, dimensions, normalize=encoder.head.normalize)
+    return EmbedResult(model=encoder.name, vectors=vectors, num_tokens=sum(map(len, tokens)))
+
+
+# --- facts for /v1/models -----------------------------------------------------------
+def describe(spec: Any, registry: Any, current: Any) -> dict[str, Any]:
+    """kind, embedding width and max input length of a registry entry.
+
+    From the loaded generation where it is active; for an encoder entry not
+    loaded, from its config files (cheap, no weights). None = not known
+    without loading the model.
+    """
+    facts: dict[str, Any] = {"kind": spec.kind, "embedding_dim": None, "max_input_tokens": None}
+    if current is not None and current.spec.name == spec.name:
+        embedder = getattr(current, "embedder", None)
+        if embedder is not None:
+            facts["embedding_dim"] = embedder.dim
+        facts["max_input_tokens"] = (embedder.max_length if spec.kind == "encoder" and embedder
+                                     else int(current.loaded.context_length))
+        return facts
+    target = spec if spec.kind == "encoder" else _sidecar_spec(spec, registry)
+    shape = encoder_shape(target) if target is not None else None
+    if shape is not None:
+        facts["embedding_dim"] = shape[0]
+        if spec.kind == "encoder":
+            facts["max_input_tokens"] = shape[1]
+    return facts
+
+
+def _sidecar_spec(spec: Any, registry: Any) -> Any:
+    if not spec.embeddings or spec.embeddings == SELF:
+        return None
+    try:
+        return registry.resolve(spec.embeddings)
+    except ModelNotFound:
+        return None
+
+
+def encoder_shape(spec: Any) -> tuple[int, int] | None:
+    """(dim, max input tokens) of an encoder entry from its config files; None if unreadable."""
+    from ...registry import resolve_source
+    from .load import encoder_limits
+
+    try:
+        return encoder_limits(Path(resolve_source(spec)))
+    except FrinkError:
+        return None
