@@ -27,7 +27,8 @@ and disconnect detection):
    `/health` stays open; everything else (admin, metrics) is gated.
 5. Concurrency bound. At most `settings.max_batch + settings.max_queue`
    requests are in flight (running + queued); beyond that, 503 with
-   `Retry-After`. `/health` is exempt so a flooded daemon still answers it.
+   `Retry-After`. `/health` and `/metrics` are exempt so a flooded daemon
+   still answers them.
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
 Anthropic for /v1/messages*, llama.cpp for its native routes, OpenAI for the
@@ -64,7 +65,8 @@ from ..settings import Settings
 from .access import AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, openai_error
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health"})                # no key needed
+UNBOUNDED_PATHS = frozenset({"/health", "/metrics"})  # cheap; must answer during a flood
 # llama.cpp's native routes answer in its envelope; /v1/messages* in Anthropic's.
 LLAMACPP_PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/infill", "/embedding",
@@ -217,7 +219,7 @@ class SecurityMiddleware:
         if refusal is not None:
             await self._refuse(scope, path, refusal, origin, receive, send)
             return
-        if path in OPEN_PATHS:
+        if path in UNBOUNDED_PATHS:
             await self.app(scope, receive, self._with_cors(origin, send))
             return
         if self.in_flight >= self.max_in_flight:

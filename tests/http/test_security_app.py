@@ -1,15 +1,16 @@
 """The security gates on the real app (create_app), through its real routes.
 
 No model is loaded here (load_default=False): every gate answers before the
-hub is asked for anything. The flood test against a real generation lives in
-tests/test_fuzz.py's server fixture module.
+hub is asked for anything.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
+import anyio
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
@@ -82,3 +83,52 @@ def test_ten_megabyte_body_is_413(app_client: TestClient) -> None:
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
     r = app_client.post("/v1/chat/completions", content=body, headers={"x-api-key": KEY})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_flood_beyond_bound_is_503_and_health_answers(tmp_path: Path,
+                                                            tiny_llama_dir: Path) -> None:
+    """Requests whose bodies never finish hold their slots (a slow client); one more is 503."""
+    settings = Settings(config_dir=str(tmp_path), max_batch=1, max_queue=1)
+    app = create_app(settings, registry=tiny_registry(tiny_llama_dir), load_default=False)
+    release = anyio.Event()
+
+    async def held_body() -> AsyncIterator[bytes]:
+        yield b'{"model": "tiny", '
+        await release.wait()
+        yield b'"messages": []}'
+
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        gauge = app.state.frink.metrics.in_flight
+        async with anyio.create_task_group() as tg:
+            results: list[int] = []
+
+            async def post_held() -> None:
+                r = await c.post("/v1/chat/completions", content=held_body(),
+                                 headers={"content-type": "application/json"})
+                results.append(r.status_code)
+
+            for _ in range(2):
+                tg.start_soon(post_held)
+            with anyio.fail_after(10):
+                while gauge._value.get() < 2:
+                    await anyio.sleep(0.005)
+            over = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
+            assert over.status_code == 503
+            assert over.headers["retry-after"] == "1"
+            assert over.json()["error"]["code"] == "overloaded"
+            health = await c.get("/health")  # answered by the route, not the bound
+            assert health.json()["state"] == "unavailable" and "error" not in health.json()
+            metrics = await c.get("/metrics")
+            assert metrics.status_code == 200
+            assert 'frink_requests_rejected_total{reason="overloaded"} 1.0' in metrics.text
+            release.set()
+        assert results == [400, 400]  # the held requests finish normally (empty messages)
+        after = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
+        assert after.status_code == 400  # slots returned: past the bound again
