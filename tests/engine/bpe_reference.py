@@ -1,0 +1,103 @@
+"""A deliberately naive reference for llama.cpp's byte-level BPE, for parity tests.
+
+It shares no code with frink_mlx: the vocabulary is read with the `gguf`
+package (llama.cpp's Python reader), not `mx.load`, and tokenization follows
+llama.cpp's `llama-vocab.cpp` steps literally:
+
+1. Split the text on special tokens (CONTROL / USER_DEFINED types), longest first.
+2. For pre-tokenizer "smollm" (also starcoder, refact, ...): regex `\\p{N}` splits
+   every digit off, then the GPT-2 regex splits each remaining piece.
+3. Each piece's UTF-8 bytes map to GPT-2's printable byte alphabet.
+4. BPE: repeatedly merge the adjacent pair with the lowest merge rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import regex
+
+GPT2 = regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)")
+DIGIT_PRE = {"smollm", "starcoder", "refact", "codeshell"}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(keep, chars)}
+
+
+def split_keep(pattern: regex.Pattern[str], text: str) -> list[str]:
+    """llama.cpp's unicode_regex_split: matches and the gaps between them, in order."""
+    pieces, pos = [], 0
+    for m in pattern.finditer(text):
+        if m.start() > pos:
+            pieces.append(text[pos:m.start()])
+        pieces.append(m.group())
+        pos = m.end()
+    if pos < len(text):
+        pieces.append(text[pos:])
+    return [p for p in pieces if p]
+
+
+@dataclass
+class ReferenceBPE:
+    vocab: dict[str, int]
+    ranks: dict[tuple[str, str], int]
+    specials: list[str]
+    digits_first: bool
+
+    @classmethod
+    def from_gguf(cls, path: Path) -> "ReferenceBPE":
+        import gguf  # type: ignore[import-untyped]
+
+        reader = gguf.GGUFReader(str(path))
+
+        def strings(key: str) -> list[str]:
+            field = reader.fields[key]
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+        tokens = strings("tokenizer.ggml.tokens")
+        merges = strings("tokenizer.ggml.merges")
+        types_field = reader.fields["tokenizer.ggml.token_type"]
+        types = [int(types_field.parts[i][0]) for i in types_field.data]
+        pre_field = reader.fields["tokenizer.ggml.pre"]
+        pre = bytes(pre_field.parts[pre_field.data[0]]).decode()
+        specials = sorted((t for t, k in zip(tokens, types) if k in (3, 4)), key=len, reverse=True)
+        return cls(vocab={t: i for i, t in enumerate(tokens)},
+                   ranks={tuple(m.split(" ", 1)): r for r, m in enumerate(merges)},  # type: ignore[misc]
+                   specials=specials, digits_first=pre in DIGIT_PRE)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        special_re = regex.compile("(" + "|".join(regex.escape(s) for s in self.specials) + ")")
+        for chunk in special_re.split(text):
+            if not chunk:
+                continue
+            if chunk in self.vocab and chunk in self.specials:
+                ids.append(self.vocab[chunk])
+                continue
+            pieces = split_keep(regex.compile(r"\p{N}"), chunk) if self.digits_first else [chunk]
+            for piece in pieces:
+                for word in split_keep(GPT2, piece):
+                    ids.extend(self.vocab[t] for t in self.bpe(word))
+        return ids
+
+    def bpe(self, word: str) -> list[str]:
+        table = bytes_to_unicode()
+        parts = [table[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            pairs = [(self.ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            rank, i = min(pairs)
+            if rank == 1 << 60:
+                break
+            parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:]
+        return parts
