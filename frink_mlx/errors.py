@@ -18,6 +18,7 @@ CLI prints as one line and exits non-zero.
     ├── Conflict (409 conflict)
     ├── MisdirectedRequest (421 misdirected_request)
     ├── PayloadTooLarge (413 request_too_large)
+    ├── RequestTimeout (408 request_timeout)      the client stalled sending its body
     ├── NotSupported (501 not_implemented)
     ├── Unavailable (503 unavailable; retry_after_s)
     │   ├── NoModelLoaded (503 model_not_loaded)
@@ -120,6 +121,12 @@ class PayloadTooLarge(FrinkError):
     status = 413
     code = "request_too_large"
     type = "request_too_large"
+
+
+class RequestTimeout(FrinkError):
+    status = 408
+    code = "request_timeout"
+    type = "invalid_request_error"
 
 
 class MisdirectedRequest(FrinkError):

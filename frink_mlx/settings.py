@@ -45,6 +45,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cors_origins: tuple[str, ...] = ()           # exact origins; none by default
     max_body_bytes: int = 8 * 1024 * 1024
     header_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0                 # a stall this long mid-body gets 408
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)

@@ -25,7 +25,10 @@ and disconnect detection):
 4. API key, when one is configured (`resolve_api_key`): `Authorization:
    Bearer KEY` or `x-api-key: KEY`, compared with `hmac.compare_digest`.
    `/health` stays open; everything else (admin, metrics) is gated.
-5. Concurrency bound. At most `settings.max_batch + settings.max_queue`
+5. Body deadline. While the body is incomplete, each `receive()` waits at
+   most `settings.body_timeout_s`; a stall raises `RequestTimeout` (408) into
+   the endpoint's body read, so a slow client cannot hold a slot forever.
+6. Concurrency bound. At most `settings.max_batch + settings.max_queue`
    requests are in flight (running + queued); beyond that, 503 with
    `Retry-After`. `/health` and `/metrics` are exempt so a flooded daemon
    still answers them.
@@ -46,6 +49,8 @@ import os
 import re
 import stat
 from pathlib import Path
+
+import anyio
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -59,6 +64,7 @@ from ..errors import (
     Overloaded,
     PayloadTooLarge,
     PermissionDenied,
+    RequestTimeout,
 )
 from ..metrics import metrics_of
 from ..settings import Settings
@@ -193,7 +199,7 @@ def _presented_key(headers: Headers) -> str | None:
 
 
 class SecurityMiddleware:
-    """Gates 1-5 of the module docstring. State lives on the instance (one per app)."""
+    """Gates 1-6 of the module docstring. State lives on the instance (one per app)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, api_key: str | None) -> None:
         self.app = app
@@ -201,6 +207,7 @@ class SecurityMiddleware:
         self.hosts = allowed_host_names(settings)
         self.origins = frozenset(o.strip() for o in settings.cors_origins if o.strip())
         self.max_body_bytes = settings.max_body_bytes
+        self.body_timeout_s = settings.body_timeout_s
         self.max_in_flight = max(1, settings.max_batch + settings.max_queue)
         self.in_flight = 0
 
@@ -232,7 +239,7 @@ class SecurityMiddleware:
         if metrics is not None:
             metrics.in_flight.set(self.in_flight)
         try:
-            await self.app(scope, receive, self._with_cors(origin, send))
+            await self.app(scope, self._with_deadline(receive), self._with_cors(origin, send))
         finally:
             self.in_flight -= 1
             if metrics is not None:
@@ -278,6 +285,22 @@ class SecurityMiddleware:
         if not hmac.compare_digest(presented.encode(), self.api_key):
             return AuthenticationFailed("invalid API key")
         return None
+
+    def _with_deadline(self, receive: Receive) -> Receive:
+        body_done = False
+
+        async def receive_with_deadline() -> Message:
+            nonlocal body_done
+            if body_done:  # later receives wait for http.disconnect: no deadline
+                return await receive()
+            with anyio.move_on_after(self.body_timeout_s):
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    body_done = True
+                return message
+            raise RequestTimeout(f"the request body stalled for more than "
+                                 f"{self.body_timeout_s:g} s", param="body")
+        return receive_with_deadline
 
     async def _preflight(self, headers: Headers, origin: str, send: Send) -> None:
         response_headers = self._cors_headers(origin)

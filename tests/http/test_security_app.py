@@ -132,3 +132,30 @@ async def test_flood_beyond_bound_is_503_and_health_answers(tmp_path: Path,
         assert results == [400, 400]  # the held requests finish normally (empty messages)
         after = await c.post("/v1/chat/completions", json={"model": "tiny", "messages": []})
         assert after.status_code == 400  # slots returned: past the bound again
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,shape", [("/v1/chat/completions", "openai"),
+                                        ("/v1/messages", "anthropic")])
+async def test_stalled_body_gets_408_and_frees_its_slot(tmp_path: Path, tiny_llama_dir: Path,
+                                                        path: str, shape: str) -> None:
+    settings = Settings(config_dir=str(tmp_path), body_timeout_s=0.2)
+    app = create_app(settings, registry=tiny_registry(tiny_llama_dir), load_default=False)
+    never = anyio.Event()
+
+    async def stalled_body() -> AsyncIterator[bytes]:
+        yield b'{"model": '
+        await never.wait()
+        yield b"}"
+
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        with anyio.fail_after(10):
+            r = await c.post(path, content=stalled_body(),
+                             headers={"content-type": "application/json"})
+        assert r.status_code == 408
+        if shape == "openai":
+            assert r.json()["error"]["code"] == "request_timeout"
+        else:
+            assert r.json()["type"] == "error" and "stalled" in r.json()["error"]["message"]
+        assert app.state.frink.metrics.in_flight._value.get() == 0
