@@ -41,7 +41,7 @@ ROUTE_MODULES = (
     "frink_mlx.adapters.anthropic",
     "frink_mlx.adapters.responses",
     "frink_mlx.adapters.llamacpp",
-    "frink_mlx.adapters.embeddings",
+    "frink_mlx.adapters.openai.embeddings",
     "frink_mlx.adapters.admin",
     "frink_mlx.metrics",
 )
@@ -129,10 +129,14 @@ class AppState:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
+            if gen.spec.kind == "encoder":  # an active encoder tokenizes with its own tokenizer
+                return list(gen.embedder.tokenize_plain(text, add_special=add_special))
             return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:
+            if gen.spec.kind == "encoder":
+                return list(gen.embedder.token_pieces(_encoder_ids(gen.embedder, ids)))
             handles = DecodeHandles.take(gen)
             check_token_ids(handles.tokenizer, ids, param="tokens")
             piece = handles.text.piece or (lambda i: handles.text.decode([i]))
@@ -140,8 +144,25 @@ class AppState:
 
     async def detokenize(self, model: str | None, ids: list[int]) -> str:
         async with self.hub.lease(model) as gen:
+            if gen.spec.kind == "encoder":
+                return gen.embedder.detokenize(_encoder_ids(gen.embedder, ids))
             handles = DecodeHandles.take(gen)
             return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
+
+    # --- embeddings (engine/encoder/service.py) --------------------------------
+    async def embed(self, model: str | None, inputs: list[str] | list[list[int]], *,
+                    truncate: bool = False, dimensions: int | None = None) -> Any:
+        """Vectors for `inputs` from the encoder serving `model` -> EmbedResult."""
+        from .engine.encoder.service import embed
+
+        return await embed(self.hub, self.registry, model, inputs, truncate=truncate,
+                           dimensions=dimensions)
+
+    def model_facts(self, name: str) -> dict[str, Any]:
+        """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
+        from .engine.encoder.service import describe
+
+        return describe(self.registry.resolve(name), self.registry, self.hub.current)
 
     # --- status ----------------------------------------------------------------
     def engine_stats(self) -> Any:
@@ -151,6 +172,16 @@ class AppState:
     @property
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_at
+
+
+def _encoder_ids(encoder: Any, ids: list[int]) -> list[int]:
+    """Token ids checked against an active encoder's vocabulary (param `tokens`)."""
+    vocab = encoder.tokenizer.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"Token id {bad} is outside the vocabulary of {vocab}.",
+                             param="tokens")
+    return ids
 
 
 def _metrics_for(state: AppState) -> Any:

@@ -13,7 +13,8 @@ Rules:
 3. An entry's name is its table key; names and aliases share one namespace, so
    an alias may not repeat another alias or any name. `default` is reserved: it
    may only be an alias of the default entry.
-4. `embeddings` must name a `kind = "encoder"` entry.
+4. `embeddings` must name a `kind = "encoder"` entry, or be "self" (a
+   generative model pooling its own hidden states, asked for explicitly).
 5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
    to the models.toml that names them; `~` expands), or
    `package:<module>/<file inside the package>`. Sources are not checked for
@@ -64,7 +65,8 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     context_length: Positive | None = None
     sampling: SamplingDefaults | None = None
-    embeddings: str | None = None
+    embeddings: str | None = None       # an encoder entry's name, or "self" (pool own hidden states)
+    matryoshka: bool = False            # encoder trained for shortened vectors (`dimensions`)
     dequantize: bool | None = None
     kv_budget_bytes: Positive | None = None
     description: str = ""
@@ -212,11 +214,13 @@ def _check_cross_refs(registry: Registry, path: Path) -> None:
         key = f"models.{spec.name}"
         if "default" in spec.aliases and spec.name != registry.default:
             raise _refuse(path, f"{key}.aliases", "'default' may only alias the default entry")
-        if spec.embeddings is not None:
+        if spec.embeddings is not None and spec.embeddings != "self":
             target = registry.entries.get(spec.embeddings)
             if target is None or target.kind != "encoder":
                 raise _refuse(path, f"{key}.embeddings",
                               f"{spec.embeddings!r} is not an entry with kind = \"encoder\"")
+        if spec.matryoshka and spec.kind != "encoder":
+            raise _refuse(path, f"{key}.matryoshka", "only encoder entries take matryoshka")
         if spec.kind == "encoder" and (spec.chat_template or spec.sampling or spec.embeddings):
             raise _refuse(path, key, "encoder entries take no chat_template, sampling or embeddings")
 

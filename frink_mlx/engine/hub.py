@@ -61,6 +61,7 @@ class Generation:
     plan: Any              # engine.budget.KVPlan | None
     created_at: float      # time.monotonic()
     created_unix: float = field(default_factory=time.time)
+    embedder: Any = None   # engine.encoder.Encoder serving /v1/embeddings (encoder/service.py)
 
     @property
     def name(self) -> str:
@@ -250,7 +251,7 @@ class Hub:
         started = time.monotonic()
         try:
             gen = await anyio.to_thread.run_sync(
-                self.factory, spec, self.settings, number, self.gate, abandon_on_cancel=False)
+                self._build, spec, number, abandon_on_cancel=False)
         except Exception as exc:  # rule 3: keep the old model, remember why
             self.last_error = {"model": spec.name, "message": str(getattr(exc, "message", exc)),
                                "type": type(exc).__name__, "at": time.time()}
@@ -266,6 +267,17 @@ class Hub:
         if self.on_load is not None:
             self.on_load(gen)
         return gen
+
+    def _build(self, spec: ModelSpec, number: int) -> Generation:
+        """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
+        gen = self.factory(spec, self.settings, number, self.gate)
+        try:
+            from .encoder.service import attach_embedder
+
+            return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
+        except BaseException:
+            free_generation(gen, self.settings.drain_timeout_s)
+            raise
 
     def _publish(self, gen: Generation | None) -> None:
         old, self.current = self.current, gen

@@ -1,0 +1,132 @@
+"""POST /v1/embeddings (OpenAI): wire structs, translation, route.
+
+The route only decodes, translates and renders; `AppState.embed` picks the
+encoder (active encoder, side-car, or an explicit "self") and runs the padded
+batches off the event loop (engine/encoder/service.py).
+
+Protocol rules:
+1. `input` is a string, an array of strings, an array of token ids, or an
+   array of token-id arrays (at most 2048 items); mixing the shapes, an empty
+   array or an empty string is a 400 naming `input` / `input[i]`.
+   Token ids are embedded verbatim: no special tokens are added.
+2. `encoding_format`: "float" (JSON numbers) or "base64" (the little-endian
+   float32 bytes of each vector, base64-encoded, as OpenAI sends them; the
+   `openai` Python SDK asks for base64 by default and decodes it itself).
+3. `dimensions`: accepted when equal to the model's width; shorter only for
+   models registered as Matryoshka-trained (`matryoshka = true` in models.toml),
+   which are cut and re-normalised; otherwise refused by name (UnsupportedField).
+4. An input longer than the encoder's max length is a 400 naming `input[i]`,
+   its token count and the limit -- unless the request sends the extension
+   field `"truncate": true`, which cuts it to the limit (keeping special tokens
+   for text inputs).
+5. `usage.prompt_tokens` = `usage.total_tokens` = tokens embedded (with special
+   tokens, after any requested truncation). `model` names the encoder that
+   made the vectors, so a client that sent the chat model's name learns which
+   side-car answered.
+6. `user` is accepted (an end-user id for the client's own tracking) and has
+   no effect; every other unknown field is refused by name.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any, Literal, Sequence
+
+import msgspec
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ...errors import InvalidRequest
+from ...http.access import note_generation
+from ...http.body import decode_body
+from ...http.errors import endpoint, openai_error
+
+MAX_INPUTS = 2048
+
+TokenIds = list[int]
+
+
+class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    input: str | list[str | int | TokenIds]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    user: str | None = None
+    truncate: bool = False  # extension (rule 4)
+
+
+class Embedding(msgspec.Struct, kw_only=True):
+    index: int
+    embedding: list[float] | str
+    object: str = "embedding"
+
+
+class EmbeddingsUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(msgspec.Struct, kw_only=True):
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+    object: str = "list"
+
+
+def to_inputs(body: EmbeddingsRequest) -> list[str] | list[list[int]]:
+    """Rule 1: one of the four shapes -> a list of texts or a list of id lists."""
+    raw = body.input
+    if isinstance(raw, str):
+        items: list[Any] = [raw]
+    elif not raw:
+        raise InvalidRequest("'input' must not be an empty array.", param="input")
+    elif all(isinstance(x, int) for x in raw):
+        items = [list(raw)]
+    else:
+        items = list(raw)
+    if len(items) > MAX_INPUTS:
+        raise InvalidRequest(f"'input' holds {len(items)} items; at most {MAX_INPUTS} are "
+                             "allowed per request.", param="input")
+    kind = type(items[0])
+    for index, item in enumerate(items):
+        if type(item) is not kind:
+            raise InvalidRequest(
+                "'input' must be a string, an array of strings, an array of token ids or an "
+                f"array of token-id arrays; input[{index}] does not match input[0].",
+                param=f"input[{index}]")
+        if len(item) == 0:
+            raise InvalidRequest(f"input[{index}] is empty.", param=f"input[{index}]")
+    return items
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """Rule 2."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return np.asarray(vector, dtype=np.float32).tolist()  # type: ignore[no-any-return]
+
+
+def to_response(model: str, vectors: Sequence[np.ndarray], num_tokens: int,
+                encoding_format: str) -> EmbeddingsResponse:
+    data = [Embedding(index=i, embedding=encode_vector(v, encoding_format))
+            for i, v in enumerate(vectors)]
+    return EmbeddingsResponse(data=data, model=model,
+                              usage=EmbeddingsUsage(prompt_tokens=num_tokens,
+                                                    total_tokens=num_tokens))
+
+
+@endpoint(openai_error)
+async def create_embeddings(request: Request) -> Response:
+    body = await decode_body(request, EmbeddingsRequest)
+    inputs = to_inputs(body)
+    result = await request.app.state.frink.embed(
+        body.model, inputs, truncate=body.truncate, dimensions=body.dimensions)
+    note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
+    response = to_response(result.model, list(result.vectors), result.num_tokens,
+                           body.encoding_format)
+    return Response(msgspec.json.encode(response), media_type="application/json")
+
+
+routes: list[BaseRoute] = [Route("/v1/embeddings", create_embeddings, methods=["POST"])]
