@@ -1,0 +1,63 @@
+"""The one-time OpenBLAS re-exec: when it happens, that it never loops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from frink_mlx.engine import blas
+from frink_mlx.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+
+
+def test_reexec_env_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lib = tmp_path / "libopenblas.so.0"
+    monkeypatch.setattr(blas, "openblas_path", lambda: lib)
+    monkeypatch.setattr(blas.sys, "platform", "linux")
+    on, off = Settings(), Settings(use_openblas=False)
+    env = blas.reexec_env(on, {"PATH": "/bin", "LD_PRELOAD": "/x.so"})
+    assert env == {"PATH": "/bin", "LD_PRELOAD": f"{lib}:/x.so", "FRINK_MLX_BLAS_REEXEC": "1"}
+    assert blas.reexec_env(on, {})["LD_PRELOAD"] == str(lib)  # type: ignore[index]
+    assert blas.reexec_env(off, {}) is None                                   # setting off
+    assert blas.reexec_env(on, {"FRINK_MLX_BLAS_REEXEC": "1"}) is None        # marker: never loops
+    assert blas.reexec_env(on, {"LD_PRELOAD": "/usr/lib/libopenblas.so"}) is None  # already there
+    monkeypatch.setattr(blas, "openblas_path", lambda: None)
+    assert blas.reexec_env(on, {}) is None                                    # not installed
+    monkeypatch.setattr(blas.sys, "platform", "darwin")
+    monkeypatch.setattr(blas, "openblas_path", lambda: lib)
+    assert blas.reexec_env(on, {}) is None                                    # Linux only
+
+
+SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+from frink_mlx.settings import Settings
+from frink_mlx.engine.blas import maybe_reexec_with_openblas
+print("run", os.environ.get("LD_PRELOAD", ""), os.environ.get("FRINK_MLX_BLAS_REEXEC", ""), sys.argv[1:], flush=True)
+maybe_reexec_with_openblas(Settings.load(), sys.argv)
+import mlx.core
+maybe_reexec_with_openblas(Settings.load(), sys.argv)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not LIB.exists(),
+                    reason="needs Debian's libopenblas0-pthread")
+def test_reexecs_exactly_once_with_the_same_argv(tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT.format(root=str(ROOT)))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LD_PRELOAD", "FRINK_MLX_BLAS_REEXEC", "FRINK_MLX_USE_OPENBLAS")}
+    out = subprocess.run([sys.executable, str(script), "a", "--b"], env=env, capture_output=True,
+                         text=True, timeout=60).stdout.splitlines()
+    assert out == ["run   ['a', '--b']", f"run {LIB} 1 ['a', '--b']", "done"]
+    env["FRINK_MLX_USE_OPENBLAS"] = "false"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=60).stdout.splitlines()
+    assert out == ["run   []", "done"]
