@@ -47,6 +47,7 @@ class TokenText:
 
     decode: Decode                      # ids -> text, special tokens kept
     piece: Callable[[int], str] | None = None   # one token -> its text (for logprobs)
+    piece_bytes: Callable[[int], bytes] | None = None  # one token -> its exact bytes
 
 
 class IncrementalDetokenizer:
@@ -206,15 +207,21 @@ class OutputPipeline:
             choice.pending_logprobs.clear()
         return events
 
+    def _token(self, token_id: int, logprob: float, top: tuple[TokenLogprob, ...] = ()
+               ) -> TokenLogprob:
+        """A token's text and exact bytes; a partial UTF-8 piece is shown as
+        `bytes:\\xNN...` (OpenAI's convention) while `bytes` stays exact."""
+        piece = self.text.piece(token_id) if self.text.piece else self.text.decode([token_id])
+        raw = self.text.piece_bytes(token_id) if self.text.piece_bytes else piece.encode()
+        if "\ufffd" in piece and raw and b"\xef\xbf\xbd" not in raw:
+            piece = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return TokenLogprob(token_id, piece, logprob, list(raw), top)
+
     def _logprob(self, step: StepOutput) -> TokenLogprob:
-        piece = self.text.piece or (lambda i: self.text.decode([i]))
-        top = tuple(
-            TokenLogprob(t.token_id, piece(t.token_id), t.logprob, list(piece(t.token_id).encode()))
-            for t in (step.top_logprobs or [])[: self.request.sampling.top_logprobs]
-        )
+        top = tuple(self._token(t.token_id, t.logprob)
+                    for t in (step.top_logprobs or [])[: self.request.sampling.top_logprobs])
         assert step.token_id is not None and step.logprob is not None
-        token = piece(step.token_id)
-        return TokenLogprob(step.token_id, token, step.logprob, list(token.encode()), top)
+        return self._token(step.token_id, step.logprob, top)
 
     def _finish(self, choice: ChoiceState, reason: str, *, stop_kind: str,
                 stop_sequence: str | None = None) -> list[Event]:

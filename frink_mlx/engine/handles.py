@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -55,12 +56,42 @@ def markup_of(tokenizer: Any) -> MarkupInfo:
     )
 
 
+_HEX_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2's bytes_to_unicode), inverted."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
 def token_text(tokenizer: Any) -> TokenText:
+    """decode / piece / piece_bytes for core.output, from the tokenizer."""
+    byte_decoder = _gpt2_byte_decoder()
+
     def decode(ids: Any) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=False,
                                 clean_up_tokenization_spaces=False)
 
-    return TokenText(decode=decode, piece=lambda i: decode([i]))
+    def piece_bytes(token_id: int) -> bytes:
+        text = decode([token_id])
+        if "\ufffd" not in text:
+            return text.encode()
+        raw = tokenizer.convert_ids_to_tokens(token_id)
+        hex_byte = _HEX_BYTE.match(raw or "")
+        if hex_byte:
+            return bytes([int(hex_byte.group(1), 16)])
+        if raw and all(c in byte_decoder for c in raw):
+            return bytes(byte_decoder[c] for c in raw)
+        return text.encode()
+
+    return TokenText(decode=decode, piece=lambda i: decode([i]), piece_bytes=piece_bytes)
 
 
 def apply_sampling_defaults(request: GenRequest, defaults: Any) -> SamplingParams:
@@ -190,6 +221,10 @@ class Run:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def n(self) -> int:
+        return self._pipeline.request.n
 
     @property
     def handles(self) -> DecodeHandles:

@@ -152,6 +152,7 @@ class Hub:
         self._retired: dict[int, Generation] = {}
         self._swap_lock = anyio.Lock()
         self._frees: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[Generation]] = set()
 
     # --- state -----------------------------------------------------------------
     @property
@@ -233,17 +234,40 @@ class Hub:
             self._schedule_free(gen)
 
     # --- load / unload ---------------------------------------------------------
-    async def load(self, name: str | None) -> Generation:
-        """Admin load: 409 when a load is running; else swap to `name` now."""
+    def begin_load(self, name: str | None) -> "asyncio.Task[Generation]":
+        """Admin load in the background (rule 3): 409 if a load is running.
+
+        The reservation is taken synchronously, so two requests can never both
+        pass the check."""
         spec = self.registry.resolve(name)
         if self.loading is not None or self._swap_lock.locked():
             raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
                            "try again when it finishes.", param="model")
-        async with self._swap_lock:
-            self.parked = False
-            if self.current is not None and self.current.spec.name == spec.name:
-                return self.current
-            return await self._load_locked(spec)
+        self.loading = spec.name
+        task = asyncio.get_running_loop().create_task(self._reserved_load(spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._load_done)
+        return task
+
+    def _load_done(self, task: "asyncio.Task[Generation]") -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: failures live in last_error
+
+    async def load(self, name: str | None) -> Generation:
+        """Admin load, waited for."""
+        return await asyncio.shield(self.begin_load(name))
+
+    async def _reserved_load(self, spec: ModelSpec) -> Generation:
+        try:
+            async with self._swap_lock:
+                self.parked = False
+                if self.current is not None and self.current.spec.name == spec.name:
+                    return self.current
+                return await self._load_locked(spec)
+        finally:
+            if self.loading == spec.name:
+                self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
         self.loading = spec.name
@@ -309,6 +333,8 @@ class Hub:
 
     async def shutdown(self) -> None:
         """Retire everything; engines finish their in-flight rows first."""
+        for task in list(self._tasks):
+            task.cancel()
         self._publish(None)
         for gen in list(self._retired.values()):
             if self._leases.get(gen.number, 0) > 0:

@@ -1,1 +1,13 @@
-"""adapters/openai"""
+"""The OpenAI-compatible surface: chat completions, completions, models.
+
+Each submodule exports `routes`; this package's `routes` is their
+concatenation, which app.py mounts (one list for the server and the tests).
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from . import chat, completions, models
+
+routes: list[BaseRoute] = [*chat.routes, *completions.routes, *models.routes]

@@ -188,7 +188,9 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message]
                      tool_choice=to_tool_choice(req.tool_choice),
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
                      stream=req.stream, thinking=to_thinking(req.reasoning),
-                     response_format=to_response_format(req.text), user=req.user)
+                     response_format=to_response_format(req.text), user=req.user,
+                     sampling_sent=frozenset(name for name in ("temperature", "top_p")
+                                             if getattr(req, name) is not None))
     return gen, conversation
 
 

@@ -1,0 +1,108 @@
+"""GET /health and the model admin routes.
+
+    GET  /health               state ready/loading/unavailable, model, generation, uptime,
+                               context ceiling, KV blocks, queue; 503 unless ready
+    GET  /admin/models         active generation, load in progress, last load error,
+                               retired generations still draining, the registry
+    POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
+                               (wait); 409 while another load runs
+    POST /admin/models/unload  retire the active generation; requests get 503 until a load
+
+Health numbers follow the honest-null rule: absent means not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .. import __version__
+from ..http.body import decode_body
+from ..http.errors import endpoint, openai_error
+from .openai.chat import json_response
+from .openai.models import context_length_of
+
+
+class LoadBody(msgspec.Struct, forbid_unknown_fields=True):
+    model: str
+    wait: bool = False
+
+
+def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
+    return {"model": gen.spec.name, "generation": gen.number, "kind": gen.spec.kind,
+            "context_length": context_length_of(gen), "loaded_at": gen.created_unix,
+            "leases": hub.num_leases(gen),
+            "load_time_s": getattr(gen.loaded, "load_time_s", None)}
+
+
+def _kv(stats: Any) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {"blocks_total": stats.num_blocks_total, "blocks_used": stats.num_blocks_used,
+            "blocks_cached": stats.num_blocks_cached, "block_size": stats.block_size}
+
+
+async def health(request: Request) -> Response:
+    state = request.app.state.frink
+    hub, gen = state.hub, state.hub.current
+    stats = state.engine_stats()
+    body: dict[str, Any] = {
+        "state": hub.state, "version": __version__, "uptime_s": round(state.uptime_s, 3),
+        "model": gen.spec.name if gen else None, "generation": gen.number if gen else None,
+        "loading": hub.loading, "context_ceiling": context_length_of(gen),
+        "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
+        "running": stats.num_running if stats else None,
+    }
+    headers = None if gen is not None else {"Retry-After": "2" if hub.loading else "10"}
+    return Response(msgspec.json.encode(body), status_code=200 if gen is not None else 503,
+                    media_type="application/json", headers=headers)
+
+
+@endpoint(openai_error)
+async def list_admin_models(request: Request) -> Response:
+    state = request.app.state.frink
+    hub = state.hub
+    entries = [{"name": s.name, "kind": s.kind, "aliases": list(s.aliases), "source": s.source,
+                "loaded": hub.current is not None and hub.current.spec.name == s.name,
+                "description": s.description}
+               for s in state.registry.entries.values()]
+    return json_response({
+        "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,
+        "active": generation_info(hub, hub.current) if hub.current else None,
+        "loading": hub.loading, "last_error": hub.last_error,
+        "retired": [generation_info(hub, g) for g in hub.retired],
+        "default": state.registry.default, "models": entries,
+    })
+
+
+@endpoint(openai_error)
+async def load_model(request: Request) -> Response:
+    state = request.app.state.frink
+    body = await decode_body(request, LoadBody)
+    task = state.hub.begin_load(body.model)  # raises 404 / 409 now
+    if not body.wait:
+        return json_response({"status": "loading", "model": state.hub.loading,
+                              "requested_at": time.time()}, status=202)
+    gen = await task
+    return json_response({"status": "loaded", **generation_info(state.hub, gen)})
+
+
+@endpoint(openai_error)
+async def unload_model(request: Request) -> Response:
+    state = request.app.state.frink
+    old = await state.hub.unload()
+    return json_response({"status": "unloaded", "model": old.spec.name if old else None,
+                          "generation": old.number if old else None})
+
+
+routes: list[BaseRoute] = [
+    Route("/health", health, methods=["GET"]),
+    Route("/admin/models", list_admin_models, methods=["GET"]),
+    Route("/admin/models/load", load_model, methods=["POST"]),
+    Route("/admin/models/unload", unload_model, methods=["POST"]),
+]

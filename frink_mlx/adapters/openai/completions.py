@@ -1,0 +1,234 @@
+"""POST /v1/completions: raw prompts (text, token ids, or a batch of either).
+
+Rules:
+1. `prompt` may be a string, a list of token ids, a list of strings or a list
+   of token-id lists; a batch runs every prompt concurrently and numbers the
+   choices `prompt_index * n + choice_index`, as OpenAI does.
+2. `echo` prepends the prompt's text to each choice. `echo` with `logprobs`
+   is refused by name: prompt logprobs are not computed.
+3. `logprobs` is an integer 0..5 (the legacy shape): chosen-token logprobs
+   plus that many alternatives, as `{tokens, token_logprobs, top_logprobs,
+   text_offset}`.
+4. Raw prompts are continued as text: no chat template, no markup parsing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
+from ...core.request import GenRequest
+from ...errors import FrinkError, InvalidRequest, UnsupportedField
+from ...http.body import decode_body
+from ...http.errors import endpoint, error_body, openai_error
+from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
+from . import wire
+from .chat import ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, sampling_of
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """Rule 1: one prompt or a batch, each a string or a token-id list."""
+    if prompt is None or prompt == [] or prompt == "":
+        raise InvalidRequest("'prompt' is required and may not be empty.", param="prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if not (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
+        raise InvalidRequest("'prompt' must be a string, a list of token ids, a list of strings "
+                             "or a list of token-id lists.", param="prompt")
+    for i, p in enumerate(prompt):
+        if (isinstance(p, str) and not p) or (isinstance(p, list) and not p):
+            raise InvalidRequest(f"'prompt[{i}]' is empty.", param="prompt")
+    return list(prompt)
+
+
+def _logprobs_n(value: Any) -> int | None:
+    if value is None or value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 5:
+        raise InvalidRequest("'logprobs' must be an integer from 0 to 5.", param="logprobs")
+    return value
+
+
+def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int | None]:
+    wire.refuse_unsupported(body)
+    top = _logprobs_n(body.logprobs)
+    if body.echo and top is not None:
+        raise UnsupportedField("echo", "cannot be combined with 'logprobs' "
+                               "(prompt logprobs are not computed)")
+    sampling, sent = sampling_of(body, logprobs=top is not None, top_logprobs=top or 0)
+    reqs = [GenRequest(model=body.model, prompt=p, max_tokens=body.max_tokens or 16,
+                       stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent,
+                       n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
+                       ignore_eos=body.ignore_eos, user=body.user)
+            for p in _prompts(body.prompt)]
+    return reqs, top
+
+
+async def start_runs(state: Any, reqs: list[GenRequest]) -> list[Any]:
+    runs: list[Any] = []
+    try:
+        for req in reqs:
+            runs.append(await state.generate(req))
+    except BaseException:
+        for run in runs:
+            await run.abort()
+        raise
+    return runs
+
+
+async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+    """Events of every run as they come, tagged with the run's position."""
+    if len(runs) == 1:
+        async for event in runs[0].events():
+            yield 0, event
+        return
+    send, recv = anyio.create_memory_object_stream[tuple[int, Event]](64)
+
+    async def pump(k: int, run: Any, out: Any) -> None:
+        async with out:
+            async for event in run.events():
+                await out.send((k, event))
+
+    async with anyio.create_task_group() as tg:
+        async with send:
+            for k, run in enumerate(runs):
+                tg.start_soon(pump, k, run, send.clone())
+        async with recv:
+            async for item in recv:
+                yield item
+
+
+@dataclass(slots=True)
+class Echo:
+    texts: list[str]
+
+    async def of(self, runs: list[Any], state: Any) -> "Echo":
+        out = []
+        for run in runs:
+            text = run.prompt_text
+            if text is None:
+                text = await state.detokenize(run.model, run.prompt_ids)
+            out.append(text)
+        return Echo(out)
+
+
+def legacy_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    tokens, offsets = [], []
+    for lp in lps:
+        tokens.append(lp.token)
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in lps],
+            "text_offset": offsets}
+
+
+def completion_choice(index: int, c: ChoiceAcc, prefix: str, top: int | None) -> dict[str, Any]:
+    assert c.done is not None
+    return {"index": index, "text": prefix + "".join(c.text), "finish_reason": finish_reason(c.done),
+            "logprobs": legacy_logprobs(c.logprobs, len(prefix)) if top is not None else None}
+
+
+async def collect_all(runs: list[Any]) -> dict[int, ChoiceAcc]:
+    acc: dict[int, ChoiceAcc] = {}
+    async for k, event in merged(runs):
+        if isinstance(event, ErrorEvent):
+            raise FrinkError(event.message, code=event.code)
+        accumulate(acc, _renumber(event, k, runs[k].n))
+    return acc
+
+
+def _renumber(event: Event, k: int, n: int) -> Event:
+    import dataclasses
+
+    return dataclasses.replace(event, index=k * n + event.index) if k else event
+
+
+async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
+                            include_usage: bool) -> AsyncIterator[str]:
+    first = runs[0]
+    head = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
+            "model": first.model, "system_fingerprint": f"frink-g{first.generation}"}
+
+    def frame(index: int, text: str, finish: str | None = None, logprobs: Any = None) -> str:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return f"data: {dumps({**head, 'choices': [choice]})}\n\n"
+
+    if echo is not None:
+        for k, run in enumerate(runs):
+            for j in range(run.n):
+                yield frame(k * run.n + j, echo.texts[k])
+    usage, offsets = UsageSum(), {}
+    async for k, event in merged(runs):
+        event = _renumber(event, k, runs[k].n)
+        if isinstance(event, ErrorEvent):
+            yield f"data: {dumps(error_body(FrinkError(event.message, code=event.code)))}\n\n"
+            return
+        if isinstance(event, Done):
+            usage.add(event.usage)
+            yield frame(event.index, "", finish_reason(event))
+        elif isinstance(event, TextDelta):
+            lps = None
+            if top is not None:
+                lps = legacy_logprobs(list(event.logprobs), offsets.get(event.index, 0))
+            offsets[event.index] = offsets.get(event.index, 0) + len(event.text)
+            yield frame(event.index, event.text, logprobs=lps)
+    if include_usage:
+        yield f"data: {dumps({**head, 'choices': [], 'usage': usage.as_dict()})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _abort_all(runs: list[Any]) -> None:
+    for run in runs:
+        await run.abort()
+
+
+def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | None,
+                    top: int | None) -> dict[str, Any]:
+    first, n = runs[0], runs[0].n
+    usage = UsageSum()
+    for k, run in enumerate(runs):
+        u = UsageSum()
+        for j in range(n):
+            if acc[k * n + j].done is not None:
+                u.add(acc[k * n + j].done.usage)  # type: ignore[union-attr]
+        usage.prompt_tokens += u.prompt_tokens
+        usage.cached_tokens += u.cached_tokens
+        usage.completion_tokens += u.completion_tokens
+    choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
+               for i in sorted(acc)]
+    return {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
+            "model": first.model, "system_fingerprint": f"frink-g{first.generation}",
+            "choices": choices, "usage": usage.as_dict()}
+
+
+@endpoint(openai_error)
+async def completions(request: Request) -> Response:
+    state = request.app.state.frink
+    body = await decode_body(request, wire.CompletionRequest)
+    reqs, top = to_gen_requests(body)
+    runs = await start_runs(state, reqs)
+    echo = await Echo([]).of(runs, state) if body.echo else None
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(completion_frames(runs, echo, top, include_usage),
+                            on_close=lambda: _abort_all(runs))
+    try:
+        acc = await run_until_disconnect(request, lambda: collect_all(runs),
+                                         lambda: _abort_all(runs))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        await _abort_all(runs)
+    return json_response(completion_body(runs, acc, echo, top))
+
+
+routes: list[BaseRoute] = [Route("/v1/completions", completions, methods=["POST"])]

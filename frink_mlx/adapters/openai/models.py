@@ -1,0 +1,56 @@
+"""GET /v1/models and /v1/models/{model}: the registry, with what is loaded.
+
+Each entry is OpenAI's model object plus frink fields: `loaded` (it is the
+active generation), `kind` (generative / encoder), `aliases`, and
+`context_length` -- the served ceiling when loaded, the models.toml cap (or
+null: not known until loaded) otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ...http.errors import endpoint, openai_error
+from .chat import json_response
+
+
+def context_length_of(gen: Any) -> int | None:
+    if gen is None:
+        return None
+    if gen.plan is not None:
+        return int(gen.plan.context_ceiling)
+    return int(getattr(gen.loaded, "context_length", 0)) or None
+
+
+def model_object(state: Any, spec: Any) -> dict[str, Any]:
+    gen = state.hub.current
+    loaded = gen is not None and gen.spec.name == spec.name
+    created = int(gen.created_unix) if loaded else 0
+    return {"id": spec.name, "object": "model", "created": created, "owned_by": "frink-mlx",
+            "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
+            "context_length": context_length_of(gen) if loaded else spec.context_length,
+            "description": spec.description}
+
+
+@endpoint(openai_error)
+async def list_models(request: Request) -> Response:
+    state = request.app.state.frink
+    data = [model_object(state, spec) for spec in state.registry.entries.values()]
+    return json_response({"object": "list", "data": data})
+
+
+@endpoint(openai_error)
+async def get_model(request: Request) -> Response:
+    state = request.app.state.frink
+    spec = state.registry.resolve(request.path_params["model"])
+    return json_response(model_object(state, spec))
+
+
+routes: list[BaseRoute] = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+]

@@ -1,0 +1,189 @@
+"""Test-only helpers for the daemon tests: registries of tiny checkpoints,
+a uvicorn server on a free port in a thread, and a stand-in engine.
+
+`ThreadEngine` is a deliberately simple, test-only implementation of the
+Engine API (submit -> SeqStream of StepOutputs, abort, stats, shutdown) built
+on `mlx_lm.generate_step`, so the HTTP layer could be exercised before the real
+engine landed. Daemon tests run through the real `frink_mlx.engine.engine.Engine`
+whenever it is importable; `ThreadEngine` is only the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frink_mlx.engine.types import EngineStats, SeqRequest, StepOutput
+
+MODELS_TOML = """\
+default = "tiny-a"
+
+[models.tiny-a]
+source = "{a}"
+aliases = ["alpha", "gpt-4o-mini"]
+
+[models.tiny-b]
+source = "{b}"
+aliases = ["beta"]
+{extra}
+"""
+
+
+def write_registry(tmp: Path, a: Path, b: Path, extra: str = "") -> Path:
+    path = tmp / "models.toml"
+    path.write_text(MODELS_TOML.format(a=a, b=b, extra=extra))
+    return path
+
+
+def real_engine_available() -> bool:
+    try:
+        import frink_mlx.engine.budget  # noqa: F401
+        import frink_mlx.engine.engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Stream:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
+        self.loop = loop
+        self.aborted = threading.Event()
+
+    def put(self, item: StepOutput | None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+    def __aiter__(self) -> "_Stream":
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+class ThreadEngine:
+    """Test-only Engine stand-in: one thread per request, rows one after another."""
+
+    def __init__(self, loaded: Any, config: Any = None, gate: Any = None) -> None:
+        self.loaded = loaded
+        self.gate = gate or threading.Lock()
+        self.steps = 0
+        self.running = 0
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, seq: SeqRequest) -> _Stream:
+        stream = _Stream(asyncio.get_running_loop())
+        t = threading.Thread(target=self._run, args=(seq, stream), daemon=True)
+        self.threads.append(t)
+        t.start()
+        return stream
+
+    def _run(self, seq: SeqRequest, stream: _Stream) -> None:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        self.running += 1
+        try:
+            for row in range(seq.n):
+                s = seq.sampling
+                if s.seed is not None:
+                    mx.random.seed(s.seed + row)
+                sampler = make_sampler(s.temperature, s.top_p, s.min_p, top_k=s.top_k)
+                procs = make_logits_processors(s.logit_bias, s.repetition_penalty
+                                               if s.repetition_penalty != 1.0 else None)
+                first, count = True, 0
+                with self.gate:
+                    gen = generate_step(mx.array(seq.prompt_ids), self.loaded.model,
+                                        max_tokens=seq.max_tokens, sampler=sampler,
+                                        logits_processors=procs)
+                    for tok, logprobs in gen:
+                        if stream.aborted.is_set():
+                            stream.put(StepOutput(row, None, finish="abort"))
+                            break
+                        self.steps += 1
+                        count += 1
+                        tok = int(tok)
+                        finish = "eos" if tok in seq.stop_token_ids else \
+                            ("length" if count >= seq.max_tokens else None)
+                        stream.put(StepOutput(
+                            row, tok, logprob=float(logprobs[tok]), finish=finish,
+                            num_prompt_tokens=len(seq.prompt_ids) if first else None,
+                            num_cached_tokens=0 if first else None))
+                        first = False
+                        if finish:
+                            break
+                if stream.aborted.is_set():
+                    break
+        finally:
+            self.running -= 1
+            stream.put(None)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=self.running, steps_total=self.steps,
+                           context_ceiling=self.loaded.context_length)
+
+    def shutdown(self, timeout_s: float) -> None:
+        for t in self.threads:
+            t.join(timeout_s)
+
+
+def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+    """A Generation factory: the real loader, ThreadEngine (test-only fallback)."""
+    from frink_mlx.engine.hub import Generation
+    from frink_mlx.engine.loader import load_model
+
+    loaded = load_model(spec, settings)
+    return Generation(number, spec, loaded, ThreadEngine(loaded, None, gate), None, time.monotonic())
+
+
+def generation_factory() -> Any:
+    if real_engine_available():
+        from frink_mlx.engine.hub import build_generation
+
+        return build_generation
+    return thread_engine_factory
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: Any
+    thread: threading.Thread
+    app: Any
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.frink
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(app: Any) -> LiveServer:
+    import uvicorn
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return LiveServer(f"http://127.0.0.1:{port}", server, thread, app)
