@@ -9,8 +9,10 @@ Request rules:
    as `ToolCall`s with the input re-serialised as JSON text.
 4. Image/document blocks, server tools and `disable_parallel_tool_use` are
    refused by name (`messages[2].content[0]`, `tools[1].type`, ...).
-5. `thinking: enabled` -> GenRequest.thinking True + budget; `disabled` -> False;
-   absent -> None (the template's default).
+5. `thinking: enabled` -> GenRequest.thinking True + budget; `adaptive` -> True
+   (the model decides how long); `disabled` -> False; absent -> None (the
+   template's default). `output_config.format` (JSON schema) becomes the
+   structured-output constraint.
 
 Response rules (`MessageBuilder`, shared by the streaming and the plain path,
 so both always agree):
@@ -32,7 +34,7 @@ from typing import Any
 
 from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, ToolCallDelta,
                             ToolCallEnd, ToolCallStart, Usage)
-from ...core.request import GenRequest, Message, SamplingParams, Tool, ToolCall
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
 
@@ -122,6 +124,9 @@ def to_tools(tools: list[wire.ToolParam] | None) -> list[Tool]:
         if tool.type not in (None, "custom"):
             raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' is a server tool; only "
                                    "client tools (custom) are supported")
+        if tool.strict:
+            raise UnsupportedField(f"tools[{i}].strict", "is not supported: tool arguments are "
+                                   "not grammar-constrained")
         schema = tool.input_schema or {"type": "object", "properties": {}}
         out.append(Tool(tool.name, tool.description, schema))
     return out
@@ -141,21 +146,43 @@ def to_tool_choice(choice: wire.ToolChoice | None) -> str:
 
 
 def _thinking(req: wire.MessagesRequest | wire.CountTokensRequest) -> tuple[bool | None, int | None]:
-    if isinstance(req.thinking, wire.ThinkingEnabled):
-        if req.thinking.budget_tokens < 1:
+    thinking = req.thinking
+    if isinstance(thinking, wire.ThinkingBetweenTools):
+        raise UnsupportedField("thinking.type", "'between_tools' is not supported; use "
+                               "'enabled', 'adaptive' or 'disabled'")
+    if getattr(thinking, "display", None) == "omitted":
+        raise UnsupportedField("thinking.display", "'omitted' is not supported: a local "
+                               "model's thinking is always returned")
+    if isinstance(thinking, wire.ThinkingEnabled):
+        if thinking.budget_tokens < 1:
             raise InvalidRequest("'thinking.budget_tokens' must be at least 1.",
                                  param="thinking.budget_tokens")
-        return True, req.thinking.budget_tokens
-    if isinstance(req.thinking, wire.ThinkingDisabled):
+        return True, thinking.budget_tokens
+    if isinstance(thinking, wire.ThinkingAdaptive):
+        return True, None
+    if isinstance(thinking, wire.ThinkingDisabled):
         return False, None
     return None, None
+
+
+def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> ResponseFormat | None:
+    config = req.output_config
+    if config is None:
+        return None
+    if config.effort is not None:
+        raise UnsupportedField("output_config.effort", "cannot be honoured by a local model")
+    if config.format is None:
+        return None
+    return ResponseFormat("json_schema", schema=config.format.schema,
+                          param="output_config.format")
 
 
 def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRequest:
     thinking, budget = _thinking(req)
     gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages),
                      tools=to_tools(req.tools), tool_choice=to_tool_choice(req.tool_choice),
-                     thinking=thinking, thinking_budget_tokens=budget)
+                     thinking=thinking, thinking_budget_tokens=budget,
+                     response_format=_response_format(req))
     if isinstance(req, wire.MessagesRequest):
         _apply_generation_fields(gen, req)
     return gen
@@ -181,6 +208,8 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
             raise InvalidRequest("'top_k' must be non-negative.", param="top_k")
         sampling.top_k = req.top_k
     gen.sampling = sampling
+    gen.sampling_sent = frozenset(name for name in ("temperature", "top_p", "top_k")
+                                  if getattr(req, name) is not None)
     if req.metadata is not None and req.metadata.user_id is not None:
         gen.user = req.metadata.user_id
 

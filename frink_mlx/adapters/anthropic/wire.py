@@ -8,7 +8,9 @@ Rules:
    (images, documents, server-tool results) decode into `OtherBlock`-like structs
    so translate.py can refuse them naming their position, rather than failing
    with an opaque union error.
-3. `cache_control` is accepted everywhere the API allows it and has no effect
+3. `temperature`/`top_p`/`top_k` are kept although the 2026 SDK no longer
+   lists them (older clients and `extra_body` still send them).
+4. `cache_control` (per block and top-level) is accepted everywhere the API allows it and has no effect
    beyond what the automatic prefix cache already does (it is a hint, not a
    semantic change); `citations` on text blocks sent back by a client likewise.
 """
@@ -35,6 +37,8 @@ class ToolUseBlock(_Block, tag="tool_use"):
     name: str
     input: dict[str, Any]
     cache_control: dict[str, Any] | None = None
+    caller: dict[str, Any] | None = None        # echoed back by SDK clients; not used
+    toolset_name: str | None = None
 
 
 class ImageBlock(_Block, tag="image"):
@@ -55,6 +59,7 @@ class ToolResultBlock(_Block, tag="tool_result"):
     content: Union[str, list[Union[TextBlock, ImageBlock, DocumentBlock]]] = ""
     is_error: bool = False
     cache_control: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class ThinkingBlock(_Block, tag="thinking"):
@@ -81,6 +86,8 @@ class ToolParam(msgspec.Struct, forbid_unknown_fields=True):
     description: str = ""
     type: str | None = None            # "custom" or absent; server tools are refused by name
     cache_control: dict[str, Any] | None = None
+    strict: bool | None = None         # true is refused (no constrained tool arguments)
+    eager_input_streaming: bool | None = None   # input is always streamed as generated
 
 
 class _Choice(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
@@ -109,10 +116,32 @@ ToolChoice = Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone
 
 class ThinkingEnabled(_Choice, tag="enabled"):
     budget_tokens: int
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingAdaptive(_Choice, tag="adaptive"):
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingBetweenTools(_Choice, tag="between_tools"):
+    pass
 
 
 class ThinkingDisabled(_Choice, tag="disabled"):
     pass
+
+
+Thinking = Union[ThinkingEnabled, ThinkingAdaptive, ThinkingBetweenTools, ThinkingDisabled]
+
+
+class JSONOutputFormat(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
+    format: JSONOutputFormat | None = None
+    effort: str | None = None
 
 
 class Metadata(msgspec.Struct, forbid_unknown_fields=True):
@@ -125,7 +154,9 @@ class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
     system: Union[str, list[TextBlock], None] = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None
 
 
 class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,5 +171,7 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_k: int | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: Union[ThinkingEnabled, ThinkingDisabled, None] = None
+    thinking: Thinking | None = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None
+    cache_control: dict[str, Any] | None = None

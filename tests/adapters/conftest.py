@@ -1,0 +1,71 @@
+"""One live daemon (uvicorn on a free port) shared by the adapter HTTP tests.
+
+Registry: `tiny` -- the shared tiny llama on the real engine (real decoding);
+`scripted` -- a tools-aware copy of it whose engine is `ScriptedEngine`
+(scripted.py), answering by `SCRIPT` below so tool calls and reasoning come
+out as the markup a real model would write.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frink_mlx.app import create_app
+from frink_mlx.registry import load_registry
+from frink_mlx.settings import Settings
+
+from scripted import TOOLS_TEMPLATE, ScriptedEngine, mixed_factory, write_models_toml
+
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def SCRIPT(prompt: str) -> str:
+    """What the scripted model 'says', given its rendered prompt."""
+    last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
+    if "<tool_response>" in last_user:
+        return "The weather in Paris is 18C."
+    if "forbidden" in last_user:
+        return 'Sure.<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+    if "<tools>" in prompt:
+        return "<think>The user wants the weather.</think>\n" + TOOL_CALL
+    if "think" in last_user:
+        return "<think>Let me think.</think>\n\nDone thinking."
+    return "Hello from the script."
+
+
+def _root_conftest() -> Any:
+    """tests/conftest.py (this file shadows its module name `conftest`)."""
+    spec = importlib.util.spec_from_file_location("_frink_root_conftest",
+                                                  Path(__file__).parents[1] / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def adapter_engines() -> dict[str, ScriptedEngine]:
+    return {}
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, Any]) -> Any:
+    from daemon_support import start_server
+
+    make_tiny_llama = _root_conftest().make_tiny_llama
+
+    root = tmp_path_factory.mktemp("adapters")
+    tiny = make_tiny_llama(root / "tiny")
+    scripted = make_tiny_llama(root / "scripted", chat_template=TOOLS_TEMPLATE)
+    path = write_models_toml(root, {"tiny": tiny, "scripted": scripted}, default="tiny")
+    settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
+                             cache_dir=str(root / "cache"))
+    app = create_app(settings, registry=load_registry(settings),
+                     factory=mixed_factory({"scripted": SCRIPT}, adapter_engines))
+    server = start_server(app)
+    yield server
+    server.stop()

@@ -1,0 +1,133 @@
+"""Test-only: a scripted engine and a tools-aware tiny checkpoint for adapter tests.
+
+A tiny random-weight model cannot be made to emit `<tool_call>` JSON or a
+`<think>` block reliably, so `ScriptedEngine` stands in for the engine of one
+registry entry: it decodes the prompt it was given, asks a script function
+what the "model" says, and streams that text back as real token ids of the
+checkpoint's tokenizer. Everything downstream -- incremental detokenizing,
+stop matching, the markup parsers, the adapters' frames, the SDK clients -- is
+the production path. The prompts it saw are kept for assertions (e.g. that a
+tool result reached the rendered prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from frink_mlx.engine.types import EngineStats, SeqRequest, StepOutput
+
+# Qwen-style: mlx-lm detects "json_tools" from "<tool_call>" + "tool_call.name".
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n{% endif %}"
+    "# Tools\n<tools>{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "Reply with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
+    "<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content }}"
+    "</tool_response><|im_end|>\n"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{%- if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}"
+    "{{ message.content }}"
+    "{%- for tool_call in message.tool_calls or [] %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "<tool_call>{\"name\": \"{{ tool_call.name }}\", \"arguments\": {{ tool_call.arguments | tojson }}}"
+    "</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+Script = Callable[[str], str]
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def __aiter__(self) -> "_Stream":
+        return self
+
+    async def __anext__(self) -> StepOutput:
+        if self.aborted:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+class ScriptedEngine:
+    """Engine API (submit/stats/shutdown/start) answering from `script(prompt_text)`."""
+
+    def __init__(self, loaded: Any, script: Script) -> None:
+        self.tokenizer = loaded.tokenizer
+        self.context_length = loaded.context_length
+        self.script = script
+        self.seen: list[tuple[SeqRequest, str]] = []
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, seq: SeqRequest) -> _Stream:
+        prompt = self.tokenizer.decode(seq.prompt_ids, skip_special_tokens=False)
+        self.seen.append((seq, prompt))
+        ids = list(self.tokenizer.encode(self.script(prompt), add_special_tokens=False))
+        eos = sorted(seq.stop_token_ids)
+        stream = _Stream()
+        for i, tok in enumerate(ids[: seq.max_tokens]):
+            last = i + 1 == seq.max_tokens
+            stream.queue.put_nowait(StepOutput(
+                0, tok, logprob=0.0, finish="length" if last else None,
+                num_prompt_tokens=len(seq.prompt_ids) if i == 0 else None,
+                num_cached_tokens=0 if i == 0 else None))
+        if len(ids) < seq.max_tokens:
+            stream.queue.put_nowait(StepOutput(
+                0, eos[0] if eos else None, finish="eos",
+                num_prompt_tokens=len(seq.prompt_ids) if not ids else None,
+                num_cached_tokens=0 if not ids else None))
+        stream.queue.put_nowait(None)
+        return stream
+
+    def stats(self) -> EngineStats:
+        return EngineStats(context_ceiling=self.context_length)
+
+    def shutdown(self, timeout_s: float) -> None:
+        pass
+
+
+def mixed_factory(scripts: dict[str, Script], engines: dict[str, ScriptedEngine]) -> Any:
+    """Registry entries named in `scripts` get a ScriptedEngine; the rest the real engine."""
+    from daemon_support import generation_factory
+
+    from frink_mlx.engine.hub import Generation
+    from frink_mlx.engine.loader import load_model
+
+    real = generation_factory()
+
+    def factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+        if spec.name not in scripts:
+            return real(spec, settings, number, gate)
+        loaded = load_model(spec, settings)
+        engine = engines[spec.name] = ScriptedEngine(loaded, scripts[spec.name])
+        return Generation(number, spec, loaded, engine, None, time.monotonic())
+
+    return factory
+
+
+def write_models_toml(tmp: Path, entries: dict[str, Path], default: str) -> Path:
+    lines = [f'default = "{default}"', ""]
+    for name, source in entries.items():
+        lines += [f"[models.{name}]", f'source = "{source}"', ""]
+    path = tmp / "models.toml"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,124 @@
+"""Anthropic Messages through real HTTP with the official `anthropic` SDK."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+WEATHER_TOOL = {"name": "get_weather", "description": "Current weather for a city",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                 "required": ["city"]}}
+HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(live: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0, timeout=60)
+
+
+def test_create_and_stream_agree_on_the_real_model(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(model="tiny", max_tokens=12, messages=HELLO,
+                                     extra_body={"temperature": 0})
+    assert message.type == "message" and message.role == "assistant" and message.model == "tiny"
+    assert message.id.startswith("msg_")
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert 1 <= message.usage.output_tokens <= 12
+    text = "".join(b.text for b in message.content if b.type == "text")
+
+    with client.messages.stream(model="tiny", max_tokens=12, extra_body={"temperature": 0},
+                                messages=HELLO) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text
+    assert final.content[0].type == "text" and final.content[0].text == text
+    assert final.stop_reason == message.stop_reason
+    assert final.usage.output_tokens == message.usage.output_tokens
+
+
+def test_count_tokens_matches_usage(client: anthropic.Anthropic) -> None:
+    counted = client.messages.count_tokens(model="tiny", messages=HELLO, system="Be brief.")
+    message = client.messages.create(model="tiny", max_tokens=2, messages=HELLO,
+                                     system="Be brief.")
+    usage = message.usage
+    assert counted.input_tokens == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert counted.input_tokens > 5
+
+
+def test_tool_use_round_trip(client: anthropic.Anthropic, adapter_engines: dict) -> None:
+    first = client.messages.create(
+        model="scripted", max_tokens=200, tools=[WEATHER_TOOL],
+        messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert first.stop_reason == "tool_use"
+    kinds = [b.type for b in first.content]
+    assert kinds == ["thinking", "tool_use"]
+    thinking, call = first.content
+    assert thinking.thinking == "The user wants the weather."
+    assert call.name == "get_weather" and call.input == {"city": "Paris"}
+
+    second = client.messages.create(
+        model="scripted", max_tokens=200, tools=[WEATHER_TOOL],
+        messages=[{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                                "content": "18C sunny"}]}])
+    assert second.stop_reason == "end_turn"
+    assert second.content[0].type == "text"
+    assert second.content[0].text == "The weather in Paris is 18C."
+    _, prompt = adapter_engines["scripted"].seen[-1]
+    assert "<tool_response>18C sunny</tool_response>" in prompt
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in prompt
+    assert "<think>The user wants the weather.</think>" in prompt
+
+
+def test_streamed_tool_use_and_thinking(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(model="scripted", max_tokens=200, tools=[WEATHER_TOOL],
+                                thinking={"type": "enabled", "budget_tokens": 1024},
+                                messages=[{"role": "user", "content": "Weather?"}]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "input_json" in kinds and "thinking" in kinds and "signature" in kinds
+    assert final.stop_reason == "tool_use"
+    assert final.content[1].type == "tool_use" and final.content[1].input == {"city": "Paris"}
+    assert final.content[0].type == "thinking" and final.content[0].signature
+
+
+def test_tool_not_offered_is_dropped(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(model="scripted", max_tokens=200, tools=[WEATHER_TOOL],
+                                     messages=[{"role": "user", "content": "forbidden"}])
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text == "Sure."
+    assert message.stop_reason == "end_turn"
+
+
+def test_stop_sequence(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(model="scripted", max_tokens=50, stop_sequences=["script"],
+                                     messages=[{"role": "user", "content": "hi"}])
+    assert message.content[0].text == "Hello from the "
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "script")
+
+
+def test_errors_in_anthropic_envelope(client: anthropic.Anthropic, live: Any) -> None:
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(model="no-such-model", max_tokens=5, messages=HELLO)
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "not_found_error"
+    assert "no-such-model" in err.value.body["error"]["message"]
+
+    bad = httpx.post(live.url + "/v1/messages", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    assert bad.status_code == 400
+    assert bad.json()["type"] == "error"
+    assert bad.json()["error"]["type"] == "invalid_request_error"
+
+    missing = httpx.post(live.url + "/v1/messages", json={"model": "tiny", "messages": HELLO})
+    assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]
+
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}]}])
+    assert "messages[0].content[0]" in err.value.body["error"]["message"]
