@@ -8,6 +8,6 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from . import chat, completions, models
+from . import chat, completions, models, responses  # responses: protocol-adapters helper
 
-routes: list[BaseRoute] = [*chat.routes, *completions.routes, *models.routes]
+routes: list[BaseRoute] = [*chat.routes, *completions.routes, *models.routes, *responses.routes]
