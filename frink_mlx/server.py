@@ -1,0 +1,137 @@
+"""`frink-mlx serve`: bind, load the default model, print one ready line, drain on signals.
+
+Rules:
+1. OpenBLAS re-exec first (engine/blas.py), before anything imports MLX.
+2. The socket is bound here (port 0 picks a free one), so the ready line can
+   name the real address; a non-loopback bind without an API key is refused
+   (http/security.py `check_bind`).
+3. Exactly one line on stdout, JSON, once the default model is loaded and the
+   socket is accepting -- for supervisors and scripts:
+       {"event": "ready", "url": "http://127.0.0.1:8177", "host": ..., "port": ...,
+        "pid": 123, "version": "0.1.0", "model": "smollm2", "generation": 1}
+   Logs go to stderr.
+4. SIGTERM / SIGINT: stop accepting, let in-flight requests finish for up to
+   `settings.drain_timeout_s`, cancel the rest, shut the engines down, exit 0.
+   (uvicorn's own handler re-raises the signal after shutdown, which would
+   make a clean drain exit 143/130; ours does not.) A second SIGINT forces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any, Iterator
+
+from . import __version__
+from .settings import Settings
+
+log = logging.getLogger("frink_mlx.server")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (rule 2)."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, addr = info[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(addr)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def base_url(sock: socket.socket) -> tuple[str, str, int]:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}", host, port
+
+
+def ready_line(url: str, host: str, port: int, app: Any) -> str:
+    state = getattr(app.state, "frink", None)
+    gen = state.hub.current if state is not None else None
+    return json.dumps({"event": "ready", "url": url, "host": host, "port": port,
+                       "pid": os.getpid(), "version": __version__,
+                       "model": gen.spec.name if gen else None,
+                       "generation": gen.number if gen else None})
+
+
+def _server_class() -> Any:
+    import uvicorn
+
+    class DaemonServer(uvicorn.Server):
+        """uvicorn.Server that drains on a signal and does not re-raise it (rule 4)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return DaemonServer
+
+
+async def _announce(server: Any, url: str, host: str, port: int, app: Any) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.02)
+    sys.stdout.write(ready_line(url, host, port, app) + "\n")
+    sys.stdout.flush()
+
+
+async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: int,
+                 app: Any) -> None:
+    announce = asyncio.create_task(_announce(server, url, host, port, app))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        announce.cancel()
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
+    from .engine.blas import maybe_reexec_with_openblas
+
+    maybe_reexec_with_openblas(settings, sys.argv)
+    configure_logging(settings)
+    from .http.security import check_bind
+
+    check_bind(settings)
+    import uvicorn
+
+    from .app import create_app
+    from .registry import load_registry
+
+    app = create_app(settings, registry=load_registry(settings))
+    sock = bind_socket(settings.host, settings.port)
+    url, host, port = base_url(sock)
+    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+                            log_config=None)
+    server = _server_class()(config)
+    log.info("frink-mlx %s listening on %s (loading the default model)", __version__, url)
+    asyncio.run(_serve(server, sock, url, host, port, app))
+    if not server.started:
+        print("frink-mlx: error: the daemon did not start (see the log above)", file=sys.stderr)
+        return 2
+    log.info("frink-mlx stopped")
+    return 0
