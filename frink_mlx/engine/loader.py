@@ -161,8 +161,8 @@ def dequantize_to_float32(model: nn.Module) -> None:
     """Replace QuantizedLinear/QuantizedEmbedding with float32 Linear/Embedding in place."""
     from mlx_lm.utils import dequantize_model
 
+    model.set_dtype(mx.float32)  # scales/biases first: fp32 dequantize is ~2x faster on CPU
     dequantize_model(model)
-    model.set_dtype(mx.float32)
     mx.eval(model.parameters())
 
 
