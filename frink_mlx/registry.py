@@ -155,8 +155,9 @@ def parse_registry(data: dict[str, Any], path: Path) -> Registry:
 
 def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
     key = f"models.{name}"
-    if not _NAME_RE.match(name) or name == "default":
-        raise _refuse(path, key, "invalid model name (letters, digits, . _ - : / @ +; not 'default')")
+    if not _NAME_RE.match(name) or name in ("default", "self"):
+        raise _refuse(path, key, "invalid model name (letters, digits, . _ - : / @ +; "
+                                 "not 'default' or 'self')")
     if not isinstance(table, dict):
         raise _refuse(path, key, "must be a table")
     if "name" in table:

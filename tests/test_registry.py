@@ -160,6 +160,13 @@ def test_every_refusal_names_file_key_and_reason(tmp_path: Path, text: str, expe
     assert expected in message, message
 
 
+def test_embeddings_self_is_allowed_and_self_is_not_a_name(tmp_path: Path) -> None:
+    text = 'default = "x"\n[models.x]\nsource = "/x"\nembeddings = "self"\n'
+    assert load_registry(settings_for(tmp_path, text)).resolve("x").embeddings == "self"
+    message = refusal(tmp_path, 'default = "self"\n[models.self]\nsource = "/x"\n')
+    assert "models.self: invalid model name" in message
+
+
 def test_resolve_source_package_missing_names_pip_command() -> None:
     spec = ModelSpec(name="m", source="package:frink_no_such_pkg/model.gguf")
     with pytest.raises(ConfigError) as info:
