@@ -94,6 +94,45 @@ def _bool(meta: dict[str, Any], key: str, default: bool) -> bool:
     return default if value is None else bool(value.item() if hasattr(value, "item") else value)
 
 
+def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
+    """Rule 2: CONTROL -> special added token, USER_DEFINED -> plain added token."""
+    return [
+        {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": t == TOKEN_CONTROL}
+        for i, (tok, t) in enumerate(zip(tokens, types))
+        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    ]
+
+
+def _tokenizer_config(meta: dict[str, Any], tokens: list[str],
+                      added: list[dict[str, Any]]) -> dict[str, Any]:
+    def name(key: str) -> str | None:
+        i = _int(meta, "tokenizer.ggml." + key)
+        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+    unk = name("unknown_token_id")
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": name("bos_token_id"),
+        "eos_token": name("eos_token_id"),
+        "pad_token": name("padding_token_id"),
+        "unk_token": unk if unk not in (name("bos_token_id"), name("eos_token_id")) else None,
+        "add_bos_token": _bool(meta, "tokenizer.ggml.add_bos_token", False),
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1 << 30,
+        "added_tokens_decoder": {
+            str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                              "single_word", "special")}
+            for a in added
+        },
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = str(template)
+    return config
+
+
 def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Return (tokenizer.json text, tokenizer_config.json dict) from GGUF metadata."""
     model = meta.get("tokenizer.ggml.model")
@@ -107,30 +146,18 @@ def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise ModelFormatError("GGUF has no tokenizer.ggml.tokens")
     raw_types = meta.get("tokenizer.ggml.token_type")
     types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
-    pre = str(meta.get("tokenizer.ggml.pre") or "default")
-
-    bos_id, eos_id = _int(meta, "tokenizer.ggml.bos_token_id"), _int(meta, "tokenizer.ggml.eos_token_id")
-    pad_id = _int(meta, "tokenizer.ggml.padding_token_id")
-    unk_id = _int(meta, "tokenizer.ggml.unknown_token_id")
-    add_bos = _bool(meta, "tokenizer.ggml.add_bos_token", False)
-
-    def name(i: int | None) -> str | None:
-        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
-
-    added = [
-        {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": t == TOKEN_CONTROL}
-        for i, (tok, t) in enumerate(zip(tokens, types))
-        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-    ]
+    added = _added_tokens(tokens, types)
+    config = _tokenizer_config(meta, tokens, added)
+    bos_id = _int(meta, "tokenizer.ggml.bos_token_id")
     tokenizer = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": _pre_tokenizer(pre),
-        "post_processor": _post_processor(name(bos_id) if add_bos else None, bos_id),
+        "pre_tokenizer": _pre_tokenizer(str(meta.get("tokenizer.ggml.pre") or "default")),
+        "post_processor": _post_processor(config["bos_token"] if config["add_bos_token"] else None,
+                                          bos_id),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},
         "model": {
@@ -141,23 +168,4 @@ def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             "merges": merges,
         },
     }
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": name(bos_id),
-        "eos_token": name(eos_id),
-        "pad_token": name(pad_id),
-        "unk_token": name(unk_id) if unk_id != bos_id and unk_id != eos_id else None,
-        "add_bos_token": add_bos,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 1 << 30,
-        "added_tokens_decoder": {
-            str(a["id"]): {k: a[k] for k in ("content", "lstrip", "normalized", "rstrip",
-                                              "single_word", "special")}
-            for a in added
-        },
-    }
-    template = meta.get("tokenizer.chat_template")
-    if template:
-        config["chat_template"] = str(template)
     return json.dumps(tokenizer, ensure_ascii=False), config

@@ -56,7 +56,7 @@ def f32(v: float) -> mx.array:
 
 
 def gguf_metadata(ckpt: Path, *, arch: str = "llama", pre: str = "gpt2",
-                  tokenizer_model: str = "gpt2") -> dict[str, Any]:
+                  tokenizer_model: str = "gpt2", add_bos: bool | None = None) -> dict[str, Any]:
     config = json.loads((ckpt / "config.json").read_text())
     tok = json.loads((ckpt / "tokenizer.json").read_text())
     tok_config = json.loads((ckpt / "tokenizer_config.json").read_text())
@@ -65,7 +65,9 @@ def gguf_metadata(ckpt: Path, *, arch: str = "llama", pre: str = "gpt2",
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     specials = {a["id"] for a in tok["added_tokens"] if a["special"]}
     p = arch + "."
+    extra = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": mx.array(add_bos)}
     return {
+        **extra,
         "general.architecture": arch,
         "general.name": "tiny",
         p + "context_length": u32(config["max_position_embeddings"]),

@@ -75,6 +75,16 @@ def test_imported_tokenizer_matches_original(tiny_llama_dir: Path, tmp_path: Pat
         theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def test_add_bos_token_prepends_bos(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    path = write_float_gguf(tiny_llama_dir, tmp_path / "bos.gguf", add_bos=True)
+    tokenizer = load_tokenizer(import_gguf(path, tmp_path / "cache"))
+    plain = load_tokenizer(tiny_llama_dir)
+    assert tokenizer.encode("hello there") == [0] + plain.encode("hello there")
+    assert tokenizer.encode("hello there", add_special_tokens=False) == plain.encode("hello there")
+
+
 def test_quantized_tensors_stay_quantized_and_match_llama_cpp_dequantization(
         tiny_llama_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("gguf")
