@@ -59,6 +59,7 @@ def test_tool_round_trip_request_translates() -> None:
     assert (gen.max_tokens, gen.stop, gen.user) == (64, ["END"], "u1")
     assert (gen.sampling.temperature, gen.sampling.top_p, gen.sampling.top_k) == (0.5, 0.9, 20)
     assert (gen.thinking, gen.thinking_budget_tokens, gen.tool_choice) == (True, 2048, "auto")
+    assert gen.sampling_sent == {"temperature", "top_p", "top_k"}
 
 
 @pytest.mark.parametrize("choice,expected", [
@@ -73,6 +74,12 @@ def test_thinking_disabled_and_absent() -> None:
     assert to_gen_request(decode({**base, "thinking": {"type": "disabled"}})).thinking is False
     gen = to_gen_request(decode(base))
     assert gen.thinking is None and gen.stream is False and gen.sampling.temperature == 1.0
+    assert gen.sampling_sent == frozenset()
+    adaptive = to_gen_request(decode({**base, "thinking": {"type": "adaptive"}}))
+    assert adaptive.thinking is True and adaptive.thinking_budget_tokens is None
+    fmt = to_gen_request(decode({**base, "output_config": {"format": {
+        "type": "json_schema", "schema": {"type": "object"}}}})).response_format
+    assert fmt is not None and fmt.kind == "json_schema" and fmt.param == "output_config.format"
 
 
 def test_count_tokens_request() -> None:
@@ -88,6 +95,11 @@ def test_count_tokens_request() -> None:
     ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "tools[0].type"),
     ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
      "tool_choice.disable_parallel_tool_use"),
+    ({"thinking": {"type": "between_tools"}}, "thinking.type"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
+     "thinking.display"),
+    ({"output_config": {"effort": "high"}}, "output_config.effort"),
+    ({"tools": [{"name": "t", "input_schema": {}, "strict": True}]}, "tools[0].strict"),
 ])
 def test_unsupported_fields_refused_by_name(patch: dict, param: str) -> None:
     with pytest.raises(UnsupportedField) as err:

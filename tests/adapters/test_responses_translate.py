@@ -56,6 +56,7 @@ def test_items_translate_and_merge_assistant_turns() -> None:
     assert conversation == (gen.messages or [])[1:]
     assert (gen.max_tokens, gen.tool_choice, gen.thinking) == (50, "get_weather", True)
     assert (gen.sampling.temperature, gen.sampling.top_p) == (0.2, 0.8)
+    assert gen.sampling_sent == {"temperature", "top_p"}
     assert gen.tools[0].parameters["properties"]["city"] == {"type": "string"}
 
 

@@ -32,13 +32,13 @@ from .translate import (FIM_STYLES, CompletionBuilder, check_prompt, infill_prom
 
 
 async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int | str]
-                         ) -> str | list[int]:
+                         ) -> str | list[int | str]:
     """Rule 1."""
     if isinstance(prompt, str):
         return prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0]
-    ids: list[int] = []
+    ids: list[int | str] = []
     for i, piece in enumerate(prompt):
         if isinstance(piece, str):
             ids += await state.tokenize(model, piece, add_special=i == 0)
@@ -82,7 +82,8 @@ async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:
     return builder.result()
 
 
-async def _respond(request: Request, body: wire._Sampling, prompt: str | list[int]) -> Response:
+async def _respond(request: Request, body: wire._Sampling, prompt: str | list[int | str]
+                   ) -> Response:
     state = request.app.state.frink
     run = await state.generate(to_gen_request(body, prompt))
     builder = CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None)

@@ -97,7 +97,7 @@ def check_prompt(prompt: str | list[int | str]) -> None:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
 
 
-def to_gen_request(body: wire._Sampling, prompt: str | list[int]) -> GenRequest:
+def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRequest:
     """`prompt` is the body's prompt already resolved (rule 6) or the infill prompt."""
     if body.n_predict == 0 or body.n_predict < -1:
         raise InvalidRequest("'n_predict' must be -1 (until the end) or at least 1.",

@@ -116,6 +116,7 @@ class ResponseBuilder:
         out: list[dict[str, Any]] = []
         if self._open != kind:
             out += self._close()
+            item: dict[str, Any]
             if kind == "message":
                 item = {"id": new_id("msg"), "type": "message", "status": "in_progress",
                         "role": "assistant", "content": []}
@@ -130,7 +131,7 @@ class ResponseBuilder:
         index = len(self.output) - 1
         item = self.output[index]
         item["content"][0]["text"] += text
-        extra = {"logprobs": []} if kind == "message" else {}
+        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         out.append(self._event(delta_type, item_id=item["id"], output_index=index,
                                content_index=0, delta=text, **extra))
         return out
@@ -149,7 +150,7 @@ class ResponseBuilder:
             part = item["content"][0]
             done_type = ("response.output_text.done" if self._open == "message"
                          else "response.reasoning_text.done")
-            extra = {"logprobs": []} if self._open == "message" else {}
+            extra: dict[str, Any] = {"logprobs": []} if self._open == "message" else {}
             out.append(self._event(done_type, item_id=item["id"], output_index=index,
                                    content_index=0, text=part["text"], **extra))
             out.append(self._event("response.content_part.done", item_id=item["id"],

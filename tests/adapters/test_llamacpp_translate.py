@@ -1,0 +1,144 @@
+"""llama.cpp adapter on golden JSON, no model: wire -> GenRequest, events -> frames, infill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from frink_mlx.adapters.llamacpp import fim_style, resolve_prompt, wire
+from frink_mlx.adapters.llamacpp.translate import (BANNED_BIAS, CompletionBuilder, check_prompt,
+                                                   infill_prompt, to_gen_request)
+from frink_mlx.core.events import Done, ErrorEvent, TextDelta, Usage
+from frink_mlx.errors import InvalidRequest, UnsupportedField
+from frink_mlx.http.body import decode_struct
+
+FULL = {"prompt": "Once upon", "n_predict": 32, "temperature": 0.7, "top_k": 40, "top_p": 0.9,
+        "min_p": 0.05, "repeat_penalty": 1.1, "repeat_last_n": 32, "seed": 7, "stop": ["\n"],
+        "cache_prompt": False, "stream": True, "logit_bias": [[15, False], [16, 2.5]]}
+
+
+def decode(body: dict[str, Any], kind: type = wire.CompletionRequest) -> Any:
+    return decode_struct(json.dumps(body).encode(), kind)
+
+
+def test_every_field_translates() -> None:
+    body = decode(FULL)
+    gen = to_gen_request(body, body.prompt)
+    s = gen.sampling
+    assert (gen.prompt, gen.max_tokens, gen.stop, gen.stream, gen.cache_prompt) == (
+        "Once upon", 32, ["\n"], True, False)
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty) == (
+        0.7, 40, 0.9, 0.05, 1.1)
+    assert (s.penalty_context_size, s.seed, s.logit_bias) == (32, 7, {15: BANNED_BIAS, 16: 2.5})
+    assert gen.sampling_sent == {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"}
+    assert gen.messages is None and gen.model == "default"
+
+
+def test_defaults_and_unbounded_n_predict() -> None:
+    body = decode({"prompt": "x", "seed": -1, "grammar": "root ::= \"a\""})
+    gen = to_gen_request(body, "x")
+    assert gen.max_tokens is None and gen.sampling.seed is None and gen.cache_prompt is True
+    assert gen.sampling_sent == frozenset()
+    assert gen.response_format is not None and gen.response_format.kind == "grammar"
+    assert gen.response_format.param == "grammar"
+
+
+@pytest.mark.parametrize("patch,param", [
+    ({"n_probs": 3}, "n_probs"), ({"id_slot": 2}, "id_slot"),
+    ({"logit_bias": [["Hello", 1.0]]}, "logit_bias[0]")])
+def test_refusals_by_name(patch: dict, param: str) -> None:
+    body = decode({"prompt": "x", **patch})
+    with pytest.raises(UnsupportedField) as err:
+        to_gen_request(body, "x")
+    assert err.value.param == param
+
+
+def test_prompt_shapes() -> None:
+    check_prompt("x")
+    check_prompt([1, 2, "x"])
+    check_prompt(["only one"])
+    with pytest.raises(UnsupportedField):
+        check_prompt(["a", "b"])
+    with pytest.raises(InvalidRequest):
+        check_prompt("")
+    with pytest.raises(InvalidRequest) as err:
+        to_gen_request(decode({"prompt": "x", "n_predict": -2}), "x")
+    assert err.value.param == "n_predict"
+
+
+class FakeState:
+    """tokenize/token_pieces over a tiny vocabulary where listed markers are one token."""
+
+    def __init__(self, specials: list[str]) -> None:
+        self.specials = {s: 1000 + i for i, s in enumerate(specials)}
+
+    async def tokenize(self, model: Any, text: str, *, add_special: bool) -> list[int]:
+        ids = [self.specials[text]] if text in self.specials else [ord(c) for c in text]
+        return ([1] if add_special else []) + ids
+
+    async def token_pieces(self, model: Any, ids: list[int]) -> list[str]:
+        inverse = {v: k for k, v in self.specials.items()}
+        return [inverse.get(i, chr(i)) for i in ids]
+
+
+def test_mixed_prompt_resolution() -> None:
+    state = FakeState([])
+    got = asyncio.run(resolve_prompt(state, None, ["ab", 5, "c"]))
+    assert got == [1, ord("a"), ord("b"), 5, ord("c")]
+    assert asyncio.run(resolve_prompt(state, None, [5, "c"])) == [5, ord("c")]
+    assert asyncio.run(resolve_prompt(state, None, ["solo"])) == "solo"
+
+
+def test_fim_detection_and_prompt() -> None:
+    assert asyncio.run(fim_style(FakeState([]), None)) is None
+    qwen = FakeState(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"])
+    style = asyncio.run(fim_style(qwen, None))
+    assert style == ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
+    body = decode({"input_prefix": "def f(", "input_suffix": "):\n", "prompt": "a",
+                   "input_extra": [{"filename": "u.py", "text": "X = 1\n"}]}, wire.InfillRequest)
+    assert infill_prompt(body, style) == ("<|file_sep|>u.py\nX = 1\n<|file_sep|>filename\n"
+                                          "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>a")
+    star = FakeState(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
+    star_style = asyncio.run(fim_style(star, None))
+    assert star_style == ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", None)
+    with pytest.raises(UnsupportedField) as err:
+        infill_prompt(body, star_style)
+    assert err.value.param == "input_extra"
+
+
+DONE = Done("stop", Usage(prompt_tokens=10, completion_tokens=4, cached_tokens=8),
+            stop_kind="stop_sequence", stop_sequence="\n",
+            timings={"prompt_ms": 20.0, "predicted_ms": 40.0})
+
+
+def test_frames_golden() -> None:
+    builder = CompletionBuilder("tiny", prompt="Once upon")
+    frames = [f for e in (TextDelta("a"), TextDelta(""), TextDelta(" time"), DONE)
+              for f in builder.feed(e)]
+    assert frames[:2] == [{"content": "a", "stop": False, "id_slot": 0, "index": 0},
+                          {"content": " time", "stop": False, "id_slot": 0, "index": 0}]
+    final = frames[2]
+    assert final == {
+        "content": "", "stop": True, "model": "tiny", "id_slot": 0, "index": 0,
+        "stop_type": "word", "stopping_word": "\n", "tokens_predicted": 4, "tokens_evaluated": 10,
+        "tokens_cached": 8, "truncated": False, "has_new_line": False, "prompt": "Once upon",
+        "timings": {"prompt_n": 2, "prompt_ms": 20.0, "prompt_per_token_ms": 10.0,
+                    "prompt_per_second": 100.0, "predicted_n": 4, "predicted_ms": 40.0,
+                    "predicted_per_token_ms": 10.0, "predicted_per_second": 100.0}}
+    result = builder.result()
+    assert result["content"] == "a time" and result["stop_type"] == "word"
+
+
+@pytest.mark.parametrize("kind,expected", [("eos", "eos"), ("length", "limit"), ("abort", "none")])
+def test_stop_types(kind: str, expected: str) -> None:
+    builder = CompletionBuilder("tiny")
+    builder.feed(Done("stop", Usage(), stop_kind=kind))  # type: ignore[arg-type]
+    assert builder.result()["stop_type"] == expected and builder.result()["stopping_word"] == ""
+
+
+def test_error_frame() -> None:
+    assert CompletionBuilder("tiny").feed(ErrorEvent("boom", status=500)) == [
+        {"error": {"code": 500, "message": "boom", "type": "server_error"}}]
