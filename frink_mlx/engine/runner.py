@@ -90,6 +90,10 @@ class Runner:
         parts: list[mx.array] = []
         if plan.decode:
             parts.append(self._decode(plan.decode))
+            if plan.prefill:
+                # Dispatch decode first: its gathers must run before the prefill's
+                # scatters reach the same pools, or those scatters copy (paged.py rule 1).
+                mx.async_eval(parts[0])
         if plan.prefill:
             final = self._prefill(plan.prefill)
             if final is not None:
