@@ -237,19 +237,37 @@ class Engine:
         pending: StepResult | None = None
         drain_deadline: float | None = None
         while True:
-            idle = pending is None and not self.scheduler.has_work
-            drain_deadline = self._drain_inbox(block=idle, deadline=drain_deadline)
-            if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
-                if pending is not None:
+            try:
+                idle = pending is None and not self.scheduler.has_work
+                drain_deadline = self._drain_inbox(block=idle, deadline=drain_deadline)
+                if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
+                    break
+                self._expire_waiting()
+                if pending is not None and _needs_host(pending, self._samplers):
                     self._deliver(pending)
-                self._abort_all("abort", None)
-                _synchronize()  # nothing of ours may still run on the device after the join
-                return
-            self._expire_waiting()
-            if pending is not None and _needs_host(pending, self._samplers):
-                self._deliver(pending)
+                    pending = None
+                pending = self._step(pending)
+            except Exception as exc:  # noqa: BLE001 - rule 3: a bug here must not hang anyone
+                log.exception("engine loop failed; ending every live request")
                 pending = None
-            pending = self._step(pending)
+                self._reset_after_eval_error(exc)
+        try:
+            if pending is not None:
+                self._deliver(pending)
+        finally:
+            self._abort_all("abort", None)
+            self._refuse_inbox()
+            _synchronize()  # nothing of ours may still run on the device after the join
+
+    def _refuse_inbox(self) -> None:
+        """Streams submitted while the engine was stopping end with Overloaded."""
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                payload[1]._push(Overloaded("The engine is shutting down.", retry_after_s=1.0))
 
     def _drain_inbox(self, *, block: bool, deadline: float | None) -> float | None:
         try:
@@ -408,6 +426,8 @@ class Engine:
     def _reset_after_eval_error(self, exc: BaseException) -> None:
         self.runner.forget_pending()
         self._abort_all("error", f"engine step failed: {exc}")
+        self.store = None  # type: ignore[assignment]  # drop the old pools before the new ones
+        self.runner.store = None  # type: ignore[assignment]
         self.store = self._new_store()
         self.runner.store = self.store
         self.kv.reset_prefix_cache()

@@ -121,3 +121,34 @@ def test_same_seed_same_tokens_whatever_the_batch(tiny):
                                              NUM_TOKENS)]})["s"][0]
     assert alone == crowded
     assert alone != other_seed
+
+
+def _pointer(a):
+    import numpy as np
+
+    return np.asarray(memoryview(a)).__array_interface__["data"][0]
+
+
+def test_pools_stay_in_place_when_decode_and_prefill_share_a_step(tiny):
+    """kv/paged.py rule 1, in the step shape most likely to break it."""
+    layers, heads, head_dim = model_kv_geometry(tiny)
+    store = PagedKVStore(num_layers=layers, num_blocks=64, block_size=4, n_kv_heads=heads,
+                         head_dim=head_dim, dtype=mx.float32)
+    sched = Scheduler(KVCacheManager(64, 4), max_batch=4, prefill_chunk_tokens=6)
+    runner = Runner(tiny, store)
+    samplers = {}
+    for i, n in enumerate((5, 17)):
+        for seq in sched.add(SeqRequest(f"r{i}", _prompts(9 + i, (n,))[0], GREEDY, 4)).seqs:
+            samplers[seq.seq_id] = RowSampler(GREEDY, 0)
+    before = [_pointer(a) for a in store.arrays()]
+    pending, mixed = None, 0
+    while sched.has_work or pending is not None:
+        plan = sched.schedule()
+        mixed += bool(plan.decode and plan.prefill)
+        result = runner.run(plan, samplers) if not plan.is_empty else None
+        if pending is not None:
+            sched.update(pending.seq_ids, [r.token_id for r in pending.read()])
+        pending = result
+        mx.eval(store.arrays())
+        assert [_pointer(a) for a in store.arrays()] == before
+    assert mixed >= 2
