@@ -1,0 +1,241 @@
+"""Structured output, the pure half: a request's constraint -> a grammar spec.
+
+Clients ask for constrained output in several ways (OpenAI `response_format`,
+Responses `text.format`, llama.cpp `json_schema` / `grammar`, a forced
+`tool_choice`); every adapter translates its field into `GenRequest`
+(`response_format`, `tools`, `tool_choice`). This module turns that into one
+`GrammarSpec` -- plain text in one of the grammar languages llguidance reads --
+which engine/constraints.py compiles (off the event loop, cached by
+`GrammarSpec.key`) into one matcher per row. Nothing here imports llguidance
+or MLX, so adapters and tests can call it freely.
+
+Rules:
+1. Validate what can be checked without compiling (shape of the schema,
+   empty grammars, unknown tool names, oversized specs) and raise
+   `InvalidRequest` naming the request field. Whatever only the grammar
+   compiler can judge (unsupported keywords, bad regex, bad GBNF) is raised by
+   `GrammarCompiler.compile` -- also before any byte is sent.
+2. JSON is generated in one canonical layout (`", "` and `": "` separators, no
+   other whitespace): fewer choices for the model, no runaway whitespace, and
+   still what small models are used to reading.
+3. `json_object` means "any JSON object" (OpenAI's JSON mode).
+4. `strict` is recorded but never loosens anything: a keyword the compiler
+   cannot enforce is refused, strict or not (refuse by name, never ignore).
+5. A forced tool call (`tool_choice="required"` or a function's name) becomes
+   a grammar for a call in the model's own tool-call markup, when that markup
+   is known and JSON-shaped (`json_tools`: Hermes/Qwen `<tool_call>` blocks).
+   For other or unknown formats there is no grammar and the request runs as
+   before (template + stream parser). A forced call takes precedence over
+   `response_format` either way: that turn's output is the call itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn
+
+from ..errors import InvalidRequest
+from .parsers import MarkupInfo
+from .request import GenRequest, ResponseFormat, Tool
+
+GrammarKind = Literal["json_schema", "lark", "regex", "gbnf"]
+
+MAX_SPEC_CHARS = 64 * 1024          # a schema/grammar bigger than this is refused
+MAX_SCHEMA_DEPTH = 32
+JSON_OPTIONS: dict[str, Any] = {
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "whitespace_flexible": False,
+}
+JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+TOOL_FORMATS_WITH_GRAMMAR = frozenset({"json_tools"})
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """One grammar in llguidance's input languages, plus where it came from.
+
+    `text` is canonical (schemas are dumped with sorted keys), so equal specs
+    share one compiled grammar: `key` is the cache key.
+    """
+
+    kind: GrammarKind
+    text: str
+    param: str = "response_format"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.kind, self.text)
+
+
+def grammar_for_request(req: GenRequest, markup: MarkupInfo) -> GrammarSpec | None:
+    """The grammar constraining every row of `req`, or None when unconstrained."""
+    if req.tool_choice not in ("auto", "none"):
+        return grammar_for_tools(req.tools, req.tool_choice, markup)
+    if req.response_format is not None:
+        return grammar_for_format(req.response_format)
+    return None
+
+
+def grammar_for_format(fmt: ResponseFormat) -> GrammarSpec:
+    """Translate one `ResponseFormat`; raises InvalidRequest naming the field."""
+    param = fmt.param or "response_format"
+    if fmt.kind == "json_object":
+        return GrammarSpec("json_schema", _dump_schema({"type": "object"}, param), param)
+    if fmt.kind == "json_schema":
+        if fmt.schema is None:
+            raise InvalidRequest(f"'{param}' needs a JSON Schema.", param=param)
+        check_schema(fmt.schema, param)
+        return GrammarSpec("json_schema", _dump_schema(fmt.schema, param), param)
+    if fmt.kind == "grammar":
+        text = _require_text(fmt.grammar, param, "a GBNF grammar")
+        return GrammarSpec("gbnf", text, param)
+    if fmt.kind == "regex":
+        text = _require_text(fmt.pattern, param, "a regular expression")
+        return GrammarSpec("regex", text, param)
+    raise InvalidRequest(f"'{param}': unknown format kind '{fmt.kind}'.", param=param)
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """Shape checks a JSON Schema must pass before it is worth compiling.
+
+    Only what is cheap and certain: the root is an object (or `true`), `type`
+    names real JSON types, `properties` is an object of schemas, `required` is
+    a list of strings, nesting is bounded. The compiler judges the rest.
+    """
+    if schema is True:
+        return
+    if not isinstance(schema, dict):
+        raise InvalidRequest(
+            f"'{param}' must be a JSON Schema object, got {type(schema).__name__}.", param=param)
+    _check_node(schema, param, "#", 0)
+
+
+def grammar_for_tools(tools: list[Tool], tool_choice: str, markup: MarkupInfo) -> GrammarSpec | None:
+    """A grammar forcing a call of an offered tool, or None when not forced/not expressible."""
+    if tool_choice in ("auto", "none"):
+        return None
+    if not tools:
+        raise InvalidRequest(
+            f"tool_choice '{tool_choice}' needs at least one tool in 'tools'.", param="tool_choice")
+    if tool_choice == "required":
+        chosen, repeat = tools, True
+    else:
+        chosen = [t for t in tools if t.name == tool_choice]
+        if not chosen:
+            names = ", ".join(t.name for t in tools)
+            raise InvalidRequest(
+                f"tool_choice names '{tool_choice}', which is not among the offered tools ({names}).",
+                param="tool_choice")
+        repeat = False
+    if markup.tool_format not in TOOL_FORMATS_WITH_GRAMMAR:
+        return None
+    for i, tool in enumerate(chosen):
+        check_schema(tool.parameters, f"tools[{i}].parameters")
+    return GrammarSpec("lark", _hermes_call_lark(chosen, markup, repeat=repeat), "tools")
+
+
+def _hermes_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> str:
+    """Lark for `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (one or more)."""
+    start = markup.tool_call_start or "<tool_call>"
+    end = markup.tool_call_end or "</tool_call>"
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    call_schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    call_schema = {**call_schema, "x-guidance": JSON_OPTIONS}
+    calls = 'call ("\\n" call)*' if repeat else "call"
+    return (
+        "%llguidance {}\n"
+        f"start: {calls}\n"
+        f"call: {json.dumps(start)} \"\\n\" body \"\\n\" {json.dumps(end)}\n"
+        f"body: %json {json.dumps(call_schema)}\n"
+    )
+
+
+def _dump_schema(schema: Any, param: str) -> str:
+    """Canonical schema text with our JSON layout options (a client's own x-guidance wins)."""
+    body: dict[str, Any] = schema if isinstance(schema, dict) else {}
+    own = body.get("x-guidance", {})
+    if not isinstance(own, dict):
+        raise InvalidRequest(f"'{param}': 'x-guidance' must be an object.", param=param)
+    merged = {**body, "x-guidance": {**JSON_OPTIONS, **own}}
+    try:
+        text = json.dumps(merged, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"'{param}' is not plain JSON: {exc}.", param=param) from exc
+    if len(text) > MAX_SPEC_CHARS:
+        raise InvalidRequest(
+            f"The JSON Schema in '{param}' is {len(text)} characters; the limit is "
+            f"{MAX_SPEC_CHARS}.", param=param)
+    return text
+
+
+def _require_text(text: str | None, param: str, what: str) -> str:
+    if text is None or not text.strip():
+        raise InvalidRequest(f"'{param}' needs {what}; it is empty.", param=param)
+    if len(text) > MAX_SPEC_CHARS:
+        raise InvalidRequest(
+            f"'{param}' is {len(text)} characters; the limit is {MAX_SPEC_CHARS}.", param=param)
+    return text
+
+
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "propertyNames", "not", "if",
+                  "then", "else", "unevaluatedProperties", "unevaluatedItems")
+
+
+def _check_node(node: Any, param: str, where: str, depth: int) -> None:
+    """Recursive shape check of one (sub)schema at JSON pointer `where`."""
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        _bad(param, where, f"a schema must be an object or a boolean, got {type(node).__name__}")
+    if depth > MAX_SCHEMA_DEPTH:
+        _bad(param, where, f"schemas nest deeper than {MAX_SCHEMA_DEPTH} levels")
+    _check_type(node.get("type"), param, where)
+    required = node.get("required")
+    if required is not None and not (
+            isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        _bad(param, f"{where}/required", "'required' must be a list of property names")
+    if "enum" in node and not isinstance(node["enum"], list):
+        _bad(param, f"{where}/enum", "'enum' must be a list")
+    for key in _SUBSCHEMA_MAPS:
+        if key in node:
+            sub = node[key]
+            if not isinstance(sub, dict):
+                _bad(param, f"{where}/{key}", f"'{key}' must be an object of schemas")
+            for name, child in sub.items():
+                _check_node(child, param, f"{where}/{key}/{name}", depth + 1)
+    for key in _SUBSCHEMA_LISTS:
+        if key in node:
+            sub = node[key]
+            if not isinstance(sub, list) or (key != "prefixItems" and not sub):
+                _bad(param, f"{where}/{key}", f"'{key}' must be a non-empty list of schemas")
+            for i, child in enumerate(sub):
+                _check_node(child, param, f"{where}/{key}/{i}", depth + 1)
+    for key in _SUBSCHEMA_ONE:
+        if key in node:
+            _check_node(node[key], param, f"{where}/{key}", depth + 1)
+
+
+def _check_type(type_: Any, param: str, where: str) -> None:
+    if type_ is None:
+        return
+    names = type_ if isinstance(type_, list) else [type_]
+    for name in names:
+        if not isinstance(name, str) or name not in JSON_TYPES:
+            _bad(param, f"{where}/type",
+                 f"unknown type {json.dumps(name)} (expected one of {', '.join(sorted(JSON_TYPES))})")
+
+
+def _bad(param: str, where: str, why: str) -> NoReturn:
+    raise InvalidRequest(f"Invalid JSON Schema in '{param}' at {where}: {why}.", param=param)
