@@ -233,8 +233,9 @@ class Run:
     async def events(self) -> AsyncIterator[Event]:
         """Events for every choice; `Done` once per choice (or an ErrorEvent)."""
         pipeline = self._pipeline
+        steps = self._stream.__aiter__()
         try:
-            async for step in self._stream:
+            async for step in steps:
                 for event in pipeline.on_step(step):
                     yield event
                 if pipeline.all_done:
@@ -247,6 +248,9 @@ class Run:
             yield ErrorEvent(f"generation failed: {exc}")
         finally:
             self._close()
+            aclose = getattr(steps, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _close(self) -> None:
         if not self._finished:

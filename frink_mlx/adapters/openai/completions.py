@@ -29,7 +29,8 @@ from ...http.body import decode_body
 from ...http.errors import endpoint, error_body, openai_error
 from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
 from . import wire
-from .chat import ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, sampling_of
+from .chat import (ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, note_run,
+                   sampling_of)
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:
@@ -153,7 +154,8 @@ def _renumber(event: Event, k: int, n: int) -> Event:
 
 
 async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
-                            include_usage: bool) -> AsyncIterator[str]:
+                            include_usage: bool, request: Request | None = None
+                            ) -> AsyncIterator[str]:
     first = runs[0]
     head = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
             "model": first.model, "system_fingerprint": f"frink-g{first.generation}"}
@@ -173,7 +175,8 @@ async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
             yield f"data: {dumps(error_body(FrinkError(event.message, code=event.code)))}\n\n"
             return
         if isinstance(event, Done):
-            usage.add(event.usage)
+            usage.add_done(event)
+            note_run(request, first, usage)
             yield frame(event.index, "", finish_reason(event))
         elif isinstance(event, TextDelta):
             lps = None
@@ -192,7 +195,7 @@ async def _abort_all(runs: list[Any]) -> None:
 
 
 def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | None,
-                    top: int | None) -> dict[str, Any]:
+                    top: int | None, request: Request | None = None) -> dict[str, Any]:
     first, n = runs[0], runs[0].n
     usage = UsageSum()
     for k, run in enumerate(runs):
@@ -203,6 +206,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
         usage.prompt_tokens += u.prompt_tokens
         usage.cached_tokens += u.cached_tokens
         usage.completion_tokens += u.completion_tokens
+    note_run(request, first, usage)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
                for i in sorted(acc)]
     return {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
@@ -216,10 +220,11 @@ async def completions(request: Request) -> Response:
     body = await decode_body(request, wire.CompletionRequest)
     reqs, top = to_gen_requests(body)
     runs = await start_runs(state, reqs)
+    note_run(request, runs[0])
     echo = await Echo([]).of(runs, state) if body.echo else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(completion_frames(runs, echo, top, include_usage),
+        return sse_response(completion_frames(runs, echo, top, include_usage, request),
                             on_close=lambda: _abort_all(runs))
     try:
         acc = await run_until_disconnect(request, lambda: collect_all(runs),
@@ -228,7 +233,7 @@ async def completions(request: Request) -> Response:
         return Response(status_code=499)
     finally:
         await _abort_all(runs)
-    return json_response(completion_body(runs, acc, echo, top))
+    return json_response(completion_body(runs, acc, echo, top, request))
 
 
 routes: list[BaseRoute] = [Route("/v1/completions", completions, methods=["POST"])]
