@@ -46,7 +46,9 @@ _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 def markup_of(tokenizer: Any) -> MarkupInfo:
     """What mlx-lm's TokenizerWrapper knows about thinking and tool-call markers."""
     parser = getattr(tokenizer, "tool_parser", None)
-    fmt = getattr(parser, "__name__", None)
+    # the format is the parser's module (mlx_lm.tool_parsers.json_tools); every
+    # module names its function parse_tool_call (fix by the adapters helper)
+    fmt = getattr(parser, "__module__", None)
     return MarkupInfo(
         think_start=getattr(tokenizer, "think_start", None),
         think_end=getattr(tokenizer, "think_end", None),

@@ -223,3 +223,10 @@ def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
     assert "<tool_call>" not in text and "</think>" not in text
     end = next(g for g in got if g[0] == "end")
     assert json.loads(end[2]) == {"s": "</tool_call"}
+
+
+def test_unknown_format_with_tools_falls_back_to_hermes() -> None:
+    text = 'x<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert all_ways(MarkupInfo(), chat("f"), text) == [
+        ("TextDelta", "x"), ("start", 0, "f"), ("args", 0, "{}"), ("end", 0, "{}")]
+    assert all_ways(MarkupInfo(), chat(), text) == [("TextDelta", text)]

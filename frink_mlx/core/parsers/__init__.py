@@ -18,6 +18,9 @@ Choices made here:
    the three implemented) still has its markers cut out of the text when
    `tool_call_start` is known; its bodies are tried as Hermes JSON and dropped if
    they do not parse, rather than leaking markup.
+3. A model with no known tool format that is offered tools gets the Hermes
+   `<tool_call>` parser: it is what small instruct models (SmolLM2, Qwen, many
+   fine-tunes) are trained to write, and the tag is never prose.
 """
 
 from __future__ import annotations
@@ -92,5 +95,8 @@ def build_parser(markup: MarkupInfo, request: GenRequest, index: int = 0) -> Str
         return PassthroughParser(index)
     think = (markup.think_start, markup.think_end) if markup.think_start and markup.think_end \
         else DEFAULT_THINK
-    return MarkupStreamParser(think=think, tool_format=tool_format_for(markup), request=request,
+    tool_format = tool_format_for(markup)
+    if tool_format is None and request.tools:
+        tool_format = FORMATS["json_tools"]  # choice 3
+    return MarkupStreamParser(think=think, tool_format=tool_format, request=request,
                               prompt_opens_thinking=markup.prompt_opens_thinking, index=index)
