@@ -238,12 +238,16 @@ def test_tokenize_and_detokenize_use_the_active_encoder(encoder_server: LiveServ
     assert text == "hello world"
 
 
-def test_models_facts(encoder_server: LiveServer) -> None:
-    state = encoder_server.state
-    assert state.model_facts("minilm") == {"kind": "encoder", "embedding_dim": 384,
-                                           "max_input_tokens": 256}
-    chat = state.model_facts("chat")  # not loaded: the side-car's width from its config
-    assert chat["kind"] == "generative" and chat["embedding_dim"] == 384
+def test_models_list_kind_width_and_max_input(encoder_server: LiveServer) -> None:
+    listed = {m.id: m for m in encoder_server.client().models.list().data}
+    minilm = listed["minilm"].model_dump()
+    assert (minilm["kind"], minilm["embedding_dim"], minilm["max_input_tokens"]) == \
+        ("encoder", 384, 256)
+    chat = listed["chat"].model_dump()  # not loaded: the side-car's width from its config
+    assert (chat["kind"], chat["embedding_dim"], chat["max_input_tokens"]) == \
+        ("generative", 384, None)
+    plain = listed["plain"].model_dump()
+    assert plain["embedding_dim"] is None  # serves no embeddings
 
 
 # --- side-car -------------------------------------------------------------------------
@@ -262,10 +266,9 @@ def test_side_car_serves_chat_and_embeddings(tiny_llama_dir: Path) -> None:
             chat = client.chat.completions.create(
                 model="chat", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
             assert chat.choices[0].message is not None
-        facts = server.state.model_facts("chat")
-        assert facts == {"kind": "generative", "embedding_dim": 384,
-                         "max_input_tokens": facts["max_input_tokens"]}
-        assert facts["max_input_tokens"] > 0
+        chat = client.models.retrieve("chat").model_dump()
+        assert chat["kind"] == "generative" and chat["embedding_dim"] == 384
+        assert chat["max_input_tokens"] == chat["context_length"] > 0
 
 
 def test_self_embeddings_only_when_asked(tiny_llama_dir: Path) -> None:

@@ -3,7 +3,10 @@
 Each entry is OpenAI's model object plus frink fields: `loaded` (it is the
 active generation), `kind` (generative / encoder), `aliases`, and
 `context_length` -- the served ceiling when loaded, the models.toml cap (or
-null: not known until loaded) otherwise.
+null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
+/v1/embeddings returns for it: its own, its side-car's, or null when it serves
+none) and `max_input_tokens` (longest input it takes; null when not known until
+loaded) -- both from `AppState.model_facts` (engine/encoder/service.py).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
     gen = state.hub.current
     loaded = gen is not None and gen.spec.name == spec.name
     created = int(gen.created_unix) if loaded else 0
+    facts = state.model_facts(spec.name)
     return {"id": spec.name, "object": "model", "created": created, "owned_by": "frink-mlx",
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
-            "description": spec.description}
+            "description": spec.description, "embedding_dim": facts["embedding_dim"],
+            "max_input_tokens": facts["max_input_tokens"]}
 
 
 @endpoint(openai_error)

@@ -167,8 +167,12 @@ def describe(spec: Any, registry: Any, current: Any) -> dict[str, Any]:
         embedder = getattr(current, "embedder", None)
         if embedder is not None:
             facts["embedding_dim"] = embedder.dim
-        facts["max_input_tokens"] = (embedder.max_length if spec.kind == "encoder" and embedder
-                                     else int(current.loaded.context_length))
+        if spec.kind == "encoder" and embedder is not None:
+            facts["max_input_tokens"] = embedder.max_length
+        else:  # the served context ceiling (KV plan), else the trained length
+            plan = getattr(current, "plan", None)
+            facts["max_input_tokens"] = int(plan.context_ceiling if plan is not None
+                                            else current.loaded.context_length)
         return facts
     target = spec if spec.kind == "encoder" else _sidecar_spec(spec, registry)
     shape = encoder_shape(target) if target is not None else None
