@@ -31,7 +31,8 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def settings(checkpoints, tmp_path_factory):
-    path = write_registry(tmp_path_factory.mktemp("reg"), *checkpoints)
+    encoder = '\n[models.enc]\nsource = "/nonexistent/encoder"\nkind = "encoder"\n'
+    path = write_registry(tmp_path_factory.mktemp("reg"), *checkpoints, extra=encoder)
     return Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                          max_body_bytes=64 * 1024, cache_dir=str(tmp_path_factory.mktemp("c")))
 
@@ -267,10 +268,23 @@ def test_sdk_raises_typed_errors(client):
 
 def test_models_endpoints(client, live):
     data = {m.id: m for m in client.models.list().data}
-    assert set(data) == {"tiny-a", "tiny-b"}
+    assert set(data) == {"tiny-a", "tiny-b", "enc"}
+    assert data["enc"].model_extra["kind"] == "encoder"
     loaded = [m for m in data.values() if m.model_extra["loaded"]]
     assert len(loaded) == 1 and loaded[0].model_extra["context_length"] > 0
     assert client.models.retrieve("alpha").id == "tiny-a"
     r = httpx.get(live.url + "/health", timeout=10).json()
     assert r["state"] == "ready" and r["generation"] >= 1 and r["uptime_s"] >= 0
     assert json.loads(json.dumps(r))["context_ceiling"] > 0
+
+
+def test_encoder_model_is_refused_for_generation_without_a_swap(live):
+    before = live.state.hub.current
+    for path, extra in (("/v1/chat/completions", {"messages": PROMPT}),
+                        ("/v1/completions", {"prompt": "hi"})):
+        r = post(live, path, json={"model": "enc", **extra})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "model"
+        assert "enc" in err["message"] and "encoder" in err["message"]
+        assert "/v1/embeddings" in err["message"]
+    assert live.state.hub.current is before
