@@ -33,7 +33,7 @@ import shutil
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from ..errors import ModelFormatError
 from .gguf_tokenizer import build_tokenizer_files
@@ -243,7 +243,8 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
     import mlx.core as mx
 
     try:
-        raw, meta = mx.load(str(path), return_metadata=True)
+        raw, meta = cast("tuple[dict[str, Any], dict[str, Any]]",
+                         mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise ModelFormatError(f"{path}: {str(exc).splitlines()[0]}") from None
     arch = str(meta.get("general.architecture", ""))

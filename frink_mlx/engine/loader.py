@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -81,8 +81,8 @@ def load_model(spec: ModelSpec, settings: Settings) -> LoadedModel:
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
     try:
-        model, tokenizer, config = mlx_lm.load(
-            str(path), tokenizer_config=tokenizer_config, return_config=True)
+        model, tokenizer, config = cast(Any, mlx_lm.load(
+            str(path), tokenizer_config=tokenizer_config, return_config=True))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     if should_dequantize(model, spec, settings):
@@ -130,7 +130,8 @@ def float32_nbytes(model: nn.Module) -> int:
     bits = {name: m.bits for name, m in model.named_modules()
             if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
     total = 0
-    for name, value in tree_flatten(model.parameters()):
+    flat: list[tuple[str, mx.array]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for name, value in flat:
         module, _, leaf = name.rpartition(".")
         if module in bits and leaf in ("scales", "biases"):
             continue
