@@ -125,6 +125,25 @@ def test_seed_makes_sampling_reproducible(client):
     assert a == b
 
 
+def test_truncation_knobs_are_honoured(client):
+    """top_k=1, a tiny top_p, or min_p=1 leave only the argmax: sampling equals greedy."""
+    greedy = chat(client, max_tokens=16).choices[0].message.content
+    for kw in ({"extra_body": {"top_k": 1}}, {"top_p": 1e-6}, {"extra_body": {"min_p": 1.0}}):
+        got = chat(client, temperature=1.0, seed=5, max_tokens=16, **kw)
+        assert got.choices[0].message.content == greedy, kw
+
+
+def test_penalties_change_a_repetitive_greedy_answer(client):
+    kw = dict(max_tokens=48, logprobs=True, extra_body={"ignore_eos": True})
+    plain = chat(client, **kw).choices[0]
+    tokens = [c.token for c in plain.logprobs.content]
+    assert len(set(tokens)) < len(tokens)  # a random tiny model repeats itself
+    for extra in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0},
+                  {"extra_body": {"ignore_eos": True, "repetition_penalty": 3.0}}):
+        got = chat(client, **{**kw, **extra}).choices[0].message.content
+        assert got != plain.message.content, extra
+
+
 def test_sampling_extensions_accepted(client):
     r = chat(client, temperature=0.7, seed=3, presence_penalty=0.5, frequency_penalty=0.5,
              extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1})
