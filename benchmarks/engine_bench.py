@@ -12,7 +12,7 @@ Prints:
 Run with OpenBLAS preloaded on Linux:
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 .venv/bin/python benchmarks/engine_bench.py
 Options: --model NAME (registry entry, default the registry default),
---tokens N (per row, default 64), --batches 1,8,16.
+--tokens N (per row, default 64), --batches 1,8,16, --repeat N (best of N).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--batches", default="1,8,16")
+    ap.add_argument("--repeat", type=int, default=3, help="best of N (the CPU may be shared)")
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
@@ -110,23 +111,27 @@ def main() -> None:
     print(f"model {spec.name} dtype {loaded.dtype} tokens/row {args.tokens} prompt {args.prompt_len}")
 
     engine = make_engine(loaded, num_blocks=256, max_batch=max(batches))
+    best = lambda f: max(f() for _ in range(args.repeat))  # noqa: E731 - best of N on a shared CPU
     for batch in batches:
-        raw = raw_decode_tps(model, batch, args.tokens, args.prompt_len, vocab)
-        eng = engine_decode_tps(engine, batch, args.tokens, args.prompt_len, vocab)
-        print(f"batch {batch:3d}: raw {raw:7.1f} tok/s   engine {eng:7.1f} tok/s   ratio {eng / raw:.2f}")
+        raw = best(lambda: raw_decode_tps(model, batch, args.tokens, args.prompt_len, vocab))
+        eng = best(lambda: engine_decode_tps(engine, batch, args.tokens, args.prompt_len, vocab))
+        print(f"batch {batch:3d}: raw {raw:7.1f} tok/s   engine {eng:7.1f} tok/s   ratio {eng / raw:.2f}",
+              flush=True)
 
     prompt = prompts(1, args.prompt_len, vocab)[0]
-    ref = stream_generate_tps(model, loaded.tokenizer, prompt, args.tokens)
-    eng = engine_decode_tps(engine, 1, args.tokens, args.prompt_len, vocab)
+    ref = eng = 0.0
+    for _ in range(args.repeat):  # interleaved, so both see the same machine load
+        ref = max(ref, stream_generate_tps(model, loaded.tokenizer, prompt, args.tokens))
+        eng = max(eng, engine_decode_tps(engine, 1, args.tokens, args.prompt_len, vocab))
     print(f"single stream: mlx_lm.stream_generate {ref:.1f} tok/s   engine {eng:.1f} tok/s   "
-          f"ratio {eng / ref:.2f}")
+          f"ratio {eng / ref:.2f}", flush=True)
     engine.shutdown(5.0)
 
     for num_blocks in (256, 2048):
         engine = make_engine(loaded, num_blocks=num_blocks, max_batch=8)
-        eng = engine_decode_tps(engine, 8, args.tokens, args.prompt_len, vocab)
+        eng = best(lambda: engine_decode_tps(engine, 8, args.tokens, args.prompt_len, vocab))
         print(f"pool {num_blocks:5d} blocks ({engine.store.nbytes / 2**20:.0f} MiB): "
-              f"engine batch 8 {eng:.1f} tok/s")
+              f"engine batch 8 {eng:.1f} tok/s", flush=True)
         engine.shutdown(5.0)
 
 

@@ -65,7 +65,8 @@ def device_budget_bytes(settings: Settings, spec: Any = None) -> tuple[int, str]
 def weights_nbytes(model: Any) -> int:
     from mlx.utils import tree_flatten
 
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(v.nbytes for _, v in params)
 
 
 def kv_bytes_per_token(model: Any, dtype: Any) -> int:

@@ -35,23 +35,26 @@ Failure rules:
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import queue
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
-from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, Overloaded
+from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .runner import Runner, StepResult
 from .sampling import RowSampler
 from .scheduler import Finished, Scheduler, Seq
+from .stream import SeqStream
 from .types import EngineStats, SeqRequest, StepOutput
+
+__all__ = ["Engine", "EngineConfig", "SeqStream"]
 
 log = logging.getLogger(__name__)
 
@@ -67,67 +70,6 @@ class EngineConfig:
     max_queue: int
     queue_timeout_s: float
     generation: int = 0
-
-
-class SeqStream:
-    """The StepOutputs of one request, consumed on the event loop (or a thread).
-
-    Async iteration needs the stream to be created on a running event loop
-    (the daemon's case); created elsewhere, it is a plain blocking iterator
-    (tests, benchmarks). Iteration ends when every row has finished; it
-    raises `Overloaded` if the request timed out in the queue (rule 2).
-    """
-
-    def __init__(self, engine: "Engine", request_id: str, num_rows: int) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self._rows_open = num_rows
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
-        self._aqueue: asyncio.Queue[Any] | None = asyncio.Queue() if self._loop else None
-        self._squeue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.closed = False
-
-    # -- engine side ---------------------------------------------------------
-    def _push(self, item: list[StepOutput] | BaseException) -> None:
-        if self._loop is None:
-            self._squeue.put(item)
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)  # type: ignore[union-attr]
-        except RuntimeError:  # the loop is gone: nobody is listening any more
-            self._engine.abort(self.request_id)
-
-    # -- consumer side ---------------------------------------------------------
-    def abort(self) -> None:
-        """Thread-safe; the engine frees this request's blocks within one step."""
-        if not self.closed:
-            self._engine.abort(self.request_id)
-
-    def _take(self, item: list[StepOutput] | BaseException) -> list[StepOutput]:
-        if isinstance(item, BaseException):
-            self.closed = True
-            raise item
-        for out in item:
-            if out.finish is not None:
-                self._rows_open -= 1
-        if self._rows_open <= 0:
-            self.closed = True
-        return item
-
-    async def __aiter__(self) -> AsyncIterator[StepOutput]:
-        if self._aqueue is None:
-            raise RuntimeError("this SeqStream was created outside an event loop; iterate it with `for`")
-        while not self.closed:
-            for out in self._take(await self._aqueue.get()):
-                yield out
-
-    def __iter__(self) -> Iterator[StepOutput]:
-        while not self.closed:
-            for out in self._take(self._squeue.get()):
-                yield out
 
 
 class Engine:
@@ -184,7 +126,7 @@ class Engine:
                     f"{self.config.max_queue}); retry later.",
                     retry_after_s=max(1.0, depth / max(1, self.config.max_batch)))
             self._num_inbox += 1
-        stream = SeqStream(self, seq.request_id, max(1, seq.n))
+        stream = SeqStream(seq.request_id, max(1, seq.n), self.abort)
         self._inbox.put(("submit", (seq, stream)))
         return stream
 
@@ -202,10 +144,9 @@ class Engine:
             raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
         room = ceiling - len(seq.prompt_ids)
         if seq.max_tokens > room:
-            seq = SeqRequest(**{f: getattr(seq, f) for f in SeqRequest.__slots__})  # type: ignore[arg-type]
-            seq.max_tokens = room
+            seq = dataclasses.replace(seq, max_tokens=room)
         if not seq.request_id:
-            seq.request_id = f"seq-{secrets.token_hex(8)}"
+            seq = dataclasses.replace(seq, request_id=f"seq-{secrets.token_hex(8)}")
         return seq
 
     def abort(self, request_id: str) -> None:
@@ -381,10 +322,13 @@ class Engine:
         self._push_outputs(outputs)
 
     def _first_output(self, seq: Seq, out: StepOutput) -> None:
+        """Usage numbers ride on each row's first output; forget rows that end."""
         if seq.seq_id not in self._reported:
             self._reported.add(seq.seq_id)
             out.num_prompt_tokens = seq.num_prompt
             out.num_cached_tokens = seq.group.num_cached_tokens
+        if out.finish is not None:
+            self._reported.discard(seq.seq_id)
 
     def _push_outputs(self, outputs: dict[str, list[StepOutput]]) -> None:
         for request_id, outs in outputs.items():
@@ -466,6 +410,7 @@ def _synchronize() -> None:
 def _param_dtype(model: Any) -> Any:
     from mlx.utils import tree_flatten
 
-    for _, value in tree_flatten(model.parameters()):
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    for _, value in params:
         return value.dtype
     raise ValueError("model has no parameters")

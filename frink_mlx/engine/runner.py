@@ -59,10 +59,12 @@ class StepResult:
         if self._out is None:
             return []
         out = self._out
-        tokens = out.tokens.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        top_vals = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        tokens: list[int] = out.tokens.tolist()  # type: ignore[assignment]
+        lps: list[float] | None = out.logprobs.tolist() if out.logprobs is not None else None  # type: ignore[assignment]
+        top_ids: list[list[int]] | None = (
+            out.top_ids.tolist() if out.top_ids is not None else None)  # type: ignore[assignment]
+        top_vals: list[list[float]] | None = (
+            out.top_logprobs.tolist() if out.top_logprobs is not None else None)  # type: ignore[assignment]
         results = []
         for i, tok in enumerate(tokens):
             res = RowResult(int(tok))

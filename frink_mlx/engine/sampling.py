@@ -116,13 +116,11 @@ def sample(logits: mx.array, rows: Sequence[RowSampler]) -> SampleOutput:
 def _process(logits: mx.array, rows: Sequence[RowSampler]) -> mx.array:
     """Rule 1: bias, penalties and constraint masks, batched on the host where cheap."""
     num_rows, vocab = logits.shape
-    bias_r, bias_t, bias_v = [], [], []
-    for i, r in enumerate(rows):
-        for tok, val in (r.params.logit_bias or {}).items():
-            if 0 <= tok < vocab:
-                bias_r.append(i), bias_t.append(tok), bias_v.append(val)
-    if bias_r:
-        logits = logits.at[mx.array(bias_r), mx.array(bias_t)].add(mx.array(bias_v, mx.float32))
+    bias = [(i, tok, val) for i, r in enumerate(rows)
+            for tok, val in (r.params.logit_bias or {}).items() if 0 <= tok < vocab]
+    if bias:
+        rows_idx, toks, vals = zip(*bias)
+        logits = logits.at[mx.array(rows_idx), mx.array(toks)].add(mx.array(vals, mx.float32))
     if any(r.params.repetition_penalty != 1.0 for r in rows):
         factor = np.ones((num_rows, vocab), np.float32)
         for i, r in enumerate(rows):
@@ -139,15 +137,17 @@ def _process(logits: mx.array, rows: Sequence[RowSampler]) -> mx.array:
             if r.params.presence_penalty:
                 adjust[i, np.unique(recent)] -= r.params.presence_penalty
         logits = logits + mx.array(adjust)
-    masks = [(i, r.constraint.allowed_mask()) for i, r in enumerate(rows) if r.constraint is not None]
-    masks = [(i, m) for i, m in masks if m is not None]
-    if masks:
-        allowed = np.ones((num_rows, vocab), dtype=bool)
-        for i, m in masks:
-            row = np.zeros(vocab, dtype=bool)
-            n = min(vocab, m.shape[0])
-            row[:n] = m[:n]
-            allowed[i] = row
+    allowed: np.ndarray | None = None
+    for i, r in enumerate(rows):
+        mask = r.constraint.allowed_mask() if r.constraint is not None else None
+        if mask is None:
+            continue
+        if allowed is None:
+            allowed = np.ones((num_rows, vocab), dtype=bool)
+        n = min(vocab, mask.shape[0])
+        allowed[i, :n] = mask[:n]
+        allowed[i, n:] = False  # ids past the tokenizer's vocabulary are never allowed
+    if allowed is not None:
         logits = mx.where(mx.array(allowed), logits, -mx.inf)
     return logits
 

@@ -1,0 +1,78 @@
+"""SeqStream: one request's StepOutputs, from the engine thread to a consumer.
+
+Why a separate object per request: the engine thread must never block on a
+slow client, so it only appends to the stream's queue (through
+`loop.call_soon_threadsafe` when the consumer is an event loop); the
+consumer pulls at its own pace. A batch of outputs per engine step is one
+wake-up, not one per row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from .types import StepOutput
+
+
+class SeqStream:
+    """The StepOutputs of one request, consumed on the event loop (or a thread).
+
+    Async iteration needs the stream to be created on a running event loop
+    (the daemon's case); created elsewhere, it is a plain blocking iterator
+    (tests, benchmarks). Iteration ends when every row has finished; it
+    raises the error the engine pushed instead of outputs (e.g. `Overloaded`
+    when the request timed out in the queue).
+    """
+
+    def __init__(self, request_id: str, num_rows: int, on_abort: Callable[[str], None]) -> None:
+        self._on_abort = on_abort
+        self.request_id = request_id
+        self._rows_open = num_rows
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._aqueue: asyncio.Queue[Any] | None = asyncio.Queue() if self._loop else None
+        self._squeue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.closed = False
+
+    # -- engine side ---------------------------------------------------------
+    def _push(self, item: list[StepOutput] | BaseException) -> None:
+        if self._loop is None:
+            self._squeue.put(item)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)  # type: ignore[union-attr]
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            self._on_abort(self.request_id)
+
+    # -- consumer side ---------------------------------------------------------
+    def abort(self) -> None:
+        """Thread-safe; the engine frees this request's blocks within one step."""
+        if not self.closed:
+            self._on_abort(self.request_id)
+
+    def _take(self, item: list[StepOutput] | BaseException) -> list[StepOutput]:
+        if isinstance(item, BaseException):
+            self.closed = True
+            raise item
+        for out in item:
+            if out.finish is not None:
+                self._rows_open -= 1
+        if self._rows_open <= 0:
+            self.closed = True
+        return item
+
+    async def __aiter__(self) -> AsyncIterator[StepOutput]:
+        if self._aqueue is None:
+            raise RuntimeError("this SeqStream was created outside an event loop; iterate it with `for`")
+        while not self.closed:
+            for out in self._take(await self._aqueue.get()):
+                yield out
+
+    def __iter__(self) -> Iterator[StepOutput]:
+        while not self.closed:
+            for out in self._take(self._squeue.get()):
+                yield out
