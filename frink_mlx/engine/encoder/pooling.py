@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 
@@ -93,6 +93,8 @@ def read_head_config(path: Path) -> HeadConfig:
 
 def _read_pooling(config_file: Path) -> PoolingMode:
     config = _load_json(config_file)
+    if not isinstance(config, dict):
+        raise ModelFormatError(f"{config_file}: expected an object")
     for key in _REFUSED_KEYS:
         if config.get(key):
             raise ModelFormatError(f"{config_file}: '{key}' is not supported")
@@ -110,13 +112,14 @@ def read_max_seq_length(path: Path) -> int | None:
     config_file = path / "sentence_bert_config.json"
     if not config_file.is_file():
         return None
-    value = _load_json(config_file).get("max_seq_length")
+    config = _load_json(config_file)
+    value = config.get("max_seq_length") if isinstance(config, dict) else None
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _load_json(file: Path) -> dict | list:  # type: ignore[type-arg]
+def _load_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+        return json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelFormatError(f"{file}: missing") from None
     except (OSError, ValueError) as exc:
