@@ -18,7 +18,10 @@ Rules:
    un-permuting quantized rows, the config sets `rope_traditional = true`,
    which is exactly that layout.
 4. No `output.weight` tensor means tied embeddings.
-5. The cache key is the SHA-256 of the whole file (streamed; ~0.3 s for the
+5. RoPE: plain and linear-scaled map onto mlx-lm's config; llama3-style
+   frequency factors (`rope_freqs.weight`) and YaRN are refused by name rather
+   than served subtly wrong. EOT/EOM ids join EOS as stop tokens.
+6. The cache key is the SHA-256 of the whole file (streamed; ~0.3 s for the
    100 MB default model, measured), first 16 hex digits. A checkpoint is written
    to a temp dir in the same parent and renamed into place, so a crash never
    leaves a half-written checkpoint that looks valid.
@@ -197,10 +200,29 @@ def _build_config(meta: dict[str, Any], arch: str, vocab_size: int, tied: bool) 
     head_dim = _meta_int(meta, p + "attention.key_length", hidden // heads)
     if head_dim != hidden // heads:
         config["head_dim"] = head_dim
-    for key in ("bos_token_id", "eos_token_id"):
+    if meta.get("tokenizer.ggml.bos_token_id") is not None:
+        config["bos_token_id"] = _meta_int(meta, "tokenizer.ggml.bos_token_id")
+    stops: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         if meta.get("tokenizer.ggml." + key) is not None:
-            config[key] = _meta_int(meta, "tokenizer.ggml." + key)
+            stop = _meta_int(meta, "tokenizer.ggml." + key)
+            stops += [stop] if stop not in stops else []
+    if stops:  # chat models end turns with EOT (llama3's <|eot_id|>); mlx-lm stops on any
+        config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+    scaling = _rope_scaling(meta, p)
+    if scaling is not None:
+        config["rope_scaling"] = scaling
     return config
+
+
+def _rope_scaling(meta: dict[str, Any], p: str) -> dict[str, Any] | None:
+    """Linear RoPE scaling maps onto mlx-lm; anything else is refused (rule 5)."""
+    kind = str(meta.get(p + "rope.scaling.type") or "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"type": "linear", "factor": _meta_float(meta, p + "rope.scaling.factor", 1.0)}
+    raise ModelFormatError(f"unsupported GGUF RoPE scaling {p}rope.scaling.type={kind!r} (only linear)")
 
 
 def _hf_name(gguf_name: str) -> str:
@@ -219,7 +241,8 @@ def _convert_weights(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     quant: dict[str, Any] = {}
     for name, value in raw.items():
         if name == "rope_freqs.weight":
-            continue  # llama3 rope scaling factors; mlx-lm derives them from config
+            raise ModelFormatError(
+                "unsupported GGUF tensor rope_freqs.weight (llama3-style RoPE frequency factors)")
         hf = _hf_name(name)
         weights[hf] = value
         if name.endswith(".scales"):
@@ -254,9 +277,14 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
     tok_json, tok_config = build_tokenizer_files(meta)
     weights, quant = _convert_weights(raw)
     tied = "lm_head.weight" not in weights
+    biases = {name.split(".")[-2] for name in weights if name.endswith(".bias")}
     vocab_size = int(weights["model.embed_tokens.scales" if "model.embed_tokens.scales" in weights
                              else "model.embed_tokens.weight"].shape[0])
     config = _build_config(meta, arch, vocab_size, tied)
+    if biases & {"q_proj", "k_proj", "v_proj", "o_proj"}:
+        config["attention_bias"] = True
+    if biases & {"gate_proj", "up_proj", "down_proj"}:
+        config["mlp_bias"] = True
     if quant:
         first = next(iter(quant.values()))
         config["quantization"] = {"group_size": first["group_size"], "bits": first["bits"], **quant}

@@ -178,6 +178,24 @@ def test_refuses_unsupported_arch_and_tokenizer(tiny_llama_dir: Path, tmp_path: 
     assert expected in refused(path, tmp_path)
 
 
+def test_rope_scaling_eot_and_refused_rope_freqs(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from gguf_helpers import gguf_metadata, gguf_tensors
+
+    tensors, meta = gguf_tensors(tiny_llama_dir), gguf_metadata(tiny_llama_dir)
+    meta.update({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": mx.array(2.0),
+                 "tokenizer.ggml.eot_token_id": mx.array(1, dtype=mx.uint32)})
+    mx.save_gguf(str(tmp_path / "lin.gguf"), tensors, meta)
+    config = json.loads((import_gguf(tmp_path / "lin.gguf", tmp_path / "c1") / "config.json").read_text())
+    assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}
+    assert config["eos_token_id"] == [2, 1]
+    meta["llama.rope.scaling.type"] = "yarn"
+    mx.save_gguf(str(tmp_path / "yarn.gguf"), tensors, meta)
+    assert "rope.scaling.type='yarn'" in refused(tmp_path / "yarn.gguf", tmp_path)
+    del meta["llama.rope.scaling.type"]
+    mx.save_gguf(str(tmp_path / "l3.gguf"), {**tensors, "rope_freqs.weight": mx.ones((8,))}, meta)
+    assert "rope_freqs.weight" in refused(tmp_path / "l3.gguf", tmp_path)
+
+
 def test_mistral_arch_is_accepted(tiny_llama_dir: Path, tmp_path: Path, original: mx.array) -> None:
     path = write_float_gguf(tiny_llama_dir, tmp_path / "m.gguf", arch="mistral")
     assert mx.allclose(logits(import_gguf(path, tmp_path / "cache")), original, atol=1e-4).item()
