@@ -13,6 +13,7 @@ submits, raising `FrinkError`s before a single byte of the answer is sent.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import logging
@@ -209,9 +210,11 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
         app.state.frink = state
         if load_default:
             await hub.load(None)
+        reaper = asyncio.get_running_loop().create_task(hub.reap_idle())
         try:
             yield
         finally:
+            reaper.cancel()
             await hub.shutdown()
 
     return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan)

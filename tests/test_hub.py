@@ -156,3 +156,26 @@ def test_unload_parks_the_hub_until_a_load():
         async with hub.lease("b"):
             pass
     run(main())
+
+
+def test_idle_generation_is_unloaded_and_wakes_on_demand():
+    async def main():
+        hub, loads = make_hub(keep_alive_s=0.2, auto_swap=False)
+        g1 = await hub.load("b")
+        reaper = asyncio.get_running_loop().create_task(hub.reap_idle())
+        held = await hub.acquire("b")
+        await asyncio.sleep(0.4)
+        assert hub.current is g1                 # a leased generation is never reaped
+        held.release()
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if hub.current is None:
+                break
+        assert hub.state == "idle" and hub.sleeping.name == "b"
+        await hub.wait_freed()
+        assert g1.engine.shut.is_set()
+        async with hub.lease("default") as gen:   # wakes the same model, auto-swap off
+            assert gen.spec.name == "b" and gen.number == g1.number + 1
+        reaper.cancel()
+        assert loads == ["b", "b"]
+    run(main())

@@ -1,7 +1,8 @@
 """GET /health and the model admin routes.
 
-    GET  /health               state ready/loading/unavailable, model, generation, uptime,
-                               context ceiling, KV blocks, queue; 503 unless ready
+    GET  /health               state ready/loading/idle/unavailable, model, generation,
+                               uptime, context ceiling, KV blocks, queue; 503 when nothing is
+                               loaded and no request would load one (idle -> 200)
     GET  /admin/models         active generation, load in progress, last load error,
                                retired generations still draining, the registry
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
@@ -58,8 +59,11 @@ async def health(request: Request) -> Response:
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
     }
-    headers = None if gen is not None else {"Retry-After": "2" if hub.loading else "10"}
-    return Response(msgspec.json.encode(body), status_code=200 if gen is not None else 503,
+    serving = gen is not None or hub.state == "idle"  # idle: the next request reloads it
+    if hub.sleeping is not None:
+        body["sleeping"] = hub.sleeping.name
+    headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}
+    return Response(msgspec.json.encode(body), status_code=200 if serving else 503,
                     media_type="application/json", headers=headers)
 
 

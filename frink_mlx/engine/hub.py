@@ -27,6 +27,9 @@ Rules:
    and memory released when its last lease ends. Nothing in flight migrates.
 5. After an explicit unload the hub is parked: every request gets 503 until
    an admin load; just-in-time swaps do not wake it.
+6. Idle unload (`settings.keep_alive_s`): a generation with no lease for that
+   long is retired and the hub goes to sleep ("idle"); the next request for it
+   (or for "default") loads it again, even with auto-swap off.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from ..settings import Settings
 
 log = logging.getLogger("frink_mlx.hub")
 
-HubState = Literal["ready", "loading", "unavailable"]
+HubState = Literal["ready", "loading", "idle", "unavailable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,8 @@ class Hub:
         self.loading: str | None = None
         self.last_error: dict[str, Any] | None = None
         self.parked = False
+        self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
+        self.last_used = time.monotonic()
         self._numbers = 0
         self._leases: dict[int, int] = {}
         self._retired: dict[int, Generation] = {}
@@ -159,7 +164,9 @@ class Hub:
     def state(self) -> HubState:
         if self.current is not None:
             return "ready"
-        return "loading" if self.loading is not None else "unavailable"
+        if self.loading is not None:
+            return "loading"
+        return "idle" if self.sleeping is not None else "unavailable"
 
     def num_leases(self, gen: Generation | None = None) -> int:
         gen = gen or self.current
@@ -174,10 +181,17 @@ class Hub:
         """Lease the generation that serves `name` (rules 1-2)."""
         gen = self._active_for(name)
         if gen is None:
-            spec = self.registry.resolve(name)
-            gen = await self._swap_for(spec)
+            wake = self._wakes(name)
+            spec = self.sleeping if wake and self.sleeping else self.registry.resolve(name)
+            gen = await self._swap_for(spec, wake=wake)
         self._leases[gen.number] = self._leases.get(gen.number, 0) + 1
+        self.last_used = time.monotonic()
         return Lease(self, gen)
+
+    def _wakes(self, name: str | None) -> bool:
+        sleeping = self.sleeping
+        return sleeping is not None and self.current is None and not self.parked and \
+            (name in (None, "default", sleeping.name) or name in sleeping.aliases)
 
     @asynccontextmanager
     async def lease(self, name: str | None) -> AsyncIterator[Generation]:
@@ -191,6 +205,8 @@ class Hub:
         gen = self.current
         if gen is not None and gen.answers_to(name):
             return gen
+        if self._wakes(name):
+            return None
         if gen is None and (self.parked or name is None or name == "default"
                             or not self.settings.auto_swap):
             self.registry.resolve(name)  # unknown names stay 404 even now
@@ -203,8 +219,8 @@ class Hub:
         return NoModelLoaded("No model is loaded; POST /admin/models/load to load one.",
                              retry_after_s=10.0)
 
-    async def _swap_for(self, spec: ModelSpec) -> Generation:
-        if not self.settings.auto_swap:
+    async def _swap_for(self, spec: ModelSpec, wake: bool = False) -> Generation:
+        if not self.settings.auto_swap and not wake:
             active = self.current.name if self.current else "none"
             raise Conflict(f"The model '{spec.name}' is not loaded (active: '{active}') and "
                            "automatic swapping is off; POST /admin/models/load first.",
@@ -230,6 +246,7 @@ class Hub:
             self._leases[gen.number] = count
             return
         self._leases.pop(gen.number, None)
+        self.last_used = time.monotonic()
         if gen.number in self._retired:
             self._schedule_free(gen)
 
@@ -261,7 +278,7 @@ class Hub:
     async def _reserved_load(self, spec: ModelSpec) -> Generation:
         try:
             async with self._swap_lock:
-                self.parked = False
+                self.parked, self.sleeping = False, None
                 if self.current is not None and self.current.spec.name == spec.name:
                     return self.current
                 return await self._load_locked(spec)
@@ -305,6 +322,8 @@ class Hub:
 
     def _publish(self, gen: Generation | None) -> None:
         old, self.current = self.current, gen
+        if gen is not None:
+            self.sleeping = None
         if old is not None:
             self._retired[old.number] = old
             if self._leases.get(old.number, 0) == 0:
@@ -314,9 +333,27 @@ class Hub:
         """Retire the active generation; park the hub (rule 5)."""
         async with self._swap_lock:
             old = self.current
-            self.parked = True
+            self.parked, self.sleeping = True, None
             self._publish(None)
             return old
+
+    async def reap_idle(self) -> None:
+        """Rule 6, run for the app's lifetime when keep_alive_s is set."""
+        keep_alive_s = self.settings.keep_alive_s
+        if not keep_alive_s:
+            return
+        while True:
+            await anyio.sleep(min(1.0, keep_alive_s / 4))
+            gen = self.current
+            if gen is None or self.num_leases(gen) or self._swap_lock.locked():
+                continue
+            if time.monotonic() - max(self.last_used, gen.created_at) >= keep_alive_s:
+                async with self._swap_lock:
+                    if self.current is gen and not self.num_leases(gen):
+                        log.info("generation %d: %s idle for %.0fs, unloading", gen.number,
+                                 gen.name, keep_alive_s)
+                        self._publish(None)
+                        self.sleeping = gen.spec
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
