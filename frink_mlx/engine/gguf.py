@@ -22,9 +22,9 @@ Rules:
    frequency factors (`rope_freqs.weight`) and YaRN are refused by name rather
    than served subtly wrong. EOT/EOM ids join EOS as stop tokens.
 6. The cache key is the SHA-256 of the whole file (streamed; ~0.3 s for the
-   100 MB default model, measured), first 16 hex digits. A checkpoint is written
-   to a temp dir in the same parent and renamed into place, so a crash never
-   leaves a half-written checkpoint that looks valid.
+   100 MB default model, measured), first 16 hex digits, plus the importer's
+   version. A checkpoint is written to a temp dir in the same parent and
+   renamed into place, so a crash never leaves a half-written one that looks valid.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ SUPPORTED_ARCHS = ("llama", "mistral")
 GGUF_MAGIC = b"GGUF"
 GGUF_ALIGNMENT = 32
 GROUP_SIZE = 32  # GGUF's legacy quant blocks hold 32 weights
+IMPORTER_VERSION = 1  # bump when the checkpoint this module writes changes
 
 # ggml type id -> (name, block elements, block bytes) for the supported ones.
 SUPPORTED_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18),
@@ -160,7 +161,9 @@ def content_hash(path: Path) -> str:
 
 
 def checkpoint_dir_for(path: Path, cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / "checkpoints" / content_hash(path)
+    """<cache>/checkpoints/<content hash>-v<IMPORTER_VERSION>: a changed importer never
+    reuses a checkpoint an older one wrote."""
+    return Path(cache_dir) / "checkpoints" / f"{content_hash(path)}-v{IMPORTER_VERSION}"
 
 
 def _meta_int(meta: dict[str, Any], key: str, default: int | None = None) -> int:

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from gguf_helpers import patch_tensor_type, write_float_gguf, write_quantized_gguf
 
-from frink_mlx.engine.gguf import content_hash, import_gguf
+from frink_mlx.engine.gguf import IMPORTER_VERSION, content_hash, import_gguf
 from frink_mlx.errors import ModelFormatError
 
 TOKENS = [[1, 5, 20, 100, 7, 300, 42, 2, 11]]
@@ -118,7 +118,7 @@ def test_quantized_tensors_stay_quantized_and_match_llama_cpp_dequantization(
 def test_cache_is_keyed_by_content_and_reused(tiny_llama_dir: Path, tmp_path: Path) -> None:
     path = write_float_gguf(tiny_llama_dir, tmp_path / "a.gguf")
     first = import_gguf(path, tmp_path / "cache")
-    assert first == tmp_path / "cache" / "checkpoints" / content_hash(path)
+    assert first == tmp_path / "cache" / "checkpoints" / f"{content_hash(path)}-v{IMPORTER_VERSION}"
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert import_gguf(path, tmp_path / "cache") == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
