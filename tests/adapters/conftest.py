@@ -8,8 +8,6 @@ out as the markup a real model would write.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
-from scripted import TOOLS_TEMPLATE, ScriptedEngine, mixed_factory, write_models_toml
+from adapters.scripted import TOOLS_TEMPLATE, ScriptedEngine, mixed_factory, write_models_toml
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -37,16 +35,6 @@ def SCRIPT(prompt: str) -> str:
     return "Hello from the script."
 
 
-def _root_conftest() -> Any:
-    """tests/conftest.py (this file shadows its module name `conftest`)."""
-    spec = importlib.util.spec_from_file_location("_frink_root_conftest",
-                                                  Path(__file__).parents[1] / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def adapter_engines() -> dict[str, ScriptedEngine]:
     return {}
@@ -54,9 +42,8 @@ def adapter_engines() -> dict[str, ScriptedEngine]:
 
 @pytest.fixture(scope="session")
 def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, Any]) -> Any:
+    from conftest import make_tiny_llama
     from daemon_support import start_server
-
-    make_tiny_llama = _root_conftest().make_tiny_llama
 
     root = tmp_path_factory.mktemp("adapters")
     tiny = make_tiny_llama(root / "tiny")

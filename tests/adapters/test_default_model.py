@@ -21,7 +21,7 @@ from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
-from scripted import TOOLS_TEMPLATE
+from adapters.scripted import TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.slow
 
