@@ -200,6 +200,7 @@ def test_raw_prompt_gets_passthrough() -> None:
 
 def test_detect_format_from_template() -> None:
     assert detect_format("{{ '<tool_call>' }}") == "json_tools"
+    assert detect_format("{{ '<tool_call>\\n<function=' }}") == "qwen3_coder"
     assert detect_format("[TOOL_CALLS]") == "mistral"
     assert detect_format("<|python_tag|>") == "llama3_json"
     assert detect_format("{{ messages }}") is None
@@ -230,3 +231,17 @@ def test_unknown_format_with_tools_falls_back_to_hermes() -> None:
     assert all_ways(MarkupInfo(), chat("f"), text) == [
         ("TextDelta", "x"), ("start", 0, "f"), ("args", 0, "{}"), ("end", 0, "{}")]
     assert all_ways(MarkupInfo(), chat(), text) == [("TextDelta", text)]
+
+
+def test_qwen3_coder_xml_calls_take_schema_types() -> None:
+    markup = MarkupInfo(tool_call_start="<tool_call>", tool_call_end="</tool_call>",
+                        tool_format="qwen3_coder")
+    req = chat()
+    req.tools = [Tool("f", parameters={"type": "object", "properties": {
+        "zip": {"type": "string"}, "n": {"type": "integer"}, "tags": {"type": "array"}}})]
+    text = ("ok<tool_call>\n<function=f>\n<parameter=zip>\n01234\n</parameter>\n"
+            "<parameter=n>\n3\n</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n"
+            "</function>\n</tool_call>")
+    got = all_ways(markup, req, text)
+    args = json.dumps({"zip": "01234", "n": 3, "tags": ["a"]})
+    assert got == [("TextDelta", "ok"), ("start", 0, "f"), ("args", 0, args), ("end", 0, args)]

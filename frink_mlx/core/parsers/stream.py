@@ -81,6 +81,7 @@ class MarkupStreamParser:
         self._think = think
         self._fmt = tool_format
         self._allowed = allowed_tool_names(request)
+        self._schemas = {tool.name: tool.parameters for tool in request.tools}
         self._reply_start: tuple[str, ...] = ()
         if tool_format and self._allowed and request.response_format is None:
             self._reply_start = tool_format.reply_start
@@ -219,7 +220,7 @@ class MarkupStreamParser:
         if self._fmt.streams_arguments:
             self._stream_arguments(out, call, body)
         try:
-            parsed = self._fmt.parse(body)
+            parsed = self._fmt.parse(body, self._schemas)
         except (ValueError, json.JSONDecodeError):
             if call.guessed:  # it was not a call after all: the reply is text
                 self._emit(out, TextDelta, body)

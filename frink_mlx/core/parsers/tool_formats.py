@@ -10,12 +10,16 @@ re-implemented here, small, following mlx-lm's modules of the same names:
    one JSON object per tag pair, tags may repeat.
 2. `mistral`: `[TOOL_CALLS]` then either a JSON list `[{"name", "arguments"}, ...]`
    (v0.3) or repeated `name[ARGS]{...}` (v11+); no end marker, runs to EOS.
-3. `llama3_json` (Llama 3.1/3.2 JSON tool calling): the whole reply is
+3. `qwen3_coder` (Qwen3-Coder): `<tool_call><function=NAME><parameter=KEY>value
+   </parameter>...</function></tool_call>`; values take the type the tool's
+   schema declares.
+4. `llama3_json` (Llama 3.1/3.2 JSON tool calling): the whole reply is
    `{"name": ..., "parameters": {...}}` (several joined by `;`), optionally after
    `<|python_tag|>`; no end marker. Recognised only at the very start of a reply
    and only when tools were offered (a JSON-mode reply must stay text).
 
-A body parser returns `[(name, arguments_json_text), ...]` and raises
+A body parser takes the body and the offered tools' parameter schemas and
+returns `[(name, arguments_json_text), ...]`; it raises
 `ValueError` for a body that is not a tool call.
 """
 
@@ -23,11 +27,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 ParsedCall = tuple[str, str]
+Schemas = Mapping[str, dict[str, Any]]   # tool name -> its JSON-schema parameters
 
 
 def _arguments_text(value: Any) -> str:
@@ -53,14 +58,14 @@ def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ParsedCall:
     return obj["name"], "{}"
 
 
-def parse_json_tools(body: str) -> list[ParsedCall]:
+def parse_json_tools(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
     return [_call_from_object(json.loads(body.strip()), ("arguments", "parameters"))]
 
 
 _MISTRAL_HEADER = re.compile(r"([\w.-]+)\s*\[ARGS\]\s*")
 
 
-def parse_mistral(body: str) -> list[ParsedCall]:
+def parse_mistral(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
     text = body.strip()
     if text.startswith("["):
         payload = json.loads(text)
@@ -80,7 +85,7 @@ def parse_mistral(body: str) -> list[ParsedCall]:
     return calls
 
 
-def parse_llama3_json(body: str) -> list[ParsedCall]:
+def parse_llama3_json(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
     text = body.strip()
     decoder = json.JSONDecoder()
     calls: list[ParsedCall] = []
@@ -92,6 +97,38 @@ def parse_llama3_json(body: str) -> list[ParsedCall]:
             pos += 1
     if not calls:
         raise ValueError("empty llama3 tool call")
+    return calls
+
+
+_QWEN_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
+_QWEN_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def _qwen_value(raw: str, schema: dict[str, Any] | None) -> Any:
+    """A parameter's text as the JSON type its schema declares (strings stay text)."""
+    kind = str((schema or {}).get("type", "")).lower()
+    if raw.lower() == "null":
+        return None
+    if kind in ("string", "str", "text", "enum"):
+        return raw
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+    if not kind and not isinstance(value, (dict, list)):
+        return raw   # untyped: only structured values are decoded
+    return value
+
+
+def parse_qwen3_coder(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
+    calls = []
+    for name, inner in _QWEN_FUNCTION.findall(body):
+        props = schemas.get(name, {}).get("properties", {})
+        arguments = {key: _qwen_value(value, props.get(key))
+                     for key, value in _QWEN_PARAMETER.findall(inner)}
+        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+    if not calls:
+        raise ValueError("not a qwen3_coder tool call")
     return calls
 
 
@@ -107,7 +144,7 @@ class ToolFormat:
     name: str
     start: str | None
     end: str | None
-    parse: Callable[[str], list[ParsedCall]]
+    parse: Callable[[str, Schemas], list[ParsedCall]]
     streams_arguments: bool = False
     reply_start: tuple[str, ...] = ()
 
@@ -116,6 +153,7 @@ FORMATS: dict[str, ToolFormat] = {
     "json_tools": ToolFormat("json_tools", "<tool_call>", "</tool_call>", parse_json_tools,
                              streams_arguments=True),
     "mistral": ToolFormat("mistral", "[TOOL_CALLS]", None, parse_mistral),
+    "qwen3_coder": ToolFormat("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder),
     "llama3_json": ToolFormat("llama3_json", "<|python_tag|>", None, parse_llama3_json,
                               reply_start=("{",)),
 }
@@ -129,6 +167,8 @@ def detect_format(chat_template: str | None) -> str | None:
     """
     if not chat_template:
         return None
+    if "<tool_call>\\n<function=" in chat_template or "<tool_call>\n<function=" in chat_template:
+        return "qwen3_coder"
     if "<tool_call>" in chat_template:
         return "json_tools"
     if "[TOOL_CALLS]" in chat_template:
