@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator
 
 from ..core.events import ErrorEvent, Event
 from ..core.output import OutputPipeline, TokenText
-from ..core.parsers import MarkupInfo
+from ..core.parsers import MarkupInfo, detect_format
 from ..core.prompt import RenderedPrompt, render_prompt
 from ..core.request import GenRequest, SamplingParams
 from ..errors import ContextLengthExceeded, InvalidRequest, UnsupportedField
@@ -54,7 +54,8 @@ def markup_of(tokenizer: Any) -> MarkupInfo:
         think_end=getattr(tokenizer, "think_end", None),
         tool_call_start=getattr(tokenizer, "tool_call_start", None),
         tool_call_end=getattr(tokenizer, "tool_call_end", None),
-        tool_format=fmt.rsplit(".", 1)[-1] if isinstance(fmt, str) else None,
+        tool_format=(fmt.rsplit(".", 1)[-1] if isinstance(fmt, str) else None)
+        or detect_format(getattr(tokenizer, "chat_template", None)),  # e.g. Llama 3 JSON calls
     )
 
 
