@@ -33,6 +33,10 @@ Rules:
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
+6. Full blocks enter the prefix cache as soon as the step that writes them
+   is planned (prompt chunks) or their tokens are known (outputs): every
+   step that could read them runs later on the device, and inside one
+   forward each layer writes all rows before any row reads.
 """
 
 from __future__ import annotations
@@ -331,6 +335,9 @@ class Scheduler:
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
                              self.kv.block_table(seq.seq_id), [])
         seq.num_computed += num
+        # Publish now: any later reader runs after this chunk's writes (rule 6).
+        self.kv.cache_blocks(seq.seq_id, seq.token_ids[:seq.num_computed], seq.group.extra_key,
+                             cache_prompt=seq.group.request.cache_prompt)
         if not seq.in_prefill:
             chunk.sample_seq_ids = [seq.seq_id]
             seq.prefill_target = 0

@@ -104,6 +104,16 @@ def test_prefix_hits_keep_parity(tiny):
     assert outs["b"][0] == reference(tiny, b)
 
 
+def test_prefix_hit_inside_one_forward_keeps_parity(tiny):
+    """Row y reads blocks that row x writes in the very same prefill call."""
+    shared = _prompts(6, (13,))[0]
+    x, y = shared + [4], shared + [8, 9, 10]
+    outs = drive(tiny, {0: [SeqRequest("x", x, GREEDY, NUM_TOKENS), SeqRequest("y", y, GREEDY, NUM_TOKENS)]},
+                 chunk=64)
+    assert outs["x"][0] == reference(tiny, x)
+    assert outs["y"][0] == reference(tiny, y)
+
+
 def test_n_rows_share_the_prompt_and_match_generate(tiny):
     prompt = _prompts(3, (14,))[0]
     outs = drive(tiny, {0: [SeqRequest("n3", prompt, GREEDY, NUM_TOKENS, n=3)]}, chunk=6)

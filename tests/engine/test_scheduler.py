@@ -56,8 +56,8 @@ def test_prefill_is_chunked_and_decode_runs_every_step():
 def test_admission_is_strict_fifo():
     s = _sched(num_blocks=4, chunk=16)
     s.add(_req("big", 12, max_tokens=2))   # 3 blocks
-    s.add(_req("huge", 15))                # 4 blocks: cannot fit while big runs
-    s.add(_req("tiny", 2))                 # would fit, but must not jump the queue
+    s.add(_req("huge", 15, base=100))      # 4 blocks: cannot fit while big runs
+    s.add(_req("tiny", 2, base=200))       # would fit, but must not jump the queue
     plan = s.schedule()
     assert [c.seq_id for c in plan.prefill] == [1]
     assert [g.request.request_id for g in s.waiting] == ["huge", "tiny"]
@@ -74,7 +74,7 @@ def test_admission_is_strict_fifo():
 def test_eos_and_abort_free_blocks_at_once():
     s = _sched()
     s.add(_req("a", 5, stop_token_ids=frozenset({2})))
-    s.add(_req("b", 5))
+    s.add(_req("b", 5, base=100))
     plan = s.schedule()
     _feed(s, plan)
     assert s.kv.num_free_blocks == 4
@@ -137,6 +137,15 @@ def test_prefix_hit_skips_cached_blocks_and_salt_separates():
     s.abort("c")
     s.add(_req("d", 9, max_tokens=1, cache_prompt=False))
     assert s.schedule().prefill[0].start == 0
+
+
+def test_prompt_blocks_are_shared_within_the_same_step():
+    s = _sched(num_blocks=8, chunk=32)
+    s.add(_req("a", 9, max_tokens=1))
+    s.add(_req("b", 10, max_tokens=1))  # same first 9 tokens: 2 full blocks written by a this step
+    plan = s.schedule()
+    assert [(c.seq_id, c.start) for c in plan.prefill] == [(1, 0), (2, 8)]
+    assert s.kv.block_table(2)[:2] == s.kv.block_table(1)[:2]
 
 
 def test_expired_waiting_requests_leave_the_queue():
