@@ -4,17 +4,21 @@ Why: mlx-lm (and every chat template) wants an HF tokenizer; a GGUF carries the
 same vocabulary as flat arrays. We rebuild it with the `tokenizers` library so
 the ids match what llama.cpp produces from the same file.
 
-Rules (mirroring llama.cpp's `llama-vocab.cpp` for `tokenizer.ggml.model = gpt2`):
-1. The model is byte-level BPE: `tokens` are the vocab (id = index), `merges`
-   are ranked pairs "a b" in order.
+Rules (mirroring llama.cpp's `llama-vocab.cpp`):
+1. `tokenizer.ggml.model = gpt2` is byte-level BPE: `tokens` are the vocab
+   (id = index), `merges` are ranked pairs "a b" in order.
 2. Token types: 3 (CONTROL) become special added tokens; 4 (USER_DEFINED) become
    non-special added tokens. Both are matched verbatim before BPE runs.
-3. The pre-tokenizer regex is chosen by `tokenizer.ggml.pre` (table below);
-   an unknown name is refused rather than guessed.
-4. `add_bos_token` prepends the BOS id through a post-processor.
+3. The byte-level pre-tokenizer regex is chosen by `tokenizer.ggml.pre` (table
+   below); an unknown name is refused rather than guessed.
+4. `add_bos_token` prepends the BOS id through a post-processor (default: off
+   for gpt2, on for SentencePiece, as in llama.cpp).
+5. `tokenizer.ggml.model = llama` is SentencePiece BPE: merges are derived from
+   the piece scores, unknown bytes fall back to <0xXX> pieces, spaces become
+   U+2581 with one prepended per text run (`add_space_prefix`); UNKNOWN (2) is
+   special too.
 
-Deliberately left out: SentencePiece (`tokenizer.ggml.model = llama`) and
-WordPiece vocabularies; they are refused by name.
+Deliberately left out: WordPiece/Unigram vocabularies; refused by name.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from ..errors import ModelFormatError
 
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 2, 3, 4
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 LLAMA3_REGEX = (
@@ -94,18 +98,21 @@ def _bool(meta: dict[str, Any], key: str, default: bool) -> bool:
     return default if value is None else bool(value.item() if hasattr(value, "item") else value)
 
 
-def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
-    """Rule 2: CONTROL -> special added token, USER_DEFINED -> plain added token."""
+def _added_tokens(tokens: list[str], types: list[int], *,
+                  unknown_is_special: bool) -> list[dict[str, Any]]:
+    """Rule 2: CONTROL (and SentencePiece's UNKNOWN) -> special added token,
+    USER_DEFINED -> plain added token."""
+    special = {TOKEN_CONTROL, TOKEN_UNKNOWN} if unknown_is_special else {TOKEN_CONTROL}
     return [
         {"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": t == TOKEN_CONTROL}
+         "normalized": False, "special": t in special}
         for i, (tok, t) in enumerate(zip(tokens, types))
-        if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        if t in special or t == TOKEN_USER_DEFINED
     ]
 
 
-def _tokenizer_config(meta: dict[str, Any], tokens: list[str],
-                      added: list[dict[str, Any]]) -> dict[str, Any]:
+def _tokenizer_config(meta: dict[str, Any], tokens: list[str], added: list[dict[str, Any]],
+                      add_bos_default: bool) -> dict[str, Any]:
     def name(key: str) -> str | None:
         i = _int(meta, "tokenizer.ggml." + key)
         return tokens[i] if i is not None and 0 <= i < len(tokens) else None
@@ -117,7 +124,7 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str],
         "eos_token": name("eos_token_id"),
         "pad_token": name("padding_token_id"),
         "unk_token": unk if unk not in (name("bos_token_id"), name("eos_token_id")) else None,
-        "add_bos_token": _bool(meta, "tokenizer.ggml.add_bos_token", False),
+        "add_bos_token": _bool(meta, "tokenizer.ggml.add_bos_token", add_bos_default),
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1 << 30,
@@ -133,31 +140,11 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str],
     return config
 
 
-def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Return (tokenizer.json text, tokenizer_config.json dict) from GGUF metadata."""
-    model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelFormatError(
-            f"unsupported GGUF tokenizer tokenizer.ggml.model={model!r} (only byte-level BPE 'gpt2')"
-        )
-    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
-    merges: list[str] = list(meta.get("tokenizer.ggml.merges") or [])
-    if not tokens:
-        raise ModelFormatError("GGUF has no tokenizer.ggml.tokens")
-    raw_types = meta.get("tokenizer.ggml.token_type")
-    types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
-    added = _added_tokens(tokens, types)
-    config = _tokenizer_config(meta, tokens, added)
-    bos_id = _int(meta, "tokenizer.ggml.bos_token_id")
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
+def _byte_level_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
+    """tokenizer.ggml.model = gpt2: byte-level BPE with ranked merges (rules 1, 3)."""
+    return {
         "normalizer": None,
         "pre_tokenizer": _pre_tokenizer(str(meta.get("tokenizer.ggml.pre") or "default")),
-        "post_processor": _post_processor(config["bos_token"] if config["add_bos_token"] else None,
-                                          bos_id),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},
         "model": {
@@ -165,7 +152,72 @@ def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
             "ignore_merges": False,
             "vocab": {tok: i for i, tok in enumerate(tokens)},
-            "merges": merges,
+            "merges": list(meta.get("tokenizer.ggml.merges") or []),
         },
     }
+
+
+def spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
+    """SentencePiece BPE has no merge list: a pair merges when the joined piece is in
+    the vocab, higher-scored pieces first (transformers' SentencePieceExtractor)."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges: list[tuple[float, int, int, str, str]] = []
+    for piece, score in zip(tokens, scores):
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                merges.append((-score, vocab[left], vocab[right], left, right))
+    merges.sort()
+    return [[left, right] for _, _, _, left, right in merges]
+
+
+def _sentencepiece_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
+    """tokenizer.ggml.model = llama: SentencePiece BPE with byte fallback (rule 5).
+
+    Like llama.cpp, a space is prepended to every text run that starts the input
+    or follows a special token (`add_space_prefix`), and spaces become U+2581."""
+    raw_scores = meta.get("tokenizer.ggml.scores")
+    if raw_scores is None:
+        raise ModelFormatError("GGUF SentencePiece tokenizer has no tokenizer.ggml.scores")
+    unk_id = _int(meta, "tokenizer.ggml.unknown_token_id")
+    steps: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+    if _bool(meta, "tokenizer.ggml.add_space_prefix", True):
+        steps.insert(0, {"type": "Prepend", "prepend": "\u2581"})
+    return {
+        "normalizer": {"type": "Sequence", "normalizers": steps},
+        "pre_tokenizer": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {
+            "type": "BPE", "dropout": None, "continuing_subword_prefix": None,
+            "unk_token": tokens[unk_id] if unk_id is not None else None,
+            "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": {tok: i for i, tok in enumerate(tokens)},
+            "merges": spm_merges(tokens, [float(x) for x in raw_scores.tolist()]),
+        },
+    }
+
+
+def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Return (tokenizer.json text, tokenizer_config.json dict) from GGUF metadata."""
+    model = meta.get("tokenizer.ggml.model")
+    if model not in ("gpt2", "llama"):
+        raise ModelFormatError(f"unsupported GGUF tokenizer tokenizer.ggml.model={model!r} "
+                               "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)")
+    tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+    if not tokens:
+        raise ModelFormatError("GGUF has no tokenizer.ggml.tokens")
+    raw_types = meta.get("tokenizer.ggml.token_type")
+    types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
+    spm = model == "llama"
+    added = _added_tokens(tokens, types, unknown_is_special=spm)
+    config = _tokenizer_config(meta, tokens, added, add_bos_default=spm)
+    parts = _sentencepiece_parts(meta, tokens) if spm else _byte_level_parts(meta, tokens)
+    bos_id = _int(meta, "tokenizer.ggml.bos_token_id")
+    post = _post_processor(config["bos_token"] if config["add_bos_token"] else None, bos_id)
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                 **parts, "post_processor": post}
     return json.dumps(tokenizer, ensure_ascii=False), config
