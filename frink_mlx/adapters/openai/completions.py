@@ -33,7 +33,7 @@ from .chat import (ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_r
                    sampling_of)
 
 
-def _prompts(prompt: Any) -> list[str | list[int]]:
+def _prompts(prompt: Any) -> list[Any]:
     """Rule 1: one prompt or a batch, each a string or a token-id list."""
     if prompt is None or prompt == [] or prompt == "":
         raise InvalidRequest("'prompt' is required and may not be empty.", param="prompt")
@@ -168,7 +168,7 @@ async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
         for k, run in enumerate(runs):
             for j in range(run.n):
                 yield frame(k * run.n + j, echo.texts[k])
-    usage, offsets = UsageSum(), {}
+    usage, offsets = UsageSum(), dict[int, int]()
     async for k, event in merged(runs):
         event = _renumber(event, k, runs[k].n)
         if isinstance(event, ErrorEvent):
