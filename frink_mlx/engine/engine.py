@@ -312,8 +312,11 @@ class Engine:
             if seq is None:
                 continue
             done = finished.get(seq_id)
+            error = done.error if done else None
+            if done is not None and done.reason == "constraint" and error is None:
+                error = _constraint_error(self._samplers.get(seq_id))
             out = StepOutput(seq.index, row.token_id, row.logprob, row.top_logprobs,
-                             finish=done.reason if done else None, error=done.error if done else None)
+                             finish=done.reason if done else None, error=error)
             self._first_output(seq, out)
             outputs.setdefault(seq.group.request.request_id, []).append(out)
             self._stats.generated_tokens_total += 1
@@ -386,6 +389,13 @@ class Engine:
 
 def _needs_host(step: StepResult, samplers: dict[int, RowSampler]) -> bool:
     return any((s := samplers.get(i)) is not None and s.needs_host_tokens for i in step.seq_ids)
+
+
+def _constraint_error(sampler: RowSampler | None) -> str:
+    """Why a row's grammar ended it (RowConstraint.error), for the client."""
+    c = sampler.constraint if sampler is not None else None
+    return (c.error if c is not None else None) or \
+        "Structured output failed: the grammar rejected the sampled token"
 
 
 def _constraint_verdict(sampler: RowSampler, token_id: int) -> str | None:
