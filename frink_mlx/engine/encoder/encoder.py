@@ -28,7 +28,7 @@ sends what `tokenize` with special tokens returned.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
@@ -68,7 +68,6 @@ class Encoder:
     batch_size: int
     truncatable: bool = False  # Matryoshka-trained: `dimensions` may cut vectors
     arch: str = "bert"
-    _calls: int = field(default=0, repr=False)
 
     # --- tokens -------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], *, truncate: bool = False) -> list[list[int]]:
@@ -137,7 +136,6 @@ class Encoder:
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)
         vectors = pool(self.model(ids_mx, mask_mx), mask_mx, self.head)
         mx.eval(vectors)
-        self._calls += 1
         return np.array(vectors, dtype=np.float32)
 
 
