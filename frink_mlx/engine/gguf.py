@@ -273,17 +273,30 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
                          mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise ModelFormatError(f"{path}: {str(exc).splitlines()[0]}") from None
+    try:
+        weights, config, tok_json, tok_config = convert_gguf(raw, meta)
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{path}: {exc.message}") from None
+    config["gguf"] = {"file": path.name, "tensor_types": sorted(set(tensor_types.values()))}
+    _write_atomically(target, weights, config, tok_json, tok_config)
+    return target
+
+
+def convert_gguf(raw: dict[str, Any], meta: dict[str, Any]
+                 ) -> tuple[dict[str, Any], dict[str, Any], str, dict[str, Any]]:
+    """(weights, config.json, tokenizer.json text, tokenizer_config.json) from mx.load output."""
     arch = str(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHS:
         raise ModelFormatError(
-            f"{path}: unsupported GGUF architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+            f"unsupported GGUF architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
     tok_json, tok_config = build_tokenizer_files(meta)
     weights, quant = _convert_weights(raw)
-    tied = "lm_head.weight" not in weights
+    embed = weights.get("model.embed_tokens.weight")
+    if embed is None:
+        raise ModelFormatError("GGUF has no token_embd.weight tensor")
+    vocab_size = int(embed.shape[0])
+    config = _build_config(meta, arch, vocab_size, tied="lm_head.weight" not in weights)
     biases = {name.split(".")[-2] for name in weights if name.endswith(".bias")}
-    vocab_size = int(weights["model.embed_tokens.scales" if "model.embed_tokens.scales" in weights
-                             else "model.embed_tokens.weight"].shape[0])
-    config = _build_config(meta, arch, vocab_size, tied)
     if biases & {"q_proj", "k_proj", "v_proj", "o_proj"}:
         config["attention_bias"] = True
     if biases & {"gate_proj", "up_proj", "down_proj"}:
@@ -291,9 +304,7 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
     if quant:
         first = next(iter(quant.values()))
         config["quantization"] = {"group_size": first["group_size"], "bits": first["bits"], **quant}
-    config["gguf"] = {"file": path.name, "tensor_types": sorted(set(tensor_types.values()))}
-    _write_atomically(target, weights, config, tok_json, tok_config)
-    return target
+    return weights, config, tok_json, tok_config
 
 
 def _write_atomically(target: Path, weights: dict[str, Any], config: dict[str, Any],

@@ -225,7 +225,8 @@ def test_refuses_unsupported_tensor_type_by_name(f32_gguf: Path, tmp_path: Path)
 def test_refuses_unsupported_arch_and_tokenizer(tiny_llama_dir: Path, tmp_path: Path,
                                                 meta: dict[str, str], expected: str) -> None:
     path = write_float_gguf(tiny_llama_dir, tmp_path / "x.gguf", **meta)
-    assert expected in refused(path, tmp_path)
+    message = refused(path, tmp_path)
+    assert message.startswith(f"{path}: ") and expected in message
 
 
 def test_rope_scaling_eot_and_refused_rope_freqs(tiny_llama_dir: Path, tmp_path: Path) -> None:
