@@ -3,7 +3,9 @@
 Registry: `tiny` -- the shared tiny llama on the real engine (real decoding);
 `scripted` -- a tools-aware copy of it whose engine is `ScriptedEngine`
 (scripted.py), answering by `SCRIPT` below so tool calls and reasoning come
-out as the markup a real model would write.
+out as the markup a real model would write; `thinker` -- a copy with
+`<think>` tokens and a Qwen3-style template that opens the think block in the
+prompt, answering by `THINKER`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
-from adapters.scripted import TOOLS_TEMPLATE, ScriptedEngine, mixed_factory, write_models_toml
+from adapters.scripted import (THINK_TEMPLATE, TOOLS_TEMPLATE, ScriptedEngine, add_think_tokens,
+                               mixed_factory, write_models_toml)
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -35,6 +38,13 @@ def SCRIPT(prompt: str) -> str:
     return "Hello from the script."
 
 
+def THINKER(prompt: str) -> str:
+    """A Qwen3-like model: continues a think block its prompt opened."""
+    if prompt.rstrip().endswith("<think>"):
+        return "Reasoning here.</think>\n\nAnswer."
+    return "Answer."
+
+
 @pytest.fixture(scope="session")
 def adapter_engines() -> dict[str, ScriptedEngine]:
     return {}
@@ -48,11 +58,14 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
     root = tmp_path_factory.mktemp("adapters")
     tiny = make_tiny_llama(root / "tiny")
     scripted = make_tiny_llama(root / "scripted", chat_template=TOOLS_TEMPLATE)
-    path = write_models_toml(root, {"tiny": tiny, "scripted": scripted}, default="tiny")
+    thinker = add_think_tokens(make_tiny_llama(root / "thinker", chat_template=THINK_TEMPLATE))
+    path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker},
+                             default="tiny")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"))
     app = create_app(settings, registry=load_registry(settings),
-                     factory=mixed_factory({"scripted": SCRIPT}, adapter_engines))
+                     factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER},
+                                            adapter_engines))
     server = start_server(app)
     yield server
     server.stop()

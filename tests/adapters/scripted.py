@@ -13,6 +13,7 @@ tool result reached the rendered prompt).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +44,34 @@ TOOLS_TEMPLATE = (
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
 
+# Qwen3-style: the generation prompt opens the think block unless thinking is off.
+THINK_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+
 Script = Callable[[str], str]
+
+
+def add_think_tokens(checkpoint: Path) -> Path:
+    """Give a tiny checkpoint's tokenizer `<think>`/`</think>` as single tokens.
+
+    They get ids past the model's embedding rows, which is fine for a
+    ScriptedEngine (it never runs the model) and makes mlx-lm detect the
+    thinking markers exactly as it does for Qwen3.
+    """
+    path = checkpoint / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    next_id = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"])]) + 1
+    for i, text in enumerate(("<think>", "</think>")):
+        tok["added_tokens"].append({"id": next_id + i, "content": text, "single_word": False,
+                                    "lstrip": False, "rstrip": False, "normalized": False,
+                                    "special": False})
+    path.write_text(json.dumps(tok))
+    return checkpoint
 
 
 class _Stream:

@@ -122,3 +122,21 @@ def test_errors_in_anthropic_envelope(client: anthropic.Anthropic, live: Any) ->
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}]}])
     assert "messages[0].content[0]" in err.value.body["error"]["message"]
+
+
+def test_thinking_opened_by_the_prompt(client: anthropic.Anthropic,
+                                       adapter_engines: dict) -> None:
+    ask = [{"role": "user", "content": "Why?"}]
+    on = client.messages.create(model="thinker", max_tokens=50, messages=ask,
+                                thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
+            for b in on.content] == [("thinking", "Reasoning here."), ("text", "Answer.")]
+    off = client.messages.create(model="thinker", max_tokens=50, messages=ask,
+                                 thinking={"type": "disabled"})
+    assert [b.type for b in off.content] == ["text"] and off.content[0].text == "Answer."
+    _, prompt = adapter_engines["thinker"].seen[-1]
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+    with client.messages.stream(model="thinker", max_tokens=50, messages=ask) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "Answer." and final.content[0].type == "thinking"

@@ -104,3 +104,13 @@ def test_errors(client: openai.OpenAI, live: Any) -> None:
     assert "tools[0].type" in str(err.value)
     bad = httpx.post(live.url + "/v1/responses", content=b"[", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_reasoning_items_and_effort_switch(client: openai.OpenAI, adapter_engines: dict) -> None:
+    on = client.responses.create(model="thinker", input="Why?")
+    assert [item.type for item in on.output] == ["reasoning", "message"]
+    assert on.output[0].content[0].text == "Reasoning here." and on.output_text == "Answer."
+    off = client.responses.create(model="thinker", input="Why?", reasoning={"effort": "none"})
+    assert [item.type for item in off.output] == ["message"] and off.output_text == "Answer."
+    _, prompt = adapter_engines["thinker"].seen[-1]
+    assert prompt.endswith("<think>\n\n</think>\n\n")
