@@ -76,7 +76,7 @@ def test_function_call_round_trip_without_store(client: openai.OpenAI) -> None:
         client.responses.retrieve(first.id)
     call = next(item for item in first.output if item.type == "function_call")
     history: list[Any] = [{"role": "user", "content": "Weather?"}]
-    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history += [item.model_dump(exclude_none=True, by_alias=True) for item in first.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": "18C"})
     second = client.responses.create(model="scripted", input=history, tools=[WEATHER_TOOL])
     assert second.output_text == "The weather in Paris is 18C."

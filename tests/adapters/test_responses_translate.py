@@ -175,3 +175,16 @@ def test_store_is_bounded_lru_and_names_missing_ids() -> None:
     with pytest.raises(NotFound) as err:
         store.get("b", param="previous_response_id")
     assert "'b'" in err.value.message and err.value.param == "previous_response_id"
+
+
+def test_echoed_output_items_are_accepted() -> None:
+    body = {"input": [
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "phase": "final_answer",
+         "content": [{"type": "output_text", "text": "Hi", "annotations": [], "logprobs": []}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}",
+         "caller": {"type": "direct"}, "namespace": None, "async": False},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok", "name": "f"}]}
+    gen, _ = to_gen_request(decode(body), [])
+    assert [(m.role, m.content) for m in gen.messages or []] == [("assistant", "Hi"), ("tool", "ok")]
+    assert (gen.messages or [])[0].tool_calls == [ToolCall("c1", "f", "{}")]

@@ -98,7 +98,8 @@ def input_messages(items: str | list[dict[str, Any]] | None,
             _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, item.name, item.arguments))
         elif isinstance(item, w.FunctionCallOutputItem):
             out.append(Message("tool", _part_text(item.output, f"input[{i}].output"),
-                               tool_call_id=item.call_id, name=tool_names.get(item.call_id)))
+                               tool_call_id=item.call_id,
+                               name=item.name or tool_names.get(item.call_id)))
         elif isinstance(item, w.ReasoningItem):
             text = "".join(p.text for p in (item.content or item.summary))
             turn = _assistant_turn(out)

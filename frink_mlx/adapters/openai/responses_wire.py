@@ -7,7 +7,8 @@ Rules:
    an unsupported item (`item_reference`, `file_search_call`, ...) is refused
    naming its position, `input[3].type`.
 3. Items echoed back from an earlier response (output messages, reasoning,
-   function calls) carry `id`/`status`; those are accepted and not used.
+   function calls) carry `id`/`status`/`phase`/`caller`/`namespace`; those are
+   bookkeeping of the earlier turn, accepted and not used.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class MessageItem(_Item):
     type: Literal["message"] = "message"
     id: str | None = None
     status: str | None = None
+    phase: str | None = None
 
 
 class FunctionCallItem(_Item):
@@ -66,6 +68,9 @@ class FunctionCallItem(_Item):
     type: Literal["function_call"] = "function_call"
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
+    is_async: bool | None = msgspec.field(default=None, name="async")
 
 
 class FunctionCallOutputItem(_Item):
@@ -74,6 +79,9 @@ class FunctionCallOutputItem(_Item):
     type: Literal["function_call_output"] = "function_call_output"
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None
+    name: str | None = None
+    namespace: str | None = None
 
 
 class ReasoningText(msgspec.Struct, forbid_unknown_fields=True):
