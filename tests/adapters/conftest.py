@@ -5,7 +5,8 @@ Registry: `tiny` -- the shared tiny llama on the real engine (real decoding);
 (scripted.py), answering by `SCRIPT` below so tool calls and reasoning come
 out as the markup a real model would write; `thinker` -- a copy with
 `<think>` tokens and a Qwen3-style template that opens the think block in the
-prompt, answering by `THINKER`.
+prompt, answering by `THINKER`; `coder` -- a copy with Qwen2.5-Coder's
+fill-in-the-middle tokens, always answering "a, b".
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
 from adapters.scripted import (THINK_TEMPLATE, TOOLS_TEMPLATE, ScriptedEngine, add_think_tokens,
-                               mixed_factory, write_models_toml)
+                               add_tokens, mixed_factory, write_models_toml)
+
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
 
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -59,12 +62,14 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
     tiny = make_tiny_llama(root / "tiny")
     scripted = make_tiny_llama(root / "scripted", chat_template=TOOLS_TEMPLATE)
     thinker = add_think_tokens(make_tiny_llama(root / "thinker", chat_template=THINK_TEMPLATE))
-    path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker},
-                             default="tiny")
+    coder = add_tokens(make_tiny_llama(root / "coder"), FIM_TOKENS)
+    path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker,
+                                    "coder": coder}, default="tiny")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"))
     app = create_app(settings, registry=load_registry(settings),
-                     factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER},
+                     factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER,
+                                             "coder": lambda prompt: "a, b"},
                                             adapter_engines))
     server = start_server(app)
     yield server

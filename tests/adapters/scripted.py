@@ -57,16 +57,21 @@ Script = Callable[[str], str]
 
 
 def add_think_tokens(checkpoint: Path) -> Path:
-    """Give a tiny checkpoint's tokenizer `<think>`/`</think>` as single tokens.
+    """Give a tiny checkpoint's tokenizer `<think>`/`</think>` as single tokens
+    (mlx-lm then detects the thinking markers exactly as it does for Qwen3)."""
+    return add_tokens(checkpoint, ("<think>", "</think>"))
+
+
+def add_tokens(checkpoint: Path, texts: tuple[str, ...]) -> Path:
+    """Add `texts` to a tiny checkpoint's tokenizer as single tokens.
 
     They get ids past the model's embedding rows, which is fine for a
-    ScriptedEngine (it never runs the model) and makes mlx-lm detect the
-    thinking markers exactly as it does for Qwen3.
+    ScriptedEngine: it never runs the model.
     """
     path = checkpoint / "tokenizer.json"
     tok = json.loads(path.read_text())
     next_id = max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"])]) + 1
-    for i, text in enumerate(("<think>", "</think>")):
+    for i, text in enumerate(texts):
         tok["added_tokens"].append({"id": next_id + i, "content": text, "single_word": False,
                                     "lstrip": False, "rstrip": False, "normalized": False,
                                     "special": False})

@@ -123,3 +123,16 @@ def test_errors_in_llamacpp_envelope(http: httpx.Client) -> None:
     assert resp.status_code == 400 and "n_predict" in resp.json()["error"]["message"]
     resp = http.post("/detokenize", json={"tokens": [10 ** 9]})
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_infill_with_fim_tokens(http: httpx.Client, adapter_engines: dict) -> None:
+    body = {"model": "coder", "input_prefix": "def add(", "input_suffix": "):\n    return a + b",
+            "input_extra": [{"filename": "util.py", "text": "X = 1\n"}]}
+    out = http.post("/infill", json=body).json()
+    assert out["content"] == "a, b" and out["stop"] is True and out["stop_type"] == "eos"
+    _, prompt = adapter_engines["coder"].seen[-1]
+    assert prompt.endswith("<|file_sep|>util.py\nX = 1\n<|file_sep|>filename\n<|fim_prefix|>def add("
+                           "<|fim_suffix|>):\n    return a + b<|fim_middle|>")
+    lines = stream_frames(http, "/infill", **{**body, "model": "coder"})
+    frames = [json.loads(line[len("data: "):]) for line in lines]
+    assert "".join(f["content"] for f in frames) == "a, b" and frames[-1]["stop"] is True
