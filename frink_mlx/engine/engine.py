@@ -36,6 +36,7 @@ Failure rules:
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import queue
 import secrets
@@ -80,6 +81,7 @@ class Engine:
         model = loaded.model
         self._geometry = model_kv_geometry(model)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
+        self._stream = _new_stream()
         self.store = self._new_store()
         self.kv = KVCacheManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -161,7 +163,8 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
-        s.extra["kv_pool_bytes"] = float(self.store.nbytes)
+        if self.store.keys:
+            s.extra["kv_pool_bytes"] = float(self.store.nbytes)
         return EngineStats(**{f: getattr(s, f) for f in EngineStats.__dataclass_fields__})
 
     def shutdown(self, timeout_s: float) -> None:
@@ -170,11 +173,31 @@ class Engine:
         self._inbox.put(("drain", time.monotonic() + max(0.0, timeout_s)))
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, timeout_s) + 30.0)
+            if not self._thread.is_alive():
+                self._release_arrays()
             self._thread = None
+
+    def _release_arrays(self) -> None:
+        """Hand the KV pools and the thread's stream back now, not at interpreter exit
+        (MLX aborts if they are torn down after its own globals)."""
+        self._stats.extra["kv_pool_bytes"] = float(self.store.nbytes)
+        self.runner.forget_pending()
+        self.store.release()
+        self._stream = None
+        gc.collect()
 
     # -- the MLX thread --------------------------------------------------------------
 
     def _main(self) -> None:
+        import mlx.core as mx
+
+        # One explicit stream made by the constructing thread (as mlx-lm's
+        # generation_stream): a thread-local default stream created on this
+        # thread would be torn down at exit while its worker still runs.
+        with mx.stream(self._stream):
+            self._loop()
+
+    def _loop(self) -> None:
         pending: StepResult | None = None
         drain_deadline: float | None = None
         while True:
@@ -199,6 +222,7 @@ class Engine:
             self._abort_all("abort", None)
             self._refuse_inbox()
             _synchronize()  # nothing of ours may still run on the device after the join
+            self.runner.forget_pending()  # no array of this thread's stream outlives it
 
     def _refuse_inbox(self) -> None:
         """Streams submitted while the engine was stopping end with Overloaded."""
@@ -409,6 +433,12 @@ def _constraint_verdict(sampler: RowSampler, token_id: int) -> str | None:
     except Exception:  # noqa: BLE001 - a broken matcher ends its row, not the engine
         log.exception("row constraint failed")
         return "constraint"
+
+
+def _new_stream() -> Any:
+    import mlx.core as mx
+
+    return mx.new_thread_local_stream(mx.default_device())
 
 
 def _synchronize() -> None:

@@ -106,6 +106,11 @@ class PagedKVStore:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
 
+    def release(self) -> None:
+        """Drop the pools (engine shutdown); the store is unusable afterwards."""
+        self.keys = []
+        self.values = []
+
     def arrays(self) -> list[mx.array]:
         """The pools, for `mx.eval`/`mx.async_eval` (do not keep the list)."""
         return [*self.keys, *self.values]
