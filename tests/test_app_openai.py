@@ -307,3 +307,16 @@ def test_encoder_model_is_refused_for_generation_without_a_swap(live):
         assert "enc" in err["message"] and "encoder" in err["message"]
         assert "/v1/embeddings" in err["message"]
     assert live.state.hub.current is before
+
+
+def test_response_format_constrains_the_output(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = chat(client, max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "r", "schema": schema, "strict": True}})
+    text = r.choices[0].message.content
+    assert text.lstrip().startswith("{")
+    if r.choices[0].finish_reason == "stop":
+        assert json.loads(text)["ok"] in (True, False)
+    r = chat(client, max_tokens=20, response_format={"type": "json_object"})
+    assert r.choices[0].message.content.lstrip().startswith("{")
