@@ -101,6 +101,7 @@ class GenRequest:
     prompt: str | list[int | str] | None = None
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True       # False: the parser drops calls after the first
     max_tokens: int | None = None          # None = up to the context ceiling
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)

@@ -69,6 +69,13 @@ def test_tool_choice_mapping(choice: dict, expected: str) -> None:
     assert to_gen_request(decode({**TOOL_ROUND_TRIP, "tool_choice": choice})).tool_choice == expected
 
 
+def test_disable_parallel_tool_use_maps() -> None:
+    gen = to_gen_request(decode({**TOOL_ROUND_TRIP, "tool_choice": {
+        "type": "any", "disable_parallel_tool_use": True}}))
+    assert gen.parallel_tool_calls is False and gen.tool_choice == "required"
+    assert to_gen_request(decode(TOOL_ROUND_TRIP)).parallel_tool_calls is True
+
+
 def test_thinking_disabled_and_absent() -> None:
     base = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     assert to_gen_request(decode({**base, "thinking": {"type": "disabled"}})).thinking is False
@@ -93,8 +100,6 @@ def test_count_tokens_request() -> None:
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
      "messages[0].content[0]"),
     ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "tools[0].type"),
-    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
-     "tool_choice.disable_parallel_tool_use"),
     ({"thinking": {"type": "between_tools"}}, "thinking.type"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
      "thinking.display"),

@@ -78,7 +78,6 @@ def test_string_input_history_and_formats() -> None:
      "input[0].content[0]"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
 ])
 def test_unsupported_refused_by_name(patch: dict, param: str) -> None:

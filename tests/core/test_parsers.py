@@ -245,3 +245,14 @@ def test_qwen3_coder_xml_calls_take_schema_types() -> None:
     got = all_ways(markup, req, text)
     args = json.dumps({"zip": "01234", "n": 3, "tags": ["a"]})
     assert got == [("TextDelta", "ok"), ("start", 0, "f"), ("args", 0, args), ("end", 0, args)]
+
+
+def test_parallel_tool_calls_off_keeps_the_first_call() -> None:
+    req = chat("a", "b")
+    req.parallel_tool_calls = False
+    text = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "b", "arguments": {}}</tool_call>')
+    assert all_ways(HERMES, req, text) == [("start", 0, "a"), ("args", 0, "{}"), ("end", 0, "{}")]
+    got = all_ways(MISTRAL, req, '[TOOL_CALLS][{"name": "b", "arguments": {}}, '
+                                 '{"name": "a", "arguments": {}}]')
+    assert [g for g in got if g[0] == "start"] == [("start", 0, "b")]

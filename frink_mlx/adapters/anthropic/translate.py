@@ -7,8 +7,9 @@ Request rules:
    the assistant `tool_use` that asked for it; `is_error` prefixes "Error: ".
 3. An assistant turn's `thinking` goes back as `Message.reasoning`, `tool_use`
    as `ToolCall`s with the input re-serialised as JSON text.
-4. Image/document blocks, server tools and `disable_parallel_tool_use` are
-   refused by name (`messages[2].content[0]`, `tools[1].type`, ...).
+4. Image/document blocks and server tools are refused by name
+   (`messages[2].content[0]`, `tools[1].type`, ...). `disable_parallel_tool_use`
+   keeps only the model's first call (the parser drops the rest).
 5. `thinking: enabled` -> GenRequest.thinking True + budget; `adaptive` -> True
    (the model decides how long); `disabled` -> False; absent -> None (the
    template's default). `output_config.format` (JSON schema) becomes the
@@ -135,9 +136,6 @@ def to_tools(tools: list[wire.ToolParam] | None) -> list[Tool]:
 def to_tool_choice(choice: wire.ToolChoice | None) -> str:
     if choice is None:
         return "auto"
-    if getattr(choice, "disable_parallel_tool_use", False):
-        raise UnsupportedField("tool_choice.disable_parallel_tool_use",
-                               "cannot be honoured: the model decides how many calls it makes")
     if isinstance(choice, wire.ToolChoiceAny):
         return "required"
     if isinstance(choice, wire.ToolChoiceTool):
@@ -181,6 +179,8 @@ def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRe
     thinking, budget = _thinking(req)
     gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages),
                      tools=to_tools(req.tools), tool_choice=to_tool_choice(req.tool_choice),
+                     parallel_tool_calls=not getattr(req.tool_choice, "disable_parallel_tool_use",
+                                                     False),
                      thinking=thinking, thinking_budget_tokens=budget,
                      response_format=_response_format(req))
     if isinstance(req, wire.MessagesRequest):

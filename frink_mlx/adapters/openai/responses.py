@@ -15,7 +15,8 @@ Request rules (responses_wire.py has the decoding rules):
    reasoning comes back as raw `reasoning_text`, never as a summary, so
    `summary` other than "auto" is refused by name.
 5. `text.format` json_object/json_schema becomes the structured-output
-   constraint; `parallel_tool_calls: false` is refused (the model decides).
+   constraint; `parallel_tool_calls: false` keeps only the first call the
+   model makes (the parser drops the rest).
 6. With `store` (the API's default true) the finished response is kept in a
    bounded in-memory store (responses_store.py) for follow-ups and GET.
 """
@@ -177,9 +178,6 @@ def to_sampling(req: w.ResponsesRequest) -> SamplingParams:
 def to_gen_request(req: w.ResponsesRequest, history: list[Message]
                    ) -> tuple[GenRequest, list[Message]]:
     """The GenRequest, and the conversation (without instructions) to store with the answer."""
-    if req.parallel_tool_calls is False:
-        raise UnsupportedField("parallel_tool_calls", "cannot be false: the model decides how "
-                               "many calls it makes")
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
@@ -187,6 +185,7 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message]
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
     gen = GenRequest(model=req.model or "default", messages=messages, tools=to_tools(req.tools),
                      tool_choice=to_tool_choice(req.tool_choice),
+                     parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
                      stream=req.stream, thinking=to_thinking(req.reasoning),
                      response_format=to_response_format(req.text), user=req.user,
@@ -205,7 +204,7 @@ def response_base(req: w.ResponsesRequest, model: str) -> dict[str, Any]:
     return {"id": new_id("resp"), "object": "response", "created_at": created_now(),
             "model": model, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "previous_response_id":
-            req.previous_response_id, "parallel_tool_calls": True, "store": req.store,
+            req.previous_response_id, "parallel_tool_calls": req.parallel_tool_calls is not False, "store": req.store,
             "temperature": req.temperature, "top_p": req.top_p, "truncation": "disabled",
             "tool_choice": tool_choice if isinstance(tool_choice, str)
             else msgspec.to_builtins(tool_choice),

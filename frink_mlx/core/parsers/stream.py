@@ -15,6 +15,8 @@ Rules, in the order they apply to one reply:
 4. For `json_tools` the arguments are forwarded as they are generated once
    `{"name": "...", "arguments": ` has been seen; the deltas concatenate to
    exactly `ToolCallEnd.arguments`. Other families emit one delta at the end.
+5. With `parallel_tool_calls` off, calls after the first are dropped like calls
+   to tools that were not offered.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class MarkupStreamParser:
         self._fmt = tool_format
         self._allowed = allowed_tool_names(request)
         self._schemas = {tool.name: tool.parameters for tool in request.tools}
+        self._max_calls = None if request.parallel_tool_calls else 1
         self._reply_start: tuple[str, ...] = ()
         if tool_format and self._allowed and request.response_format is None:
             self._reply_start = tool_format.reply_start
@@ -203,7 +206,7 @@ class MarkupStreamParser:
                 return
             name = json.loads(f'"{head.group(1)}"')
             call.started, call.head_end = True, head.end()
-            if name not in self._allowed:
+            if not self._may_call(name):
                 call.dropped = True
                 return
             call.call_index = self._start_call(out, name)
@@ -238,11 +241,17 @@ class MarkupStreamParser:
         elif call.dropped:
             parsed = parsed[1:]
         for name, arguments in parsed:
-            if name not in self._allowed:
+            if not self._may_call(name):
                 continue
             call_index = self._start_call(out, name)
             out.append(ToolCallDelta(call_index, arguments, index=self.index))
             out.append(ToolCallEnd(call_index, arguments, index=self.index))
+
+    def _may_call(self, name: str) -> bool:
+        """Rule 2, and rule 5's one-call limit."""
+        if self._max_calls is not None and self._num_calls >= self._max_calls:
+            return False
+        return name in self._allowed
 
     def _start_call(self, out: list[Event], name: str) -> int:
         call_index = self._num_calls
