@@ -165,7 +165,7 @@ class Engine:
         s.extra["num_preemptions"] = float(sch.num_preemptions)
         if self.store.keys:
             s.extra["kv_pool_bytes"] = float(self.store.nbytes)
-        return EngineStats(**{f: getattr(s, f) for f in EngineStats.__dataclass_fields__})
+        return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:
         """Let running rows finish for up to timeout_s, abort the rest, join the thread."""

@@ -239,3 +239,14 @@ def test_shutdown_aborts_what_is_left(make_engine):
     assert list(it)[-1].finish in ("abort", "length")
     with pytest.raises(Overloaded):
         engine.submit(SeqRequest("late", [5], GREEDY, 1))
+
+
+def test_second_turn_reuses_the_first_turns_prompt_and_answer(tiny, make_engine):
+    engine = make_engine(block_size=4)
+    turn1 = _prompt(40, 11)
+    answer = [o.token_id for o in engine.submit(SeqRequest("t1", turn1, GREEDY, 9))]
+    turn2 = turn1 + answer + _prompt(41, 5)
+    outs = list(engine.submit(SeqRequest("t2", turn2, GREEDY, 4)))
+    # every full block whose K/V exists: the last answer token was never fed back
+    assert outs[0].num_cached_tokens == (len(turn1) + len(answer) - 1) // 4 * 4 == 16
+    assert [o.token_id for o in outs] == _reference(tiny, turn2, 4)
