@@ -320,3 +320,14 @@ def test_response_format_constrains_the_output(client):
         assert json.loads(text)["ok"] in (True, False)
     r = chat(client, max_tokens=20, response_format={"type": "json_object"})
     assert r.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_repeated_prefix_reports_cached_tokens(client):
+    system = {"role": "system", "content": "The quick brown fox jumps over the lazy dog. " * 12}
+    messages = [system, {"role": "user", "content": "Hello there"}]
+    first = chat(client, messages=messages, max_tokens=4)
+    again = chat(client, messages=messages, max_tokens=4)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens > 64
+    assert 16 <= cached < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content

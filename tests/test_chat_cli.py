@@ -66,6 +66,14 @@ class Pty:
 
     def close(self) -> int:
         code = self.proc.wait(60)
+        try:
+            while True:
+                chunk = os.read(self.master, 4096)
+                if not chunk:
+                    break
+                self.out += chunk.decode(errors="replace")
+        except OSError:
+            pass
         os.close(self.master)
         return code
 
@@ -101,7 +109,8 @@ def test_chat_repl_in_process(registry_file):
     term.send("/reset")
     term.expect("[history cleared]")
     term.send("/exit")
-    assert term.close() == 0
+    code = term.close()
+    assert code == 0, term.out
 
 
 def test_chat_talks_to_a_running_daemon(registry_file):
