@@ -140,3 +140,11 @@ def test_thinking_opened_by_the_prompt(client: anthropic.Anthropic,
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == "Answer." and final.content[0].type == "thinking"
+
+
+def test_assistant_prefill_is_continued(client: anthropic.Anthropic, adapter_engines: dict) -> None:
+    message = client.messages.create(model="scripted", max_tokens=20, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well,"}])
+    assert message.content[0].text == "Hello from the script."
+    _, prompt = adapter_engines["scripted"].seen[-1]
+    assert prompt.endswith("<|im_start|>assistantWell,")  # open: no <|im_end|> after it

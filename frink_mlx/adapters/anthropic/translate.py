@@ -14,15 +14,17 @@ Request rules:
    (the model decides how long); `disabled` -> False; absent -> None (the
    template's default). `output_config.format` (JSON schema) becomes the
    structured-output constraint.
+6. A conversation ending in an assistant turn is a prefill: the reply continues
+   that text (the template renders it open, without its end-of-turn marker).
 
 Response rules (`MessageBuilder`, shared by the streaming and the plain path,
 so both always agree):
-6. Blocks open in event order; a change of kind closes the open block. A
+7. Blocks open in event order; a change of kind closes the open block. A
    thinking block closes with a `signature_delta`; the signature is a digest of
    the thinking text (a local model has nothing to sign with; clients only echo it).
-7. `stop_reason`: eos -> end_turn, stop string -> stop_sequence (+ the string),
+8. `stop_reason`: eos -> end_turn, stop string -> stop_sequence (+ the string),
    length -> max_tokens, tool call -> tool_use.
-8. `usage.input_tokens` counts the prompt tokens that were not read from the
+9. `usage.input_tokens` counts the prompt tokens that were not read from the
    prefix cache; those are `cache_read_input_tokens` (Anthropic's split).
 """
 
@@ -183,6 +185,8 @@ def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRe
                                                      False),
                      thinking=thinking, thinking_budget_tokens=budget,
                      response_format=_response_format(req))
+    if gen.messages and gen.messages[-1].role == "assistant":  # rule 6: prefill
+        gen.continue_final_message, gen.add_generation_prompt = True, False
     if isinstance(req, wire.MessagesRequest):
         _apply_generation_fields(gen, req)
     return gen
@@ -246,7 +250,7 @@ def _tool_input(arguments: str) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class MessageBuilder:
-    """Events of one choice -> Anthropic stream frames, and the final message (rule 6)."""
+    """Events of one choice -> Anthropic stream frames, and the final message (rule 7)."""
 
     id: str
     model: str
