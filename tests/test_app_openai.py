@@ -264,9 +264,21 @@ def test_template_error_is_400_before_stream_starts(live):
     r = post(live, "/v1/chat/completions", json={"model": "tiny-a", "messages": [],
                                                  "stream": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
-    r = post(live, "/v1/chat/completions", json={
-        "model": "tiny-a", "stream": True, "max_tokens": 10**6, "messages": PROMPT})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    long = [{"role": "user", "content": "The quick brown fox. " * 800}]
+    for path, extra in (("/v1/chat/completions", {"messages": long}),
+                        ("/v1/completions", {"prompt": "The quick brown fox. " * 800})):
+        r = post(live, path, json={"model": "tiny-a", "stream": True, **extra})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+        assert "2048" in err["message"]
+
+
+def test_max_tokens_beyond_the_ceiling_is_clamped(live):
+    r = post(live, "/v1/completions", json={"model": "tiny-a", "prompt": [5] * 2040,
+                                            "max_tokens": 10**6, "ignore_eos": True})
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens"] == 2048 - 2040
+    assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_internal_failure_is_500_envelope(live, monkeypatch):

@@ -10,8 +10,9 @@ Rules:
    naming the model, its kind and /v1/embeddings.
 2. `start()` renders the prompt and tokenizes it before anything is sent to
    the client, so template errors and context overflows are real 400s.
-3. max_tokens None -> up to the context ceiling; prompt + max_tokens over the
-   ceiling -> ContextLengthExceeded (never silently clamped).
+3. A prompt that can never fit -> ContextLengthExceeded (400, with the
+   numbers). max_tokens None or beyond the ceiling -> what room is left under
+   the ceiling (clamped, as issue 4 specifies; finish_reason says "length").
 4. models.toml `[sampling]` defaults fill the fields the client did not send.
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
@@ -153,10 +154,7 @@ class DecodeHandles:
             return self.context_ceiling - num_prompt
         if request.max_tokens < 1:
             raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
-        if num_prompt + request.max_tokens > self.context_ceiling:
-            raise ContextLengthExceeded(num_prompt + request.max_tokens, self.context_ceiling,
-                                        param="max_tokens")
-        return request.max_tokens
+        return min(request.max_tokens, self.context_ceiling - num_prompt)
 
     def prepare(self, request: GenRequest) -> "Prepared":
         """Render, tokenize and check (rules 2-3); nothing is submitted yet."""
