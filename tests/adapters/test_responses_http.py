@@ -114,3 +114,12 @@ def test_reasoning_items_and_effort_switch(client: openai.OpenAI, adapter_engine
     assert [item.type for item in off.output] == ["message"] and off.output_text == "Answer."
     _, prompt = adapter_engines["thinker"].seen[-1]
     assert prompt.endswith("<think>\n\n</think>\n\n")
+
+
+def test_delete_stored_response(client: openai.OpenAI) -> None:
+    response = client.responses.create(model="scripted", input="hi")
+    assert client.responses.retrieve(response.id).output_text == "Hello from the script."
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.retrieve(response.id)
+    assert response.id in str(err.value)
