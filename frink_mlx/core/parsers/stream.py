@@ -35,7 +35,6 @@ Mode = Literal["start", "reasoning", "text", "tool", "tool_tail"]
 _JSON_CALL_HEAD = re.compile(
     r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
 )
-_OUTER_CLOSE = re.compile(r"\s*\}?\s*$")
 
 
 def new_call_id() -> str:
@@ -65,14 +64,15 @@ def allowed_tool_names(request: GenRequest) -> frozenset[str]:
 class _OpenCall:
     """A tool call whose markup has opened but not closed."""
 
-    __slots__ = ("call_index", "started", "dropped", "sent", "head_end", "guessed")
+    __slots__ = ("call_index", "started", "dropped", "sent_len", "head_end", "guessed", "scan")
 
     def __init__(self, guessed: bool = False) -> None:
         self.guessed = guessed               # opened by a reply-start guess, not a marker
         self.call_index: int | None = None   # set once ToolCallStart went out
         self.started = False
         self.dropped = False
-        self.sent = ""                       # arguments text already streamed
+        self.sent_len = 0                    # arguments text already streamed (from head_end)
+        self.scan = 0                        # where to look for the end marker next
         self.head_end = 0                    # where the arguments begin in the body
 
 
@@ -175,7 +175,8 @@ class MarkupStreamParser:
 
     def _step_tool(self, out: list[Event], final: bool) -> bool:
         assert self._fmt is not None and self._fmt.end and self._call is not None
-        pos = self._buf.find(self._fmt.end)
+        end = self._fmt.end
+        pos = self._buf.find(end, self._call.scan)  # rescanning would be quadratic in the call
         if pos >= 0:
             self._close_call(out, self._buf[:pos])
             self._buf = self._buf[pos + len(self._fmt.end):]
@@ -185,9 +186,10 @@ class MarkupStreamParser:
             self._close_call(out, self._buf)
             self._buf = ""
             return False
+        self._call.scan = max(0, len(self._buf) - len(end) + 1)
         if self._fmt.streams_arguments:
-            body = self._buf[: safe_prefix_len(self._buf, [self._fmt.end])]
-            self._stream_arguments(out, self._call, body)
+            self._stream_arguments(out, self._call, self._buf,
+                                   safe_prefix_len(self._buf, [end]))
         return False
 
     def _step_tool_tail(self, out: list[Event], final: bool) -> bool:
@@ -197,7 +199,9 @@ class MarkupStreamParser:
         return False
 
     # -- tool calls ------------------------------------------------------
-    def _stream_arguments(self, out: list[Event], call: _OpenCall, body: str) -> None:
+    def _stream_arguments(self, out: list[Event], call: _OpenCall, body: str,
+                          limit: int | None = None) -> None:
+        """Forward `body[:limit]`'s new argument text, minus a maybe-closing brace."""
         if call.dropped:
             return
         if not call.started:
@@ -210,12 +214,11 @@ class MarkupStreamParser:
                 call.dropped = True
                 return
             call.call_index = self._start_call(out, name)
-        raw = body[call.head_end:]
-        tail = _OUTER_CLOSE.search(raw)
-        safe = raw[: tail.start()] if tail else raw
-        if len(safe) > len(call.sent):
-            out.append(ToolCallDelta(call.call_index or 0, safe[len(call.sent):], index=self.index))
-            call.sent = safe
+        start = call.head_end + call.sent_len
+        safe_end = _without_outer_close(body, len(body) if limit is None else limit)
+        if safe_end > start:
+            out.append(ToolCallDelta(call.call_index or 0, body[start:safe_end], index=self.index))
+            call.sent_len = safe_end - call.head_end
 
     def _close_call(self, out: list[Event], body: str) -> None:
         call, self._call = self._call, None
@@ -230,11 +233,11 @@ class MarkupStreamParser:
                 return
             parsed = []
         if call.call_index is not None:  # already streaming: finish this one
-            raw = body[call.head_end:].rstrip()
-            raw = raw[:-1].rstrip() if raw.endswith("}") else raw
-            arguments = raw if _same_json(raw, parsed[0][1] if parsed else None) else call.sent
-            if len(arguments) > len(call.sent) and arguments.startswith(call.sent):
-                out.append(ToolCallDelta(call.call_index, arguments[len(call.sent):],
+            sent = body[call.head_end:call.head_end + call.sent_len]
+            raw = body[call.head_end:_without_outer_close(body, len(body))]
+            arguments = raw if _same_json(raw, parsed[0][1] if parsed else None) else sent
+            if len(arguments) > len(sent) and arguments.startswith(sent):
+                out.append(ToolCallDelta(call.call_index, arguments[len(sent):],
                                          index=self.index))
             out.append(ToolCallEnd(call.call_index, arguments, index=self.index))
             parsed = parsed[1:]
@@ -264,6 +267,17 @@ class MarkupStreamParser:
               text: str) -> None:
         if text:
             out.append(kind(text, index=self.index))
+
+
+def _without_outer_close(text: str, end: int) -> int:
+    """`end` moved back over a trailing `ws } ws` (maybe the call object's own brace)."""
+    while end and text[end - 1].isspace():
+        end -= 1
+    if end and text[end - 1] == "}":
+        end -= 1
+        while end and text[end - 1].isspace():
+            end -= 1
+    return end
 
 
 def _same_json(a: str, b: str | None) -> bool:
