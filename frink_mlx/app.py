@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute
 
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
-from .engine.handles import DecodeHandles, Run
+from .engine.handles import DecodeHandles, Run, TurnMemory
 from .engine.hub import Generation, GenerationFactory, Hub, build_generation
 from .errors import InvalidRequest, UnsupportedField
 from .registry import Registry, load_registry
@@ -81,6 +81,7 @@ class AppState:
     started_at: float = field(default_factory=time.monotonic)
     metrics: Any = None
     _compilers: dict[int, Any] = field(default_factory=dict)
+    _memories: dict[int, TurnMemory] = field(default_factory=dict)
 
     # --- generation ------------------------------------------------------------
     async def generate(self, req: GenRequest) -> Run:
@@ -93,10 +94,18 @@ class AppState:
             handles = DecodeHandles.take(lease.generation)
             prepared = handles.prepare(req)
             constraints = await self._constraints(lease.generation, handles, prepared)
-            return handles.submit(prepared, lease, constraints)
+            return handles.submit(prepared, lease, constraints, self._memory(lease.generation))
         except BaseException:
             lease.release()
             raise
+
+    def _memory(self, gen: Generation) -> TurnMemory:
+        """The turn memory of `gen` (one live generation's kept; rule 7 of handles.py)."""
+        memory = self._memories.get(gen.number)
+        if memory is None:
+            memory = TurnMemory()
+            self._memories = {gen.number: memory}
+        return memory
 
     def _refuse_encoder_target(self, name: str | None) -> None:
         """Do not swap the generative model out just to refuse the request."""

@@ -343,3 +343,23 @@ def test_repeated_prefix_reports_cached_tokens(client):
     assert first.usage.prompt_tokens > 64
     assert 16 <= cached < again.usage.prompt_tokens
     assert again.choices[0].message.content == first.choices[0].message.content
+
+
+def test_prefix_divergence_explains_a_re_rendered_answer(live):
+    """Turn 2 sends turn 1's answer back with different text than was generated:
+    usage says where the re-rendered prompt left the generated ids."""
+    system = {"role": "system", "content": "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2026. " * 3}
+    turn1 = [system, {"role": "user", "content": "Hello there"}]
+    first = post(live, "/v1/chat/completions", json={
+        "model": "tiny-a", "messages": turn1, "max_tokens": 12, "temperature": 0,
+        "ignore_eos": True}).json()
+    answer = first["choices"][0]["message"]["content"]
+    assert "prefix_divergence" not in first["usage"]["prompt_tokens_details"]
+    edited = turn1 + [{"role": "assistant", "content": "Paris" + answer},
+                      {"role": "user", "content": "More"}]
+    r = post(live, "/v1/chat/completions", json={
+        "model": "tiny-a", "messages": edited, "max_tokens": 2, "temperature": 0}).json()
+    details = r["usage"]["prompt_tokens_details"]
+    prompt_1 = first["usage"]["prompt_tokens"]
+    assert details["prefix_divergence"] >= prompt_1  # the answer's first token differs
+    assert details["prefix_divergence"] < r["usage"]["prompt_tokens"]

@@ -179,3 +179,14 @@ def test_idle_generation_is_unloaded_and_wakes_on_demand():
         reaper.cancel()
         assert loads == ["b", "b"]
     run(main())
+
+
+def test_turn_memory_reports_where_a_continuation_diverges():
+    from frink_mlx.engine.handles import TurnMemory
+
+    memory = TurnMemory()
+    memory.remember([1, 2, 3], [7, 8, 9])
+    assert memory.divergence([1, 2, 3, 7, 8, 9, 4, 5]) is None     # exact continuation
+    assert memory.divergence([1, 2, 3, 7, 6, 9, 4]) == 4           # the answer re-tokenized
+    assert memory.divergence([1, 2, 4]) is None                    # another conversation
+    assert memory.divergence([1, 2]) is None

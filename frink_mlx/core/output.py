@@ -123,6 +123,7 @@ class ChoiceState:
     stops: StopMatcher
     parser: StreamParser
     num_tokens: int = 0
+    ids: list[int] = field(default_factory=list)   # every generated id, EOS included
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     done: bool = False
     first_token_at: float | None = None
@@ -173,6 +174,7 @@ class OutputPipeline:
     def _on_token(self, choice: ChoiceState, step: StepOutput) -> list[Event]:
         assert step.token_id is not None
         choice.num_tokens += 1
+        choice.ids.append(step.token_id)
         if choice.first_token_at is None:
             choice.first_token_at = time.monotonic()
         is_eos = step.finish == "eos" and step.token_id in self.eos_ids and not self.request.ignore_eos

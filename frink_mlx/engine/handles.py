@@ -17,6 +17,13 @@ Rules:
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
    `abort()`, whichever comes first (both idempotent).
+7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
+   generation keeps the last turns' ids (prompt + generated answer). A new
+   prompt that continues one of them (its whole prompt matches) but differs
+   inside its answer -- the chat template re-rendered the answer into other
+   ids -- reports the index of the first differing token as
+   `Usage.prefix_divergence`: the prefix cache cannot reach past it. A prompt
+   that continues a turn exactly, or none, reports nothing (None).
 """
 
 from __future__ import annotations
@@ -24,8 +31,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import threading
 import time
 import uuid
+from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -115,6 +125,37 @@ def apply_sampling_defaults(request: GenRequest, defaults: Any) -> SamplingParam
     return dataclasses.replace(request.sampling, **changes) if changes else request.sampling
 
 
+class TurnMemory:
+    """Rule 7: recent (prompt, prompt + answer) id sequences of one generation."""
+
+    def __init__(self, max_turns: int = 64) -> None:
+        self._turns: deque[tuple[int, array[int]]] = deque(maxlen=max_turns)
+        self._lock = threading.Lock()
+
+    def remember(self, prompt_ids: list[int], answer_ids: list[int]) -> None:
+        if answer_ids:
+            with self._lock:
+                self._turns.append((len(prompt_ids), array("i", [*prompt_ids, *answer_ids])))
+
+    def divergence(self, prompt_ids: list[int]) -> int | None:
+        """First index where `prompt_ids` leaves the answer of a turn it continues."""
+        prompt = array("i", prompt_ids)
+        best: int | None = None
+        with self._lock:
+            turns = list(self._turns)
+        for num_prompt, seq in reversed(turns):
+            if num_prompt > len(prompt) or seq[:num_prompt] != prompt[:num_prompt]:
+                continue
+            at = num_prompt
+            end = min(len(seq), len(prompt))
+            while at < end and seq[at] == prompt[at]:
+                at += 1
+            if at == len(seq):
+                return None  # continues this turn exactly: nothing to explain
+            best = at if best is None else max(best, at)
+        return best
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeHandles:
     generation: Generation
@@ -166,7 +207,8 @@ class DecodeHandles:
         return Prepared(request, rendered, max_tokens, markup)
 
     def submit(self, prepared: "Prepared", lease: Lease | None = None,
-               constraints: list[Any] | None = None) -> "Run":
+               constraints: list[Any] | None = None, memory: TurnMemory | None = None
+               ) -> "Run":
         """Hand the prepared request to the engine (rules 4-5); the Run streams it."""
         request, rendered = prepared.request, prepared.rendered
         request_id = request.request_id or f"req-{uuid.uuid4().hex[:24]}"
@@ -179,12 +221,14 @@ class DecodeHandles:
             constraints=constraints)
         pipeline = OutputPipeline(request, prepared.markup, self.text,
                                   prompt_tokens=len(rendered.ids), eos_ids=self.eos_ids)
+        if memory is not None and request.messages is not None:
+            pipeline.usage.prefix_divergence = memory.divergence(rendered.ids)
         stream = self.engine.submit(seq)
         return Run(id=request_id, model=self.generation.spec.name,
                    generation=self.generation.number, created=int(time.time()),
                    prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
-                   _lease=lease, _handles=self)
+                   _lease=lease, _handles=self, _memory=memory)
 
     def start(self, request: GenRequest, lease: Lease | None = None) -> "Run":
         """prepare + submit, unconstrained (structured output goes through AppState)."""
@@ -217,6 +261,7 @@ class Run:
     _pipeline: OutputPipeline
     _lease: Lease | None
     _handles: DecodeHandles
+    _memory: TurnMemory | None = None
     _finished: bool = False
 
     @property
@@ -257,6 +302,8 @@ class Run:
         if not self._finished:
             self._finished = True
             self._stream.abort()  # no-op after a normal end; frees rows ended by stop strings
+            if self._memory is not None and self._pipeline.all_done:
+                self._memory.remember(self.prompt_ids, self._pipeline.choices[0].ids)
         if self._lease is not None:
             self._lease.release()
 
