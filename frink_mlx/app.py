@@ -2,7 +2,7 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates the ones present
-(openai, anthropic, llamacpp, responses, embeddings, admin, metrics). The
+(openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
 
@@ -40,7 +40,6 @@ log = logging.getLogger("frink_mlx.app")
 ROUTE_MODULES = (
     "frink_mlx.adapters.openai",
     "frink_mlx.adapters.anthropic",
-    "frink_mlx.adapters.responses",
     "frink_mlx.adapters.llamacpp",
     "frink_mlx.adapters.openai.embeddings",
     "frink_mlx.adapters.admin",
