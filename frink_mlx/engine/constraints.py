@@ -22,16 +22,21 @@ Why it is shaped this way:
        unpack   bit j of word i -> token 32*i + j   (little-endian bit order)
        mask     [0 .. tokenizer_vocab) from the bits, [tokenizer_vocab .. vocab) False
 
-4. `apply_constraints` masks a batch of logits: on Metal with llguidance's own
+4. A prompt that ends inside an open think block (`markup.prompt_opens_thinking`)
+   leaves the row unconstrained (`allowed_mask() -> None`) until the model
+   closes the block (`think_end` seen in the decoded output); the grammar
+   then shapes the answer, never the reasoning.
+5. `apply_constraints` masks a batch of logits: on Metal with llguidance's own
    kernel (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal
    back-end" elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,15 +68,25 @@ class GrammarConstraint:
     """
 
     __slots__ = ("_matcher", "_vocab_size", "_tokenizer_vocab", "_bitmask", "_error",
-                 "num_accepted")
+                 "num_accepted", "_free_until", "_decode", "_tail")
 
-    def __init__(self, matcher: Any, *, vocab_size: int, tokenizer_vocab: int) -> None:
+    def __init__(self, matcher: Any, *, vocab_size: int, tokenizer_vocab: int,
+                 free_until: str | None = None, decode: Callable[[int], str] | None = None) -> None:
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._tokenizer_vocab = tokenizer_vocab
         self._bitmask = np.full((1, (tokenizer_vocab + 31) // 32), -1, dtype=np.int32)
         self._error: str | None = None
         self.num_accepted = 0
+        if free_until and decode is None:
+            raise ValueError("free_until needs a decode function")
+        self._free_until = free_until or None   # rule 4: unconstrained until this text appears
+        self._decode = decode
+        self._tail = ""
+
+    @property
+    def in_free_prefix(self) -> bool:
+        return self._free_until is not None
 
     @property
     def error(self) -> str | None:
@@ -91,13 +106,18 @@ class GrammarConstraint:
             self._bitmask.fill(0)
         return self._bitmask[0]
 
-    def allowed_mask(self) -> np.ndarray:
-        """A bool (vocab_size,) mask of the tokens the grammar allows next."""
+    def allowed_mask(self) -> np.ndarray | None:
+        """A bool (vocab_size,) mask of the tokens the grammar allows next (None: free, rule 4)."""
+        if self._free_until is not None:
+            return None
         return unpack_bitmask(self.bitmask(), self._tokenizer_vocab, self._vocab_size)
 
     def accept(self, token_id: int) -> bool:
         if self._error is not None:
             return False
+        if self._free_until is not None:
+            self._watch_free_prefix(token_id)
+            return True
         if not 0 <= token_id < self._tokenizer_vocab:
             self._fail(f"token {token_id} is outside the tokenizer's vocabulary")
             return False
@@ -109,8 +129,16 @@ class GrammarConstraint:
 
     def is_done(self) -> bool:
         """The grammar is complete and admits nothing but end-of-sequence."""
-        return self._error is None and bool(self._matcher.is_stopped()) \
-            and not self._matcher.is_error()
+        return self._error is None and self._free_until is None \
+            and bool(self._matcher.is_stopped()) and not self._matcher.is_error()
+
+    def _watch_free_prefix(self, token_id: int) -> None:
+        """Rule 4: keep a short text tail; the grammar starts once it ends the free prefix."""
+        assert self._free_until is not None and self._decode is not None
+        self._tail = (self._tail + self._decode(token_id))[-4 * len(self._free_until):]
+        if self._free_until in self._tail:
+            self._free_until = None
+            self._tail = ""
 
     def _fail(self, why: str) -> None:
         self._error = f"Structured output failed: {why[:MAX_ERROR_CHARS]}"
@@ -183,12 +211,21 @@ class GrammarCompiler:
             self.num_compiled += 1
         return compiled
 
-    def new_constraints(self, spec: GrammarSpec, n: int = 1) -> list[GrammarConstraint]:
-        """`n` fresh row constraints for `spec`. Blocking; raises InvalidRequest."""
+    def new_constraints(self, spec: GrammarSpec, n: int = 1, *,
+                        free_until: str | None = None) -> list[GrammarConstraint]:
+        """`n` fresh row constraints for `spec`. Blocking; raises InvalidRequest.
+
+        `free_until`: leave rows unconstrained until this text is generated (rule 4).
+        """
         compiled = self.compile(spec)
         tokenizer_vocab = int(self.ll_tokenizer.vocab_size)
         return [GrammarConstraint(compiled.matcher.deep_copy(), vocab_size=self.vocab_size,
-                                  tokenizer_vocab=tokenizer_vocab) for _ in range(n)]
+                                  tokenizer_vocab=tokenizer_vocab, free_until=free_until,
+                                  decode=self.decode_token) for _ in range(n)]
+
+    def decode_token(self, token_id: int) -> str:
+        """One token's text, special tokens included (for rule 4's watch)."""
+        return str(self._hf_tokenizer.decode([token_id], skip_special_tokens=False))
 
     def _compile_uncached(self, spec: GrammarSpec) -> CompiledGrammar:
         import time
@@ -236,7 +273,9 @@ async def build_constraints(req: GenRequest, markup: MarkupInfo,
     spec = grammar_for_request(req, markup)
     if spec is None:
         return None
-    rows = await anyio.to_thread.run_sync(compiler.new_constraints, spec, max(1, req.n))
+    free_until = markup.think_end if markup.prompt_opens_thinking else None
+    rows = await anyio.to_thread.run_sync(
+        functools.partial(compiler.new_constraints, spec, max(1, req.n), free_until=free_until))
     return list(rows)
 
 
@@ -269,7 +308,7 @@ def _stack_bitmasks(rows: Sequence[RowConstraint | None], vocab_size: int) -> np
     num_words = (vocab_size + 31) // 32
     words = np.full((len(rows), num_words), -1, dtype=np.int32)
     for i, row in enumerate(rows):
-        if isinstance(row, GrammarConstraint):
+        if isinstance(row, GrammarConstraint) and not row.in_free_prefix:
             bits = row.bitmask()
             n = min(len(bits), num_words)
             words[i, :n] = bits[:n]

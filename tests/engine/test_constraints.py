@@ -220,9 +220,9 @@ def test_build_constraints_compiles_off_the_event_loop(tiny_compiler: GrammarCom
     seen: list[str] = []
     original = tiny_compiler.new_constraints
 
-    def spy(spec: GrammarSpec, n: int = 1) -> list[GrammarConstraint]:
+    def spy(spec: GrammarSpec, n: int = 1, **kw: Any) -> list[GrammarConstraint]:
         seen.append(threading.current_thread().name)
-        return original(spec, n)
+        return original(spec, n, **kw)
 
     async def main() -> Any:
         loop_thread = threading.current_thread().name
@@ -264,3 +264,21 @@ def test_matchers_work_on_another_thread_than_the_compiler(tiny_tok: Any,
     t.start()
     t.join()
     assert not errors and rows[0].is_done()
+
+
+def test_an_open_think_block_stays_free_until_it_closes(tiny_tok: Any,
+                                                         tiny_compiler: GrammarCompiler) -> None:
+    req = GenRequest(model="m", prompt="x", response_format=ResponseFormat("regex", pattern="(yes|no)"))
+    thinking = MarkupInfo(think_start="<think>", think_end="</think>", prompt_opens_thinking=True)
+    row = anyio.run(build_constraints, req, thinking, tiny_compiler)[0]
+    assert isinstance(row, GrammarConstraint) and row.in_free_prefix
+    for token_id in tiny_tok.encode("The answer is 42.</think>", add_special_tokens=False):
+        assert row.allowed_mask() is None and not row.is_done()
+        assert row.accept(token_id)
+    assert not row.in_free_prefix
+    assert row.allowed_mask() is not None
+    feed_text(tiny_tok, row, "no")
+    assert row.is_done()
+    closed = MarkupInfo(think_start="<think>", think_end="</think>", prompt_opens_thinking=False)
+    row = anyio.run(build_constraints, req, closed, tiny_compiler)[0]
+    assert not row.in_free_prefix and row.allowed_mask() is not None
