@@ -23,8 +23,10 @@ Rules:
    cannot enforce is refused, strict or not (refuse by name, never ignore).
 5. A forced tool call (`tool_choice="required"` or a function's name) becomes
    a grammar for a call in the model's own tool-call markup, when that markup
-   is known and JSON-shaped (`json_tools`: Hermes/Qwen `<tool_call>` blocks).
-   For other or unknown formats there is no grammar and the request runs as
+   is known and JSON-shaped (`json_tools`: Hermes/Qwen `<tool_call>` blocks;
+   `llama3_json`: a bare `{"name", "parameters"}` object). Mistral's
+   `[TOOL_CALLS]` is a control token and qwen3_coder's calls are XML with raw
+   values: for those and for unknown formats there is no grammar and the request runs as
    before (template + stream parser). A forced call takes precedence over
    `response_format` either way: that turn's output is the call itself.
 """
@@ -49,7 +51,7 @@ JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": False,
 }
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-TOOL_FORMATS_WITH_GRAMMAR = frozenset({"json_tools"})
+TOOL_FORMATS_WITH_GRAMMAR = frozenset({"json_tools", "llama3_json"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,29 +135,38 @@ def grammar_for_tools(tools: list[Tool], tool_choice: str, markup: MarkupInfo) -
         return None
     for i, tool in enumerate(chosen):
         check_schema(tool.parameters, f"tools[{i}].parameters")
-    return GrammarSpec("lark", _hermes_call_lark(chosen, markup, repeat=repeat), "tools")
+    return GrammarSpec("lark", _tool_call_lark(chosen, markup, repeat=repeat), "tools")
 
 
-def _hermes_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> str:
-    """Lark for `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` (one or more)."""
-    start = markup.tool_call_start or "<tool_call>"
-    end = markup.tool_call_end or "</tool_call>"
+def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> str:
+    """Lark for one (or, when `repeat`, one or more) calls in the model's markup.
+
+    json_tools:  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>  (calls joined by \\n)
+    llama3_json: {"name": ..., "parameters": {...}}                           (calls joined by "; ")
+    """
+    args_key = "parameters" if markup.tool_format == "llama3_json" else "arguments"
     variants = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": t.name}, args_key: t.parameters},
+            "required": ["name", args_key],
             "additionalProperties": False,
         }
         for t in tools
     ]
     call_schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
     call_schema = {**call_schema, "x-guidance": JSON_OPTIONS}
-    calls = 'call ("\\n" call)*' if repeat else "call"
+    if markup.tool_format == "llama3_json":
+        separator, call = '"; "', "body"
+    else:
+        start = json.dumps(markup.tool_call_start or "<tool_call>")
+        end = json.dumps(markup.tool_call_end or "</tool_call>")
+        separator, call = '"\\n"', f'{start} "\\n" body "\\n" {end}'
+    calls = f"call ({separator} call)*" if repeat else "call"
     return (
         "%llguidance {}\n"
         f"start: {calls}\n"
-        f"call: {json.dumps(start)} \"\\n\" body \"\\n\" {json.dumps(end)}\n"
+        f"call: {call}\n"
         f"body: %json {json.dumps(call_schema)}\n"
     )
 

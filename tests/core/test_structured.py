@@ -130,6 +130,16 @@ def test_unknown_tool_name_and_missing_tools_are_400() -> None:
         grammar_for_tools([], "required", HERMES)
 
 
+def test_llama3_json_calls_are_bare_objects_with_parameters() -> None:
+    llama3 = MarkupInfo(tool_call_start="<|python_tag|>", tool_format="llama3_json")
+    spec = grammar_for_tools([WEATHER, TIME], "required", llama3)
+    assert spec is not None
+    assert 'start: call ("; " call)*' in spec.text and "call: body\n" in spec.text
+    assert "python_tag" not in spec.text
+    body = json.loads(spec.text.split("%json ", 1)[1])
+    assert body["anyOf"][0]["required"] == ["name", "parameters"]
+
+
 def test_formats_without_a_grammar_fall_back_to_unconstrained() -> None:
     assert grammar_for_tools([WEATHER], "required", MarkupInfo()) is None
     assert grammar_for_tools([WEATHER], "required", MarkupInfo(tool_format="mistral")) is None

@@ -214,6 +214,18 @@ def test_hermes_tool_call_grammar(tiny_tok: Any, tiny_compiler: GrammarCompiler)
     assert row.is_done(), row.error
 
 
+def test_llama3_json_required_call_grammar(tiny_tok: Any, tiny_compiler: GrammarCompiler) -> None:
+    tools = [Tool("add", "", {"type": "object", "properties": {"a": {"type": "integer"}},
+                              "required": ["a"], "additionalProperties": False}),
+             Tool("now", "", {"type": "object", "properties": {}, "additionalProperties": False})]
+    spec = grammar_for_tools(tools, "required", MarkupInfo(tool_format="llama3_json"))
+    assert spec is not None
+    row = tiny_compiler.new_constraints(spec)[0]
+    feed_text(tiny_tok, row, '{"name": "now", "parameters": {}}; {"name": "add", "parameters": {"a": 1}}')
+    assert row.error is None and not row.is_done()  # a third call may follow
+    assert row.allowed_mask()[tiny_tok.eos_token_id]
+
+
 def test_build_constraints_compiles_off_the_event_loop(tiny_compiler: GrammarCompiler) -> None:
     req = GenRequest(model="m", messages=[Message("user", "hi")], n=3,
                      response_format=ResponseFormat("regex", pattern="[a-z]{1,40}"))
