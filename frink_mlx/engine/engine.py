@@ -301,6 +301,8 @@ class Engine:
             ids = set(plan.sample_seq_ids) | {c.seq_id for c in plan.prefill}
             self._fail_rows(ids, exc)
             self.runner.forget_pending()
+            # blocks published when this step was planned were never written
+            self.kv.reset_prefix_cache()
         if pending is not None:
             self._deliver(pending)
         self._stats.steps_total += 1
