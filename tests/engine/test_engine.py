@@ -33,12 +33,13 @@ def tiny(tiny_llama_dir):
 def make_engine(tiny):
     engines: list[Engine] = []
 
-    def make(**overrides):
+    def make(start=True, **overrides):
         cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=8, batching=True,
                    context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
         cfg.update(overrides)
         engine = Engine(tiny, EngineConfig(**cfg), DecodeGate())
-        engine.start()
+        if start:
+            engine.start()
         engines.append(engine)
         return engine
 
@@ -121,19 +122,18 @@ def test_abort_frees_blocks_within_a_step(make_engine):
     next(it), next(it)
     assert engine.stats().num_blocks_used > 0
     stream.abort()
+    steps_at_abort = engine.stats().steps_total
     rest = list(it)
     assert rest[-1].finish == "abort"
-    deadline = time.monotonic() + 2.0
-    while engine.stats().num_blocks_used and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.stats().num_blocks_used == 0
-    assert len(rest) <= 3  # at most the steps already in flight
+    assert engine.stats().num_blocks_used == 0  # freed before the abort was reported
+    assert engine.stats().steps_total - steps_at_abort <= 1  # at most the step being built
 
 
 def test_queue_timeout_ends_the_stream_with_overloaded(make_engine):
-    engine = make_engine(num_blocks=28, queue_timeout_s=0.05)
+    engine = make_engine(start=False, num_blocks=28, queue_timeout_s=0.05)
     hog = engine.submit(SeqRequest("hog", _prompt(10, 100), GREEDY, 12))   # 25, then 28 blocks
     waiter = engine.submit(SeqRequest("waiter", _prompt(11, 20), GREEDY, 4))  # 5 blocks
+    engine.start()  # both are queued before the first step, however slow this machine is
     with pytest.raises(Overloaded):
         list(waiter)
     assert list(hog)[-1].finish == "length"
