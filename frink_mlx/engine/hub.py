@@ -180,10 +180,14 @@ class Hub:
     async def acquire(self, name: str | None) -> Lease:
         """Lease the generation that serves `name` (rules 1-2)."""
         gen = self._active_for(name)
-        if gen is None:
-            wake = self._wakes(name)
-            spec = self.sleeping if wake and self.sleeping else self.registry.resolve(name)
-            gen = await self._swap_for(spec, wake=wake)
+        if gen is not None:
+            return self._pin(gen)
+        wake = self._wakes(name)
+        spec = self.sleeping if wake and self.sleeping else self.registry.resolve(name)
+        return await self._swap_for(spec, wake=wake)
+
+    def _pin(self, gen: Generation) -> Lease:
+        """Count a lease; never separated from the pointer read by an await."""
         self._leases[gen.number] = self._leases.get(gen.number, 0) + 1
         self.last_used = time.monotonic()
         return Lease(self, gen)
@@ -219,19 +223,19 @@ class Hub:
         return NoModelLoaded("No model is loaded; POST /admin/models/load to load one.",
                              retry_after_s=10.0)
 
-    async def _swap_for(self, spec: ModelSpec, wake: bool = False) -> Generation:
+    async def _swap_for(self, spec: ModelSpec, wake: bool = False) -> Lease:
         if not self.settings.auto_swap and not wake:
             active = self.current.name if self.current else "none"
             raise Conflict(f"The model '{spec.name}' is not loaded (active: '{active}') and "
                            "automatic swapping is off; POST /admin/models/load first.",
                            param="model")
-        async with self._swap_lock:
+        async with self._swap_lock:  # pinned inside the lock: no swap can retire it first
             if self.current is not None and self.current.spec.name == spec.name:
-                return self.current
+                return self._pin(self.current)
             if self.parked:
                 raise self._unavailable()
             await self._wait_min_lifetime()
-            return await self._load_locked(spec)
+            return self._pin(await self._load_locked(spec))
 
     async def _wait_min_lifetime(self) -> None:
         if self.current is None:
