@@ -47,9 +47,16 @@ class Stats:
         p_tps = self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
         d_tps = (self.completion_tokens - 1) / self.decode_s \
             if self.decode_s > 0 and self.completion_tokens > 1 else 0.0
-        return ("==========\n"
-                f"Prompt: {self.prompt_tokens} tokens, {p_tps:.3f} tokens-per-sec\n"
-                f"Generation: {self.completion_tokens} tokens, {d_tps:.3f} tokens-per-sec")
+        lines = ["==========",
+                 f"Prompt: {self.prompt_tokens} tokens, {p_tps:.3f} tokens-per-sec",
+                 f"Generation: {self.completion_tokens} tokens, {d_tps:.3f} tokens-per-sec"]
+        try:
+            import mlx.core as mx
+
+            lines.append(f"Peak memory: {mx.get_peak_memory() / 1e9:.3f} GB")
+        except (ImportError, AttributeError):
+            pass
+        return "\n".join(lines)
 
 
 @dataclass
