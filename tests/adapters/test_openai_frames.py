@@ -1,0 +1,57 @@
+"""OpenAI chunk framing in isolation: role chunks, finish chunks, usage, mid-stream errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from frink_mlx.adapters.openai.chat import chat_frames
+from frink_mlx.core.events import Done, ErrorEvent, TextDelta, ToolCallDelta, ToolCallStart, Usage
+
+
+class FakeRun:
+    id, model, generation, created, n, prompt_tokens = "r1", "m", 3, 1, 2, 5
+
+    def __init__(self, events):
+        self._events = events
+
+    async def events(self):
+        for e in self._events:
+            yield e
+
+
+def frames(events, include_usage=True):
+    async def collect():
+        return [f async for f in chat_frames(FakeRun(events), include_usage, False)]
+
+    return asyncio.run(collect())
+
+
+def payloads(out):
+    return [json.loads(f[6:]) for f in out if f.startswith("data: {")]
+
+
+def test_chunks_for_two_choices_with_usage():
+    usage = Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=0)
+    out = frames([TextDelta("a", 0), TextDelta("b", 1), Done("stop", usage, index=0),
+                  ToolCallStart(0, "call_1", "f", index=1), ToolCallDelta(0, "{}", index=1),
+                  Done("tool_calls", usage, index=1)])
+    chunks = payloads(out)
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert chunks[2]["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None,
+                                       "finish_reason": None}
+    finishes = [(c["choices"][0]["index"], c["choices"][0]["finish_reason"])
+                for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [(0, "stop"), (1, "tool_calls")]
+    call = chunks[5]["choices"][0]["delta"]["tool_calls"][0]
+    assert call["id"] == "call_1" and call["function"]["name"] == "f"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    assert out[-1] == "data: [DONE]\n\n"
+
+
+def test_error_mid_stream_is_one_error_frame_and_the_end():
+    out = frames([TextDelta("a", 0), ErrorEvent("engine exploded"), TextDelta("never", 0)])
+    last = json.loads(out[-1][6:])
+    assert last["error"]["message"] == "engine exploded"
+    assert "[DONE]" not in "".join(out) and "never" not in "".join(out)
