@@ -250,3 +250,21 @@ def test_second_turn_reuses_the_first_turns_prompt_and_answer(tiny, make_engine)
     # every full block whose K/V exists: the last answer token was never fed back
     assert outs[0].num_cached_tokens == (len(turn1) + len(answer) - 1) // 4 * 4 == 16
     assert [o.token_id for o in outs] == _reference(tiny, turn2, 4)
+
+
+def test_n_sampled_rows_differ_and_repeat_with_the_seed(make_engine):
+    engine = make_engine()
+    prompt = _prompt(50, 9)
+    params = SamplingParams(temperature=1.0, seed=11)
+
+    def rows():
+        got: dict[int, list[int]] = {}
+        for o in engine.submit(SeqRequest(f"n-{time.monotonic_ns()}", prompt, params, 8, n=3)):
+            got.setdefault(o.index, []).append(o.token_id)
+        return got
+
+    first = rows()
+    assert sorted(first) == [0, 1, 2] and all(len(v) == 8 for v in first.values())
+    assert len({tuple(v) for v in first.values()}) == 3
+    assert rows() == first
+    assert engine.stats().num_blocks_used == 0
