@@ -309,6 +309,7 @@ REPRODUCERS = [
     ("/completion", {"prompt": "hi", "n_predict": 3, "min_p": 2.0}),
     ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 3, "n": 2**31}),
     ("/v1/chat/completions", {"model": "tiny", "messages": MSGS, "max_tokens": 3, "n": 2**31}),
+    ("/v1/embeddings", {"model": "tiny", "input": [0, []]}),
 ]
 
 
