@@ -12,7 +12,8 @@ Prints:
 Run with OpenBLAS preloaded on Linux:
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 .venv/bin/python benchmarks/engine_bench.py
 Options: --model NAME (registry entry, default the registry default),
---tokens N (per row, default 64), --batches 1,8,16, --repeat N (best of N).
+--tokens N (per row, default 64), --batches 1,8,16 (empty: skip), --repeat N
+(best of N), --pools 256,2048 (empty: skip).
 """
 
 from __future__ import annotations
@@ -102,15 +103,16 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--batches", default="1,8,16")
     ap.add_argument("--repeat", type=int, default=3, help="best of N (the CPU may be shared)")
+    ap.add_argument("--pools", default="256,2048", help="pool sizes (blocks) for the size check")
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
     loaded = load_model(spec, settings)
     model, vocab = loaded.model, loaded.model.args.vocab_size
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b.strip()]
     print(f"model {spec.name} dtype {loaded.dtype} tokens/row {args.tokens} prompt {args.prompt_len}")
 
-    engine = make_engine(loaded, num_blocks=256, max_batch=max(batches))
+    engine = make_engine(loaded, num_blocks=256, max_batch=max(batches, default=1))
     best = lambda f: max(f() for _ in range(args.repeat))  # noqa: E731 - best of N on a shared CPU
     for batch in batches:
         raw = best(lambda: raw_decode_tps(model, batch, args.tokens, args.prompt_len, vocab))
@@ -127,7 +129,7 @@ def main() -> None:
           f"ratio {eng / ref:.2f}", flush=True)
     engine.shutdown(5.0)
 
-    for num_blocks in (256, 2048):
+    for num_blocks in [int(b) for b in args.pools.split(",") if b.strip()]:
         engine = make_engine(loaded, num_blocks=num_blocks, max_batch=8)
         eng = best(lambda: engine_decode_tps(engine, 8, args.tokens, args.prompt_len, vocab))
         print(f"pool {num_blocks:5d} blocks ({engine.store.nbytes / 2**20:.0f} MiB): "
