@@ -13,8 +13,10 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import anyio
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -294,3 +296,34 @@ async def test_access_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture)
         "duration_ms": lines[0]["duration_ms"]}
     assert lines[1]["route"] == "<unmatched>" and lines[1]["status"] == 404
     assert lines[1]["model"] is None
+
+
+header_text = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(host=header_text, origin=st.none() | header_text, auth=st.none() | header_text,
+       api_key=st.none() | header_text, request_id=st.none() | header_text,
+       length=st.none() | header_text, method=st.sampled_from(["GET", "POST", "OPTIONS"]),
+       path=st.sampled_from(["/health", "/v1/messages", "/completion", "/nope", "/metrics"]))
+def test_gate_headers_never_500(tmp_path: Path, host: str, origin: str | None, auth: str | None,
+                                api_key: str | None, request_id: str | None, length: str | None,
+                                method: str, path: str) -> None:
+    """Any printable header values: an answer with a request id, never a 5xx but 503."""
+    app = make_app(make_settings(tmp_path, api_key=KEY, cors_origins=("http://ok.example",),
+                                 allowed_hosts=("mybox",)), Probe())
+    headers = {"host": host, "access-control-request-method": "POST"}
+    for name, value in (("origin", origin), ("authorization", auth), ("x-api-key", api_key),
+                        ("x-request-id", request_id), ("content-length", length)):
+        if value is not None:
+            headers[name] = value
+
+    async def go() -> httpx.Response:
+        async with client(app) as c:
+            return await c.request(method, path, headers=headers)
+    r = anyio.run(go)
+    assert r.status_code < 500, (r.status_code, r.text)
+    assert r.headers["request-id"]
+    if r.status_code >= 400 and r.status_code != 404:
+        assert "error" in r.json()
