@@ -34,6 +34,7 @@ import uuid
 from typing import Any
 
 from starlette.requests import Request
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import metrics_of
@@ -72,8 +73,19 @@ def note_generation(request: Request, *, model: str | None = None,
 
 
 def route_template(scope: Scope) -> str:
-    """The matched route's path template (bounded label), or '<unmatched>'."""
+    """The route's path template (a bounded label), or '<unmatched>'.
+
+    Requests refused before routing (421, 401, 413, 503) are matched here
+    against the app's routes, so they are counted under the route they asked for.
+    """
     route = scope.get("route")
+    if route is None:
+        router = getattr(scope.get("app"), "router", None)
+        for candidate in getattr(router, "routes", ()):
+            match, _ = candidate.matches(scope)
+            if match is not Match.NONE:
+                route = candidate
+                break
     path = getattr(route, "path", None)
     return path if isinstance(path, str) and path else UNMATCHED_ROUTE
 
