@@ -163,8 +163,9 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
-        if self.store.keys:
-            s.extra["kv_pool_bytes"] = float(self.store.nbytes)
+        store = self.store  # may be swapped by the MLX thread after an error
+        if store is not None and store.keys:
+            s.extra["kv_pool_bytes"] = float(store.nbytes)
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:
