@@ -59,3 +59,14 @@ def test_serve_ready_line_and_graceful_drain(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_exits_2_without_a_ready_line_when_the_default_model_fails(tmp_path):
+    reg = tmp_path / "models.toml"
+    reg.write_text(f'default = "gone"\n[models.gone]\nsource = "{tmp_path / "missing"}"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FRINK_MLX_LOG_LEVEL": "warning"}
+    proc = subprocess.run([sys.executable, "-m", "frink_mlx.cli", "serve", "--port", "0",
+                           "--models", str(reg)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "did not start" in proc.stderr
