@@ -129,7 +129,11 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
                             log_config=None)
     server = _server_class()(config)
     log.info("frink-mlx %s listening on %s (loading the default model)", __version__, url)
-    asyncio.run(_serve(server, sock, url, host, port, app))
+    try:
+        asyncio.run(_serve(server, sock, url, host, port, app))
+    except SystemExit:  # uvicorn exits 3 when the lifespan (default model load) fails
+        if server.started:
+            raise
     if not server.started:
         print("frink-mlx: error: the daemon did not start (see the log above)", file=sys.stderr)
         return 2
