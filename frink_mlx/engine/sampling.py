@@ -31,6 +31,7 @@ import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..core.request import SamplingParams
+from .constraints import apply_constraints
 from .types import RowConstraint
 
 _MASK64 = (1 << 64) - 1
@@ -137,18 +138,10 @@ def _process(logits: mx.array, rows: Sequence[RowSampler]) -> mx.array:
             if r.params.presence_penalty:
                 adjust[i, np.unique(recent)] -= r.params.presence_penalty
         logits = logits + mx.array(adjust)
-    allowed: np.ndarray | None = None
-    for i, r in enumerate(rows):
-        mask = r.constraint.allowed_mask() if r.constraint is not None else None
-        if mask is None:
-            continue
-        if allowed is None:
-            allowed = np.ones((num_rows, vocab), dtype=bool)
-        n = min(vocab, mask.shape[0])
-        allowed[i, :n] = mask[:n]
-        allowed[i, n:] = False  # ids past the tokenizer's vocabulary are never allowed
-    if allowed is not None:
-        logits = mx.where(mx.array(allowed), logits, -mx.inf)
+    if any(r.constraint is not None for r in rows):
+        # llguidance's Metal kernel on Metal; bool masks + mx.where elsewhere. Ids past
+        # the tokenizer's vocabulary (a short mask) are never allowed.
+        logits = apply_constraints(logits, [r.constraint for r in rows])
     return logits
 
 
