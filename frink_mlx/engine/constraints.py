@@ -284,7 +284,7 @@ def apply_constraints(logits: Any, rows: Sequence[RowConstraint | None]) -> Any:
 
     GrammarConstraints on Metal go through llguidance's kernel; everything
     else through bool masks and `mx.where`. A row whose `allowed_mask()` is
-    None is left unconstrained.
+    None is left unconstrained; a mask shorter than the logits forbids the rest.
     """
     import mlx.core as mx
 
@@ -295,12 +295,18 @@ def apply_constraints(logits: Any, rows: Sequence[RowConstraint | None]) -> Any:
 
         words = _stack_bitmasks(rows, logits.shape[-1])
         return apply_token_bitmask(logits, words)
-    masks = np.ones(logits.shape, dtype=bool)
+    num_rows, vocab = logits.shape
+    masks = np.ones((num_rows, vocab), dtype=bool)
+    touched = False
     for i, row in enumerate(rows):
-        if row is not None:
-            allowed = row.allowed_mask()
-            if allowed is not None:
-                masks[i] = allowed
+        allowed = row.allowed_mask() if row is not None else None
+        if allowed is not None:
+            n = min(vocab, allowed.shape[0])
+            masks[i, :n] = allowed[:n]
+            masks[i, n:] = False  # a short mask forbids the tokens it does not cover
+            touched = True
+    if not touched:
+        return logits
     return mx.where(mx.array(masks), logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 

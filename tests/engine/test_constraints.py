@@ -294,3 +294,32 @@ def test_an_open_think_block_stays_free_until_it_closes(tiny_tok: Any,
     closed = MarkupInfo(think_start="<think>", think_end="</think>", prompt_opens_thinking=False)
     row = anyio.run(build_constraints, req, closed, tiny_compiler)[0]
     assert not row.in_free_prefix and row.allowed_mask() is not None
+
+
+def test_metal_bitmask_rows_match_the_bool_masks(tiny_tok: Any) -> None:
+    """The words handed to llguidance's Metal kernel mean exactly the bool masks."""
+    from frink_mlx.engine.constraints import _stack_bitmasks
+
+    width = len(tiny_tok._tokenizer) + 40  # padded embeddings: wider logits than the tokenizer
+    compiler = GrammarCompiler.for_tokenizer(tiny_tok, vocab_size=width)
+    shaped = compiler.new_constraints(GrammarSpec("regex", "[0-9]+"))[0]
+    free = compiler.new_constraints(GrammarSpec("regex", "a"), free_until="</think>")[0]
+    words = _stack_bitmasks([shaped, None, free], width)
+    assert np.array_equal(unpack_bitmask(words[0], width, width), shaped.allowed_mask())
+    assert unpack_bitmask(words[1], width, width).all()
+    assert unpack_bitmask(words[2], width, width).all() and free.allowed_mask() is None
+
+
+@pytest.mark.metal
+def test_metal_kernel_path_equals_the_portable_path(tiny_tok: Any,
+                                                    tiny_compiler: GrammarCompiler) -> None:
+    import mlx.core as mx
+
+    if not mx.metal.is_available():
+        pytest.skip("needs Apple's Metal backend")
+    rows = tiny_compiler.new_constraints(GrammarSpec("regex", "[0-9]+"), 2)
+    logits = mx.random.normal((3, len(tiny_tok._tokenizer)))
+    out = np.array(apply_constraints(logits, [rows[0], None, rows[1]]))
+    expected = rows[0].allowed_mask()
+    assert np.array_equal(np.isfinite(out[0]), expected)
+    assert np.array_equal(out[1], np.array(logits[1]))
