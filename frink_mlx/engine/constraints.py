@@ -46,7 +46,7 @@ import numpy as np
 from ..core.parsers import MarkupInfo
 from ..core.request import GenRequest
 from ..core.structured import GrammarSpec, grammar_for_request
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, UnsupportedField
 from .types import RowConstraint
 
 MAX_ERROR_CHARS = 600
@@ -188,7 +188,13 @@ class GrammarCompiler:
             if self._ll_tokenizer is None:
                 from llguidance.hf import from_tokenizer
 
-                self._ll_tokenizer = from_tokenizer(self._hf_tokenizer, eos_token=self._eos_token_ids)
+                try:
+                    self._ll_tokenizer = from_tokenizer(self._hf_tokenizer,
+                                                        eos_token=self._eos_token_ids)
+                except Exception as exc:  # noqa: BLE001 - e.g. a slow (non-Rust) tokenizer
+                    raise UnsupportedField(
+                        "response_format",
+                        f"cannot be enforced with this model's tokenizer ({exc})") from exc
             return self._ll_tokenizer
 
     @property

@@ -26,7 +26,7 @@ from frink_mlx.engine.constraints import (
     unpack_bitmask,
 )
 from frink_mlx.engine.types import RowConstraint
-from frink_mlx.errors import InvalidRequest
+from frink_mlx.errors import InvalidRequest, UnsupportedField
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -323,3 +323,10 @@ def test_metal_kernel_path_equals_the_portable_path(tiny_tok: Any,
     expected = rows[0].allowed_mask()
     assert np.array_equal(np.isfinite(out[0]), expected)
     assert np.array_equal(out[1], np.array(logits[1]))
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_refused_by_name() -> None:
+    compiler = GrammarCompiler(object(), vocab_size=10)  # not a fast HF tokenizer
+    with pytest.raises(UnsupportedField, match="this model's tokenizer") as info:
+        compiler.new_constraints(GrammarSpec("regex", "a"))
+    assert info.value.status == 400 and info.value.param == "response_format"
