@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
+from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
 from .engine.handles import DecodeHandles, Run, TurnMemory
@@ -87,6 +88,7 @@ class AppState:
         """Lease, render + tokenize, check the ceiling, compile, submit.
 
         Raises FrinkError before anything is sent; the Run owns the lease."""
+        check_request(req, max_n=self.settings.max_batch)  # before any per-choice state
         self._refuse_encoder_target(req.model)
         lease = await self.hub.acquire(req.model)
         try:

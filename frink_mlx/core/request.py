@@ -124,3 +124,7 @@ class GenRequest:
     # a field still at its SamplingParams default counts as unsent). Lets the
     # daemon apply models.toml [sampling] defaults only where the client was silent.
     sampling_sent: frozenset[str] | None = None
+    # Neutral field name -> what this protocol calls it, where they differ
+    # (llama.cpp: {"repetition_penalty": "repeat_penalty"}): core/checks.py's
+    # refusals name the field the client actually sent.
+    param_names: dict[str, str] = field(default_factory=dict)

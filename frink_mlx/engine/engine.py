@@ -21,8 +21,8 @@ So the device works on t+1 while the host turns step t into events. A row
 that finished at step t costs one wasted row in step t+1.
 
 Failure rules:
-1. `submit` validates synchronously: empty prompt, n, constraints
-   (InvalidRequest), prompt + 1 token over the ceiling
+1. `submit` validates synchronously: empty prompt, n, sampling ranges
+   (core/checks.py), constraints (InvalidRequest), prompt + 1 token over the ceiling
    (ContextLengthExceeded), a full waiting queue (Overloaded). max_tokens is
    clamped to the ceiling, never refused.
 2. A request that waited longer than `queue_timeout_s` without starting
@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.checks import check_sampling
 from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
@@ -138,6 +139,7 @@ class Engine:
             raise InvalidRequest("The prompt is empty.", param="prompt")
         if seq.n < 1 or seq.n > self.config.max_batch:
             raise InvalidRequest(f"'n' must be between 1 and {self.config.max_batch}.", param="n")
+        check_sampling(seq.sampling)  # a knob out of range would fail the whole batched step
         if seq.constraints is not None and len(seq.constraints) != seq.n:
             raise InvalidRequest("one constraint per row is needed", param="response_format")
         if len(seq.prompt_ids) + 1 > ceiling:

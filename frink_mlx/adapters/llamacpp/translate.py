@@ -4,7 +4,9 @@ Request rules:
 1. `n_predict` -1 means "until EOS or the context ceiling" (max_tokens None);
    0 and below -1 are refused (llama.cpp's 0 = "evaluate only" is not served).
 2. `seed` -1 means random (None). `repeat_penalty` is repetition_penalty over
-   the last `repeat_last_n` tokens (llama.cpp's default window is 64).
+   the last `repeat_last_n` tokens (llama.cpp's default window is 64; -1 = the
+   whole context). `top_k` <= 0 disables top-k. Ranges are checked by
+   core/checks.py, which names llama.cpp's fields (PARAM_NAMES).
 3. `cache_prompt: false` sets GenRequest.cache_prompt False: the engine then
    neither reuses nor publishes prefix blocks for this request.
 4. `grammar` (GBNF) and `json_schema` become the structured-output constraint.
@@ -35,6 +37,10 @@ _SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "to
                     "presence_penalty": "presence_penalty",
                     "frequency_penalty": "frequency_penalty"}
 BANNED_BIAS = -1e9
+WHOLE_CONTEXT = 1 << 31   # repeat_last_n -1
+# core/checks.py names refused fields by these (neutral name -> llama.cpp's)
+PARAM_NAMES = {"repetition_penalty": "repeat_penalty", "penalty_context_size": "repeat_last_n",
+               "max_tokens": "n_predict", "top_logprobs": "n_probs"}
 
 
 def logit_bias(raw: list[list[Any]] | dict[str, Any] | None) -> dict[int, float] | None:
@@ -69,8 +75,12 @@ def sampling_of(body: wire._Sampling) -> tuple[SamplingParams, frozenset[str]]:
         if value is not None:
             setattr(sampling, name, value)
             sent.add(name)
+    if sampling.top_k < 0:
+        sampling.top_k = 0  # llama.cpp: top_k <= 0 disables it
     if body.repeat_last_n is not None:
-        sampling.penalty_context_size = body.repeat_last_n
+        # llama.cpp: -1 = the whole context; below -1 is refused by core/checks.py
+        sampling.penalty_context_size = (WHOLE_CONTEXT if body.repeat_last_n == -1
+                                         else body.repeat_last_n)
     if body.seed is not None and body.seed != -1:
         sampling.seed = body.seed
     sampling.logit_bias = logit_bias(body.logit_bias)
@@ -112,7 +122,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       max_tokens=None if body.n_predict == -1 else body.n_predict,
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
-                      ignore_eos=body.ignore_eos, response_format=_response_format(body))
+                      ignore_eos=body.ignore_eos, response_format=_response_format(body),
+                      param_names=dict(PARAM_NAMES))
 
 
 def stop_type(done: Done) -> str:

@@ -68,7 +68,8 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
     reqs = [GenRequest(model=body.model, prompt=p, max_tokens=body.max_tokens or 16,
                        stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent,
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
-                       ignore_eos=body.ignore_eos, user=body.user)
+                       ignore_eos=body.ignore_eos, user=body.user,
+                       param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
     return reqs, top
 

@@ -75,30 +75,39 @@ class EmbeddingsResponse(msgspec.Struct, kw_only=True):
     object: str = "list"
 
 
+_SHAPES = ("'input' must be a string, an array of strings, an array of token ids or an "
+           "array of token-id arrays")
+
+
 def to_inputs(body: EmbeddingsRequest) -> list[str] | list[list[int]]:
-    """Rule 1: one of the four shapes -> a list of texts or a list of id lists."""
+    """Rule 1: one of the four shapes -> a list of texts or a list of id lists.
+
+    input[0] decides the shape; the first item that does not fit it is named."""
     raw = body.input
     if isinstance(raw, str):
         items: list[Any] = [raw]
     elif not raw:
         raise InvalidRequest("'input' must not be an empty array.", param="input")
-    elif all(isinstance(x, int) for x in raw):
+    elif isinstance(raw[0], int):
+        _check_all(raw, int, "a token id like input[0]")
         items = [list(raw)]
     else:
+        _check_all(raw, type(raw[0]), "of the same shape as input[0]")
         items = list(raw)
     if len(items) > MAX_INPUTS:
         raise InvalidRequest(f"'input' holds {len(items)} items; at most {MAX_INPUTS} are "
                              "allowed per request.", param="input")
-    kind = type(items[0])
     for index, item in enumerate(items):
-        if type(item) is not kind:
-            raise InvalidRequest(
-                "'input' must be a string, an array of strings, an array of token ids or an "
-                f"array of token-id arrays; input[{index}] does not match input[0].",
-                param=f"input[{index}]")
         if len(item) == 0:
             raise InvalidRequest(f"input[{index}] is empty.", param=f"input[{index}]")
     return items
+
+
+def _check_all(raw: Sequence[Any], kind: type, what: str) -> None:
+    for index, item in enumerate(raw):
+        if type(item) is not kind:
+            raise InvalidRequest(f"{_SHAPES}; input[{index}] is not {what}.",
+                                 param=f"input[{index}]")
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:

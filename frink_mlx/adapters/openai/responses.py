@@ -190,7 +190,8 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message]
                      stream=req.stream, thinking=to_thinking(req.reasoning),
                      response_format=to_response_format(req.text), user=req.user,
                      sampling_sent=frozenset(name for name in ("temperature", "top_p")
-                                             if getattr(req, name) is not None))
+                                             if getattr(req, name) is not None),
+                     param_names={"max_tokens": "max_output_tokens"})
     return gen, conversation
 
 
