@@ -32,6 +32,7 @@ from .core.request import GenRequest
 from .engine.handles import DecodeHandles, Run, TurnMemory
 from .engine.hub import Generation, GenerationFactory, Hub, build_generation
 from .errors import InvalidRequest, UnsupportedField
+from .http.access import track_run
 from .registry import Registry, load_registry
 from .settings import Settings
 
@@ -95,10 +96,12 @@ class AppState:
             handles = DecodeHandles.take(lease.generation)
             prepared = handles.prepare(req)
             constraints = await self._constraints(lease.generation, handles, prepared)
-            return handles.submit(prepared, lease, constraints, self._memory(lease.generation))
+            run = handles.submit(prepared, lease, constraints, self._memory(lease.generation))
         except BaseException:
             lease.release()
             raise
+        track_run(run)  # the access log and metrics report it, whichever protocol asked
+        return run
 
     def _memory(self, gen: Generation) -> TurnMemory:
         """The turn memory of `gen` (one live generation's kept; rule 7 of handles.py)."""

@@ -276,6 +276,16 @@ class Run:
     def handles(self) -> DecodeHandles:
         return self._handles
 
+    def tally(self) -> dict[str, Any]:
+        """What the access log and metrics report about this run (http/access.py rule 3)."""
+        pipeline = self._pipeline
+        firsts = [c.first_token_at for c in pipeline.choices if c.first_token_at is not None]
+        return {"model": self.model, "generation": self.generation,
+                "prompt_tokens": pipeline.usage.prompt_tokens,
+                "cached_tokens": pipeline.usage.cached_tokens,
+                "completion_tokens": sum(c.num_tokens for c in pipeline.choices),
+                "ttft_s": min(firsts) - pipeline.started_at if firsts else None}
+
     async def events(self) -> AsyncIterator[Event]:
         """Events for every choice; `Done` once per choice (or an ErrorEvent)."""
         pipeline = self._pipeline

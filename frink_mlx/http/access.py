@@ -15,7 +15,14 @@ Rules:
        generation: int         model generation that served it
        prompt_tokens: int      completion_tokens: int      cached_tokens: int
        ttft_s: float           seconds from arrival to the first token
-   (`note_generation(request, ...)` sets them.) After the response ends this
+   (`note_generation(request, ...)` sets them.) Every Run that
+   `AppState.generate` starts while serving the request is also tracked
+   (`track_run`, through a context variable the middleware sets per request),
+   so every generating route -- OpenAI, Responses, Anthropic, llama.cpp --
+   reports model, generation, tokens and TTFT without saying so itself; several
+   runs (completions with a list of prompts) are summed, TTFT is the earliest.
+   The runs' numbers replace what an endpoint noted (they cover every run);
+   notes remain for work that is not a Run (embeddings). After the response ends this
    middleware logs them and feeds Metrics: observe_request, observe_tokens,
    observe_ttft and observe_token_latency (mean inter-token time, from
    (duration - ttft) / (completion_tokens - 1)).
@@ -31,6 +38,7 @@ import logging
 import re
 import time
 import uuid
+from contextvars import ContextVar
 from typing import Any
 
 from starlette.requests import Request
@@ -45,6 +53,29 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 UNMATCHED_ROUTE = "<unmatched>"
 STATE_FIELDS = ("model", "generation", "prompt_tokens", "completion_tokens", "cached_tokens",
                 "ttft_s")
+
+
+# The Runs started while serving the current request (rule 3); None outside a request.
+_request_runs: ContextVar[list[Any] | None] = ContextVar("frink_request_runs", default=None)
+
+
+def track_run(run: Any) -> None:
+    """Called by AppState.generate: the current request's access line reports `run`."""
+    runs = _request_runs.get()
+    if runs is not None:
+        runs.append(run)
+
+
+def runs_tally(runs: list[Any]) -> dict[str, Any]:
+    """Rule 3: the STATE_FIELDS of the runs one request started (each has `tally()`)."""
+    if not runs:
+        return {}
+    tallies = [run.tally() for run in runs]
+    ttfts = [t["ttft_s"] for t in tallies if t["ttft_s"] is not None]
+    return {"model": tallies[0]["model"], "generation": tallies[0]["generation"],
+            **{name: sum(t[name] for t in tallies)
+               for name in ("prompt_tokens", "completion_tokens", "cached_tokens")},
+            "ttft_s": min(ttfts) if ttfts else None}
 
 
 def new_request_id() -> str:
@@ -116,9 +147,15 @@ class AccessLogMiddleware:
                 message["headers"] = kept + id_headers
             await send(message)
 
+        runs: list[Any] = []
+        token = _request_runs.set(runs)
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            _request_runs.reset(token)
+            for name, value in runs_tally(runs).items():
+                if value is not None:
+                    state[name] = value
             self._record(scope, state, request_id, status, time.perf_counter() - started)
 
     def _record(self, scope: Scope, state: dict[str, Any], request_id: str, status: int,
