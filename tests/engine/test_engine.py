@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
@@ -216,10 +217,17 @@ def test_logprobs_logit_bias_and_penalties(make_engine):
     for o in outs:
         assert o.logprob is not None and o.logprob <= 0.0
         assert [t.token_id for t in o.top_logprobs][0] == 77 and len(o.top_logprobs) == 3
-    params = SamplingParams(temperature=0, logit_bias={77: 5.0}, presence_penalty=100.0)
-    outs = list(engine.submit(SeqRequest("pp", prompt, params, 6)))
-    tokens = [o.token_id for o in outs]
-    assert len(set(tokens)) == len(tokens)  # the presence penalty forbids any repeat
+    # penalties and bias match mlx-lm's own logits processors, step by step
+    params = SamplingParams(temperature=0, logit_bias={77: 1.5}, presence_penalty=1.5,
+                            frequency_penalty=0.5, repetition_penalty=1.3, penalty_context_size=16)
+    tokens = [o.token_id for o in engine.submit(SeqRequest("pp", prompt, params, 8))]
+    processors = make_logits_processors(
+        logit_bias={77: 1.5}, repetition_penalty=1.3, repetition_context_size=16,
+        presence_penalty=1.5, presence_context_size=16,
+        frequency_penalty=0.5, frequency_context_size=16)
+    want = [int(t) for t, _ in generate_step(mx.array(prompt), engine.loaded.model, max_tokens=8,
+                                             logits_processors=processors)]
+    assert tokens == want
 
 
 def test_batching_off_still_serves_everyone(tiny, make_engine):
