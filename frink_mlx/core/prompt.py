@@ -19,6 +19,12 @@ Rules:
    against the vocabulary.
 5. Template errors (Jinja exceptions, a missing template) -> InvalidRequest
    with `param="messages"`; bad token ids -> `param="prompt"`.
+6. Offered tools reach the model even when its template never reads `tools`
+   (SmolLM2's own): the template source is checked for the name, and when it
+   is absent a Hermes tools block (`<tools>` signatures + `<tool_call>`
+   instructions, as Qwen2.5 writes it) is added to the system message, earlier
+   assistant calls are written into their content as `<tool_call>` markup, and
+   `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls.
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -27,6 +33,7 @@ The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +46,7 @@ class RenderedPrompt:
     ids: list[int]
     text: str | None          # the rendered text (None for token-id prompts)
     opens_thinking: bool = False
+    injected_tools: bool = False   # rule 6: the Hermes tools block was added by us
 
 
 def _arguments(raw: str) -> Any:
@@ -71,6 +79,50 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
                          "parameters": tool.parameters}}
 
 
+_TOOLS_VAR = re.compile(r"\btools\b")
+HERMES_TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+HERMES_TOOLS_TAIL = (
+    "</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def template_reads_tools(tokenizer: Any, template: str | None) -> bool:
+    """Rule 6: whether the chat template in use ever mentions `tools`."""
+    source = template if template is not None else getattr(tokenizer, "chat_template", None)
+    if isinstance(source, dict):   # HF's named templates ("default", "tool_use")
+        source = "\n".join(str(v) for v in source.values())
+    return not isinstance(source, str) or bool(_TOOLS_VAR.search(source))
+
+
+def hermes_tools_block(tools: list[Tool]) -> str:
+    lines = "".join("\n" + json.dumps(tool_dict(t), ensure_ascii=False) for t in tools)
+    return f"{HERMES_TOOLS_HEAD}{lines}\n{HERMES_TOOLS_TAIL}"
+
+
+def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
+    """Rule 6: the tools block in the system message; earlier calls as markup in content."""
+    out = []
+    for m in messages:
+        calls = m.pop("tool_calls", None)
+        if calls:
+            markup = "".join(
+                "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                              "arguments": c["function"]["arguments"]},
+                                             ensure_ascii=False) + "\n</tool_call>"
+                for c in calls)
+            m = {**m, "content": (m["content"] + "\n" if m["content"] else "") + markup}
+        out.append(m)
+    block = hermes_tools_block(tools)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}".lstrip()}
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
+
+
 def _template_kwargs(request: GenRequest, template: str | None) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"add_generation_prompt": request.add_generation_prompt}
     if request.continue_final_message:
@@ -93,7 +145,13 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 
 def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None) -> str:
-    """The chat template applied to `request.messages` (rules 1-3, 5)."""
+    """The chat template applied to `request.messages` (rules 1-3, 5, 6)."""
+    return _render_chat_text(tokenizer, request, template)[0]
+
+
+def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
+                      ) -> tuple[str, bool]:
+    """(text, whether rule 6 injected the tools block)."""
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
     if template is None and not has_chat_template(tokenizer):
@@ -101,23 +159,27 @@ def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None =
             "This model has no chat template; send a raw prompt to /v1/completions "
             "or set chat_template for it in models.toml.", param="messages")
     messages = [message_dict(m) for m in request.messages]
+    kwargs = _template_kwargs(request, template)
+    inject = "tools" in kwargs and not template_reads_tools(tokenizer, template)
+    if inject:
+        messages = _inject_tools(messages, request.tools)
+        del kwargs["tools"]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             **_template_kwargs(request, template))
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as exc:  # Jinja raises many types; all are the request's problem
         raise InvalidRequest(f"The chat template could not render these messages: {exc}",
                              param="messages") from None
     if not isinstance(text, str):
         raise InvalidRequest("The chat template did not produce text.", param="messages")
-    return text
+    return text, inject
 
 
 def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
                 think_start: str | None = None) -> RenderedPrompt:
-    text = render_chat_text(tokenizer, request, template)
+    text, injected = _render_chat_text(tokenizer, request, template)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
-    return RenderedPrompt(ids, text, opens_thinking=opens)
+    return RenderedPrompt(ids, text, opens_thinking=opens, injected_tools=injected)
 
 
 def encode_text(tokenizer: Any, text: str, *, add_special_tokens: bool = True) -> list[int]:

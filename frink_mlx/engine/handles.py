@@ -204,6 +204,10 @@ class DecodeHandles:
         rendered = self.render(request)
         max_tokens = self.max_tokens_for(request, len(rendered.ids))
         markup = dataclasses.replace(self.markup, prompt_opens_thinking=rendered.opens_thinking)
+        if rendered.injected_tools:   # core/prompt.py rule 6: we asked for Hermes calls
+            markup = dataclasses.replace(markup, tool_format="json_tools",
+                                         tool_call_start="<tool_call>",
+                                         tool_call_end="</tool_call>")
         return Prepared(request, rendered, max_tokens, markup)
 
     def submit(self, prepared: "Prepared", lease: Lease | None = None,
