@@ -101,6 +101,7 @@ class AppState:
             lease.release()
             raise
         track_run(run)  # the access log and metrics report it, whichever protocol asked
+        await run.admitted()  # a queue timeout is a real 503 + Retry-After (handles rule 8)
         return run
 
     def _memory(self, gen: Generation) -> TurnMemory:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
+from ..errors import EngineFailure, FrinkError, InvalidRequest, Unavailable
+
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 StopKind = Literal["eos", "stop_sequence", "length", "tool_calls", "abort", "error"]
 
@@ -94,6 +96,25 @@ class ErrorEvent:
     code: str = "engine_error"
     status: int = 500
     index: int = 0
+    retry_after_s: float | None = None
+    param: str | None = None
+
+    @classmethod
+    def of(cls, exc: FrinkError, index: int = 0) -> "ErrorEvent":
+        """A FrinkError raised mid-stream, keeping its status, code and Retry-After."""
+        return cls(exc.message, code=exc.code, status=exc.status, index=index,
+                   retry_after_s=exc.retry_after_s, param=exc.param)
+
+    def to_error(self) -> FrinkError:
+        """The error an adapter raises for a response not yet sent (its real status)."""
+        kind = _ERROR_BY_STATUS.get(self.status, EngineFailure)
+        err = kind(self.message, code=self.code, param=self.param,
+                   retry_after_s=self.retry_after_s)
+        err.status = self.status
+        return err
+
+
+_ERROR_BY_STATUS: dict[int, type[FrinkError]] = {400: InvalidRequest, 503: Unavailable}
 
 
 Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCallEnd, Done, ErrorEvent]

@@ -26,7 +26,9 @@ Failure rules:
    (ContextLengthExceeded), a full waiting queue (Overloaded). max_tokens is
    clamped to the ceiling, never refused.
 2. A request that waited longer than `queue_timeout_s` without starting
-   ends its stream with `Overloaded` (iteration raises it).
+   ends its stream with `Overloaded` (iteration raises it, and so does
+   `SeqStream.admitted()`, which returns once the request's first prefill
+   chunk is planned: from then on it cannot time out).
 3. An exception while building a step ends that step's rows with
    finish="error"; an exception while evaluating one also rebuilds the KV
    pools (their contents are unknown) and ends every live row. The thread
@@ -153,8 +155,9 @@ class Engine:
             seq = dataclasses.replace(seq, request_id=f"seq-{secrets.token_hex(8)}")
         return seq
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Thread-safe: end row `index` of the request (None: every row) within one step."""
+        self._inbox.put(("abort", (request_id, index)))
 
     def stats(self) -> EngineStats:
         s, sch = self._stats, self.scheduler
@@ -248,7 +251,8 @@ class Engine:
             if kind == "submit":
                 self._admit(*payload)
             elif kind == "abort":
-                self._finish_rows(self.scheduler.abort(payload))
+                request_id, index = payload
+                self._finish_rows(self.scheduler.abort(request_id, index=index))
             elif kind == "drain":
                 deadline = payload
             try:
@@ -289,6 +293,7 @@ class Engine:
         """Plan and dispatch one step, then read back the previous one."""
         plan = self.scheduler.schedule()
         self._recount_queue()
+        self._mark_admitted(plan)
         if plan.is_empty:
             if pending is not None:
                 self._deliver(pending)
@@ -310,6 +315,14 @@ class Engine:
             self._deliver(pending)
         self._stats.steps_total += 1
         return result
+
+    def _mark_admitted(self, plan: Any) -> None:
+        """Failure rule 2: a request whose prefill is planned has left the queue."""
+        for chunk in plan.prefill:
+            seq = self.scheduler.seqs.get(chunk.seq_id)
+            stream = self._streams.get(seq.group.request.request_id) if seq else None
+            if stream is not None and not stream.admission_sent:
+                stream._mark_admitted()
 
     def _deliver(self, step: StepResult) -> None:
         """Read one step back and turn it into StepOutputs (and finishes)."""

@@ -17,6 +17,13 @@ Rules:
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
    `abort()`, whichever comes first (both idempotent).
+8. `Run.admitted()` waits until the engine starts the request and raises the
+   FrinkError that ended it before (Overloaded after queue_timeout_s), so
+   AppState.generate refuses with its real status before any byte is sent. A
+   FrinkError raised later becomes an ErrorEvent keeping status, code and
+   Retry-After; any other exception an ErrorEvent 500.
+9. A choice that ends on a stop string (n > 1) aborts its own engine row, so
+   its blocks are freed and it stops taking batch slots while the others go on.
 7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
    generation keeps the last turns' ids (prompt + generated answer). A new
    prompt that continues one of them (its whole prompt matches) but differs
@@ -39,12 +46,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from ..core.events import ErrorEvent, Event
+from ..core.events import Done, ErrorEvent, Event
 from ..core.output import OutputPipeline, TokenText
 from ..core.parsers import MarkupInfo, detect_format
 from ..core.prompt import RenderedPrompt, render_prompt
 from ..core.request import GenRequest, SamplingParams
-from ..errors import ContextLengthExceeded, InvalidRequest, UnsupportedField
+from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
 from .hub import Generation, Lease
 from .types import SeqRequest
 
@@ -290,6 +297,17 @@ class Run:
                 "completion_tokens": sum(c.num_tokens for c in pipeline.choices),
                 "ttft_s": min(firsts) - pipeline.started_at if firsts else None}
 
+    async def admitted(self) -> None:
+        """Rule 8: return once the engine runs this request; raise what refused it."""
+        wait = getattr(self._stream, "admitted", None)
+        if wait is None:  # an engine stream without admission signalling
+            return
+        try:
+            await wait()
+        except BaseException:
+            self._close()
+            raise
+
     async def events(self) -> AsyncIterator[Event]:
         """Events for every choice; `Done` once per choice (or an ErrorEvent)."""
         pipeline = self._pipeline
@@ -297,12 +315,17 @@ class Run:
         try:
             async for step in steps:
                 for event in pipeline.on_step(step):
+                    if isinstance(event, Done) and step.finish is None and self.n > 1:
+                        self._stream.abort(event.index)  # rule 9: a stop string ended it
                     yield event
                 if pipeline.all_done:
                     break
             if not pipeline.all_done:
                 for event in pipeline.abort("abort"):
                     yield event
+        except FrinkError as exc:  # rule 8: e.g. Overloaded after a preemption
+            log.info("generation %s ended: %r", self.id, exc)
+            yield ErrorEvent.of(exc)
         except Exception as exc:  # noqa: BLE001 - an engine crash is an event, not a hang
             log.exception("generation %s failed", self.id)
             yield ErrorEvent(f"generation failed: {exc}")

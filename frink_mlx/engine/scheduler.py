@@ -175,16 +175,28 @@ class Scheduler:
         return self._next_seq_id
 
     def abort(self, request_id: str, reason: EngineFinish = "abort",
-              error: str | None = None) -> list[Finished]:
-        """End every live row of `request_id` now; their blocks are freed."""
-        done: list[Finished] = []
+              error: str | None = None, *, index: int | None = None) -> list[Finished]:
+        """End the live rows of `request_id` now (only row `index` when given);
+        their blocks are freed.
+
+        One row of a request whose prompt is still in its first prefill
+        (rows not yet forked into the batch) cannot end alone without
+        stranding its siblings, so that aborts the whole request; a stop string
+        (the reason to end one row) can only match after the first token.
+        """
+        rows = [s for s in self.seqs.values()
+                if s.group.request.request_id == request_id and s.finish is None]
+        if index is not None and all(s.group.activated for s in rows):
+            done = []
+            for seq in rows:
+                if seq.index == index:
+                    self._drop_waiting(seq)
+                    done.append(self._finish(seq, reason, error))
+            return done
         for group in list(self.waiting):
             if group.request.request_id == request_id:
                 self.waiting.remove(group)
-        for seq in list(self.seqs.values()):
-            if seq.group.request.request_id == request_id and seq.finish is None:
-                done.append(self._finish(seq, reason, error))
-        return done
+        return [self._finish(seq, reason, error) for seq in rows]
 
     def expire_waiting(self, older_than_s: float, now_s: float | None = None) -> list[Group]:
         """Remove (and return) never-started requests waiting longer than `older_than_s`.
