@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent
-from ...errors import EngineFailure, NotSupported, UnsupportedField
+from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import run_until_disconnect, sse_frame, sse_response
@@ -75,7 +75,7 @@ async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:
         if event.index != 0:
             continue
         if isinstance(event, ErrorEvent):
-            raise EngineFailure(event.message, code=event.code)
+            raise event.to_error()
         builder.feed(event)
         if isinstance(event, Done):
             break

@@ -29,7 +29,7 @@ from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, 
                             ToolCallDelta, ToolCallEnd, ToolCallStart, Usage)
 from ...core.request import (GenRequest, Message, ResponseFormat, SamplingParams, Tool,
                              ToolCall)
-from ...errors import FrinkError, InvalidRequest, UnsupportedField
+from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, error_body, openai_error
@@ -256,7 +256,7 @@ async def collect(run: Any) -> dict[int, ChoiceAcc]:
     acc: dict[int, ChoiceAcc] = {}
     async for event in run.events():
         if isinstance(event, ErrorEvent):
-            raise FrinkError(event.message, code=event.code)
+            raise event.to_error()
         accumulate(acc, event)
     return acc
 
@@ -318,7 +318,7 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool,
     usage = UsageSum()
     async for event in run.events():
         if isinstance(event, ErrorEvent):
-            yield f"data: {dumps(error_body(FrinkError(event.message, code=event.code)))}\n\n"
+            yield f"data: {dumps(error_body(event.to_error()))}\n\n"
             return
         if isinstance(event, Done):
             usage.add_done(event)

@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
 from ...core.request import GenRequest
-from ...errors import FrinkError, InvalidRequest, UnsupportedField
+from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, error_body, openai_error
 from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
@@ -143,7 +143,7 @@ async def collect_all(runs: list[Any]) -> dict[int, ChoiceAcc]:
     acc: dict[int, ChoiceAcc] = {}
     async for k, event in merged(runs):
         if isinstance(event, ErrorEvent):
-            raise FrinkError(event.message, code=event.code)
+            raise event.to_error()
         accumulate(acc, _renumber(event, k, runs[k].n))
     return acc
 
@@ -173,7 +173,7 @@ async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
     async for k, event in merged(runs):
         event = _renumber(event, k, runs[k].n)
         if isinstance(event, ErrorEvent):
-            yield f"data: {dumps(error_body(FrinkError(event.message, code=event.code)))}\n\n"
+            yield f"data: {dumps(error_body(event.to_error()))}\n\n"
             return
         if isinstance(event, Done):
             usage.add_done(event)

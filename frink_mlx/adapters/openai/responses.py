@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
-from ...errors import EngineFailure, InvalidRequest, UnsupportedField
+from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import decode_body, validation_param
 from ...http.errors import endpoint, openai_error
 from ...http.sse import run_until_disconnect, sse_frame, sse_response
@@ -266,7 +266,7 @@ async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
         if event.index != 0:
             continue
         if isinstance(event, ErrorEvent):
-            raise EngineFailure(event.message, code=event.code)
+            raise event.to_error()
         builder.feed(event)
         if isinstance(event, Done):
             break
