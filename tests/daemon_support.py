@@ -57,8 +57,9 @@ class _Stream:
     def put(self, item: StepOutput | None) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def abort(self) -> None:
-        self.aborted.set()
+    def abort(self, index: int | None = None) -> None:
+        if index is None:  # one row's abort (a stop string): its tokens are just dropped
+            self.aborted.set()
 
     def __aiter__(self) -> "_Stream":
         return self

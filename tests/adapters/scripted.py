@@ -84,8 +84,9 @@ class _Stream:
         self.queue: asyncio.Queue[StepOutput | None] = asyncio.Queue()
         self.aborted = False
 
-    def abort(self) -> None:
-        self.aborted = True
+    def abort(self, index: int | None = None) -> None:
+        if index is None:  # one row's abort (a stop string): its tokens are just dropped
+            self.aborted = True
 
     def __aiter__(self) -> "_Stream":
         return self
