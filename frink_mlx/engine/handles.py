@@ -24,6 +24,10 @@ Rules:
    Retry-After; any other exception an ErrorEvent 500.
 9. A choice that ends on a stop string (n > 1) aborts its own engine row, so
    its blocks are freed and it stops taking batch slots while the others go on.
+10. `thinking_budget_tokens` is enforced per row by a ThinkBudget row
+   constraint (think_budget.py): after that many tokens inside an open think
+   block the think-end marker is forced. A model without think markers never
+   opens a block, so there is nothing to cap.
 7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
    generation keeps the last turns' ids (prompt + generated answer). A new
    prompt that continues one of them (its whole prompt matches) but differs
@@ -49,10 +53,11 @@ from typing import Any, AsyncIterator
 from ..core.events import Done, ErrorEvent, Event
 from ..core.output import OutputPipeline, TokenText
 from ..core.parsers import MarkupInfo, detect_format
-from ..core.prompt import RenderedPrompt, render_prompt
+from ..core.prompt import RenderedPrompt, encode_text, render_prompt
 from ..core.request import GenRequest, SamplingParams
 from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
 from .hub import Generation, Lease
+from .think_budget import with_think_budget
 from .types import SeqRequest
 
 log = logging.getLogger("frink_mlx.handles")
@@ -223,6 +228,7 @@ class DecodeHandles:
         """Hand the prepared request to the engine (rules 4-5); the Run streams it."""
         request, rendered = prepared.request, prepared.rendered
         request_id = request.request_id or f"req-{uuid.uuid4().hex[:24]}"
+        constraints = self._budgeted(prepared, constraints)
         seq = SeqRequest(
             request_id=request_id, prompt_ids=rendered.ids,
             sampling=apply_sampling_defaults(request, self.generation.spec.sampling),
@@ -240,6 +246,18 @@ class DecodeHandles:
                    prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
                    _lease=lease, _handles=self, _memory=memory)
+
+    def _budgeted(self, prepared: "Prepared", constraints: list[Any] | None) -> list[Any] | None:
+        """Rule 10: wrap each row's constraint in its thinking budget."""
+        budget, markup = prepared.request.thinking_budget_tokens, prepared.markup
+        if budget is None or not markup.think_end:
+            return constraints
+        end_ids = encode_text(self.tokenizer, markup.think_end, add_special_tokens=False)
+        start_ids = encode_text(self.tokenizer, markup.think_start, add_special_tokens=False) \
+            if markup.think_start else []
+        return with_think_budget(constraints, prepared.request.n, budget,
+                                 think_start_ids=start_ids, think_end_ids=end_ids,
+                                 opens_inside=bool(markup.prompt_opens_thinking))
 
     def start(self, request: GenRequest, lease: Lease | None = None) -> "Run":
         """prepare + submit, unconstrained (structured output goes through AppState)."""
