@@ -65,13 +65,13 @@ class Holder:
     def _run(self, url: str) -> None:
         body = {"prompt": [5] * 520, "n_predict": 480, "ignore_eos": True, "stream": True,
                 "cache_prompt": False}
-        with httpx.Client(base_url=url, timeout=120) as client:
-            with client.stream("POST", "/completion", json=body) as response:
-                self.status = response.status_code
-                for line in response.iter_lines():
-                    if line.startswith("data:"):
-                        self.num_frames += 1
-                        self.started.set()
+        with httpx.Client(base_url=url, timeout=120) as client, \
+                client.stream("POST", "/completion", json=body) as response:
+            self.status = response.status_code
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    self.num_frames += 1
+                    self.started.set()
         self.started.set()
 
 
