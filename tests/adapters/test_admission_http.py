@@ -1,8 +1,8 @@
 """A request that times out waiting for KV blocks is a real 503 + Retry-After.
 
-The daemon's tiny llama gets a 64-block pool (16 tokens a block, 512 B a
-token). A holder request (520 prompt ids, 480 tokens with ignore_eos) keeps
-more than half the pool for its whole decode; a ~700-token chat prompt can
+The daemon's tiny llama gets a 128-block pool (16 tokens a block, 512 B a
+token). A holder request (1040 prompt ids, 1000 tokens with ignore_eos) keeps
+more than half the pool for its whole decode; a ~1100-token chat prompt can
 then never be admitted and, after queue_timeout_s, must be refused with 503
 and Retry-After in each protocol's envelope -- OpenAI chat (stream and not),
 Anthropic, llama.cpp -- before any byte of a stream is sent. /health answers
@@ -24,7 +24,7 @@ from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
 BLOCK_SIZE = 16
-NUM_BLOCKS = 64
+NUM_BLOCKS = 128
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # K,V * layers * kv heads * head dim * float32
 
 
@@ -63,7 +63,7 @@ class Holder:
         assert self.started.wait(60), "the holder never started"
 
     def _run(self, url: str) -> None:
-        body = {"prompt": [5] * 520, "n_predict": 480, "ignore_eos": True, "stream": True,
+        body = {"prompt": [5] * 1040, "n_predict": 1000, "ignore_eos": True, "stream": True,
                 "cache_prompt": False}
         with httpx.Client(base_url=url, timeout=120) as client, \
                 client.stream("POST", "/completion", json=body) as response:
@@ -79,7 +79,7 @@ def test_queue_timeout_is_503_with_retry_after_in_every_envelope(server: Any) ->
     with httpx.Client(base_url=server.url, timeout=60) as client:
         stats = server.state.hub.current.engine.stats()
         assert stats.num_blocks_total == NUM_BLOCKS
-        text = _long_message(client, 700)
+        text = _long_message(client, 1100)
         holder = Holder(server.url)
         messages = [{"role": "user", "content": text}]
         calls = {
