@@ -29,6 +29,7 @@ Rules:
    values: for those and for unknown formats there is no grammar and the request runs as
    before (template + stream parser). A forced call takes precedence over
    `response_format` either way: that turn's output is the call itself.
+   The call's arguments admit only the declared parameters (`closed_objects`).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> s
     variants = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, args_key: t.parameters},
+            "properties": {"name": {"const": t.name}, args_key: closed_objects(t.parameters)},
             "required": ["name", args_key],
             "additionalProperties": False,
         }
@@ -169,6 +170,40 @@ def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> s
         f"call: {call}\n"
         f"body: %json {json.dumps(call_schema)}\n"
     )
+
+
+_NESTED_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else")
+_NESTED_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
+_NESTED_MAP = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of a tool's parameter schema whose objects admit only declared properties.
+
+    A function accepts the parameters it declares. JSON Schema's default
+    (`additionalProperties` true) would let a forced call wander into invented
+    keys until the token cap; so every object schema that does not say otherwise
+    is closed, as OpenAI's strict function calling does. An explicit
+    `additionalProperties` is kept as the client wrote it.
+    """
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _NESTED_ONE:
+        if key in out:
+            out[key] = closed_objects(out[key])
+    for key in _NESTED_MANY:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(s) for s in out[key]]
+    for key in _NESTED_MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _dump_schema(schema: Any, param: str) -> str:

@@ -110,7 +110,7 @@ def test_named_tool_choice_builds_one_hermes_call() -> None:
     assert '"<tool_call>" "\\n" body "\\n" "</tool_call>"' in spec.text
     body = json.loads(spec.text.split("%json ", 1)[1])
     assert body["properties"]["name"] == {"const": "get_weather"}
-    assert body["properties"]["arguments"] == WEATHER.parameters
+    assert body["properties"]["arguments"] == {**WEATHER.parameters, "additionalProperties": False}
     assert "get_time" not in spec.text
 
 
@@ -155,3 +155,19 @@ def test_forced_tool_call_wins_over_response_format() -> None:
     plain = grammar_for_request(req, MarkupInfo())
     assert plain is not None and plain.kind == "json_schema"
     assert grammar_for_request(GenRequest(model="m", prompt="x"), HERMES) is None
+
+
+def test_forced_call_arguments_admit_only_declared_parameters() -> None:
+    from frink_mlx.core.structured import closed_objects
+
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+        "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+        "free": {"type": "object", "additionalProperties": True}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["where"]["additionalProperties"] is False
+    assert closed["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["free"]["additionalProperties"] is True  # the client's word stands
+    assert "additionalProperties" not in schema  # the request's own schema is not mutated
