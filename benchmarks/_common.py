@@ -215,8 +215,9 @@ def percentile(values: list[float], q: float) -> float:
 def summarize_collapsed(path: Path, top: int = 15) -> str:
     """Top frames of a py-spy `--format raw` (collapsed stacks) file, per thread.
 
-    Self = samples whose innermost frame is that function; total = samples
-    with the function anywhere on the stack. Thread roots come from --threads.
+    Recorded with --idle, so shares are of wall time. Self = samples whose innermost
+    frame is that function; total = samples with the function anywhere on the
+    stack. Thread roots come from --threads.
     """
     if not path.exists():
         return f"no profile written to {path}"

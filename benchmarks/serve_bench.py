@@ -10,7 +10,8 @@ OpenBLAS preloaded, see _common.py):
    the identical fp32 dir and frink-mlx has nothing to dequantize.
 2. Raw: in a subprocess, the bare mlx-lm model decodes greedily in a loop with
    a plain KVCache at batch 1/8/16 (engine_bench.raw_decode_tps): the ceiling
-   any server on these kernels can reach.
+   any server on these kernels can reach. Timed again after both servers; a
+   drift over 10% is flagged (the machine's load changed mid-run).
 3. Per server: start, warm up, then
    a. load: C concurrent clients (C in --clients), each sending --requests
       streaming chat requests one after the other, --tokens output tokens each,
@@ -196,7 +197,7 @@ async def bench_server(server: Server, args: argparse.Namespace,
         print(f"  {server.name:14s} {clients:2d} clients: {lvl['agg_tps']:6.1f} tok/s  TTFT p50 "
               f"{lvl['ttft_p50']:.2f} s p95 {lvl['ttft_p95']:.2f} s  ({lvl['tokens']} tokens, "
               f"{lvl['short']}/{lvl['requests']} replies short, server CPU "
-              f"{fmt(lvl['cpu_ms_per_token'], '.0f')} ms/token)", flush=True)
+              f"{fmt(lvl['cpu_ms_per_token'], '.0f')} ms/token, load {load_average()})", flush=True)
         for error in lvl["failed"]:
             print(f"    FAILED request: {error}", flush=True)
     out["turns"] = turns = await run_turns(server, args.history_tokens, args.turn_trials)
@@ -223,8 +224,8 @@ async def profile_level(server: Server, args: argparse.Namespace, extra: dict[st
     out = Path(args.profile) / "frink-8-clients.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
-        spy, "record", "-p", str(server.pid), "-r", "50", "--threads", "-f", "raw", "-o", str(out),
-        "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        spy, "record", "-p", str(server.pid), "-r", "50", "--threads", "--idle", "-f", "raw",
+        "-o", str(out), "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     await asyncio.sleep(1.0)
     await run_level(server, 8, args.requests, args.tokens, extra)
     proc.send_signal(signal.SIGINT)
@@ -369,6 +370,14 @@ def print_targets(results: dict[str, dict[str, Any]], raw: dict[int, float],
         print(f"  {name:38s} {fmt(value, '.3f'):>8s}   {verdict}")
 
 
+def load_average() -> str:
+    """The 1-minute load average (Linux), so a reader can see a noisy neighbour."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "n/a"
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -400,7 +409,14 @@ def main() -> int:
             results["mlx_lm.server"] = asyncio.run(bench_server(server, args, {}))
         finally:
             server.stop()
+    after = {int(k): v for k, v in prepare(args)["raw"].items()}
+    print("raw decode again after the servers: " +
+          "  ".join(f"batch {b}: {v:.1f} tok/s" for b, v in after.items()), flush=True)
     print_report(results, raw, prep, args)
+    drift = max(abs(after[b] / raw[b] - 1) for b in raw)
+    if drift > 0.1:
+        print(f"\nWARNING: the raw rate moved {drift:.0%} between the start and the end of this "
+              "run: the machine's load changed, so the ratios above are unreliable.")
     if not args.keep_weights and args.fp32_dir_is_temp:
         shutil.rmtree(Path(prep["dir"]).parent, ignore_errors=True)
     return 0
