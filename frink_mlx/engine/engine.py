@@ -25,8 +25,9 @@ Failure rules:
    (core/checks.py), constraints (InvalidRequest), prompt + 1 token over the ceiling
    (ContextLengthExceeded), a full waiting queue (Overloaded). max_tokens is
    clamped to the ceiling, never refused.
-2. A request that waited longer than `queue_timeout_s` without starting
-   ends its stream with `Overloaded` (iteration raises it, and so does
+2. A request refused for lack of KV blocks or batch rows for longer than
+   `queue_timeout_s` (the scheduler's shortage clock, not mere waiting behind
+   other prompts' prefill) ends its stream with `Overloaded` (iteration raises it, and so does
    `SeqStream.admitted()`, which returns once the request's first prefill
    chunk is planned: from then on it cannot time out).
 3. An exception while building a step ends that step's rows with

@@ -155,6 +155,8 @@ class Scheduler:
         self.prefix_hit_tokens_total = 0
         self.prompt_tokens_total = 0
         self.num_preemptions = 0
+        self.blocked_since_s: float | None = None  # see _track_shortage
+        self._head_short = False
 
     # -- requests in and out ----------------------------------------------------
 
@@ -199,13 +201,19 @@ class Scheduler:
         return [self._finish(seq, reason, error) for seq in rows]
 
     def expire_waiting(self, older_than_s: float, now_s: float | None = None) -> list[Group]:
-        """Remove (and return) never-started requests waiting longer than `older_than_s`.
+        """Remove (and return) never-started requests refused for `older_than_s`.
 
-        Preempted rows already streamed output, so they wait as long as it takes.
+        Only a shortage counts: time spent while the head of the queue could not
+        be admitted for lack of KV blocks or batch rows (`blocked_since_s`), not
+        time spent behind other prompts' prefill budget -- a burst of long
+        prompts on a slow machine is slow, not full. Preempted rows already
+        streamed output, so they wait as long as it takes.
         """
+        if self.blocked_since_s is None:
+            return []
         now = time.monotonic() if now_s is None else now_s
-        expired = [g for g in self.waiting
-                   if not g.activated and now - g.arrival_s > older_than_s]
+        expired = [g for g in self.waiting if not g.activated
+                   and now - max(g.arrival_s, self.blocked_since_s) > older_than_s]
         for group in expired:
             self.waiting.remove(group)
             for seq in group.seqs:
@@ -227,7 +235,7 @@ class Scheduler:
 
     # -- planning ---------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now_s: float | None = None) -> SchedulerOutput:
         """Plan one step.
 
         Algorithm:
@@ -247,10 +255,24 @@ class Scheduler:
                 break
             if seq.in_prefill and seq.finish is None:
                 budget -= self._plan_chunk(seq, budget, out)
-        while budget > 0 and self.waiting and self._admit_head():
+        admitted = short = False
+        while budget > 0 and self.waiting:
+            if not self._admit_head():
+                short = self._head_short
+                break
+            admitted = True
             budget -= self._plan_chunk(self.running[-1], budget, out)
+        self._track_shortage(admitted, short, now_s)
         self.mark_sampled(out.sample_seq_ids)
         return out
+
+    def _track_shortage(self, admitted: bool, short: bool, now_s: float | None) -> None:
+        """Keep `blocked_since_s`: when the queue head started being refused for lack of
+        blocks or rows (None while the queue moves or is empty); see expire_waiting."""
+        if admitted or not self.waiting:
+            self.blocked_since_s = None
+        if short and self.blocked_since_s is None:
+            self.blocked_since_s = time.monotonic() if now_s is None else now_s
 
     def _plan_decode(self, out: SchedulerOutput) -> None:
         for seq in list(self.running):
@@ -302,8 +324,10 @@ class Scheduler:
         """Rule 1: admit the waiting head if its blocks and rows fit; else admit nobody."""
         group = self.waiting[0]
         seq = group.seqs[0]
+        self._head_short = False
         if seq.num_pending:  # its last token is still on the device
             return False
+        self._head_short = True  # every refusal below is a shortage of rows or blocks
         if len(self.running) + len(group.seqs) > self.max_batch:
             return False
         if self.one_request_at_a_time and self.running:
@@ -317,6 +341,7 @@ class Scheduler:
         if not group.activated and not self._fork_children(seq):
             self.kv.free(seq.seq_id)
             return False
+        self._head_short = False
         self.waiting.popleft()
         seq.num_computed = num_hit
         seq.prefill_target = target

@@ -33,7 +33,9 @@ def _engine(tiny, **overrides) -> Engine:
 
 
 def test_a_queue_timeout_is_raised_by_admitted_and_the_runner_loses_nothing(tiny) -> None:
-    engine = _engine(tiny)
+    # the shortage clock starts once the pool refuses the waiter (the hog decoding):
+    # 1 ms is far less than the hog's 12 decode steps on any machine
+    engine = _engine(tiny, queue_timeout_s=0.001)
 
     async def main() -> tuple[list, list]:
         hog = engine.submit(SeqRequest("hog", list(range(3, 103)), GREEDY, 12))  # 25 -> 28 blocks

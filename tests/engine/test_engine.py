@@ -131,7 +131,9 @@ def test_abort_frees_blocks_within_a_step(make_engine):
 
 
 def test_queue_timeout_ends_the_stream_with_overloaded(make_engine):
-    engine = make_engine(start=False, num_blocks=28, queue_timeout_s=0.05)
+    # The clock starts when the pool first refuses the waiter (hog running): 1 ms is
+    # far less than the hog's 12 steps on any machine.
+    engine = make_engine(start=False, num_blocks=28, queue_timeout_s=0.001)
     hog = engine.submit(SeqRequest("hog", _prompt(10, 100), GREEDY, 12))   # 25, then 28 blocks
     waiter = engine.submit(SeqRequest("waiter", _prompt(11, 20), GREEDY, 4))  # 5 blocks
     engine.start()  # both are queued before the first step, however slow this machine is

@@ -149,12 +149,34 @@ def test_prompt_blocks_are_shared_within_the_same_step():
 
 
 def test_expired_waiting_requests_leave_the_queue():
-    s = _sched(num_blocks=2)
+    s = _sched(num_blocks=2, chunk=16)
     s.add(_req("runs", 8), now_s=0.0)
     s.add(_req("waits", 8), now_s=0.0)
-    s.schedule()
+    s.schedule(now_s=0.0)
+    assert s.expire_waiting(5.0, now_s=4.0) == []
     expired = s.expire_waiting(5.0, now_s=10.0)
     assert [g.request.request_id for g in expired] == ["waits"] and not s.waiting
+
+
+def test_waiting_behind_prefill_budget_is_not_a_shortage():
+    """A burst of long prompts on a slow machine is slow, not full: no timeout."""
+    s = _sched(num_blocks=64, chunk=8)
+    s.add(_req("long", 40), now_s=0.0)
+    s.add(_req("next", 8), now_s=0.0)
+    s.schedule(now_s=0.0)  # the whole budget goes to "long"'s first chunk
+    assert s.blocked_since_s is None
+    assert s.expire_waiting(5.0, now_s=100.0) == [] and len(s.waiting) == 1
+
+
+def test_shortage_clock_counts_from_when_the_head_was_refused():
+    s = _sched(num_blocks=2, chunk=16)
+    s.add(_req("runs", 7), now_s=0.0)  # its first decode token still fits in block 2
+    s.schedule(now_s=0.0)
+    s.add(_req("late", 8, base=100), now_s=50.0)
+    s.schedule(now_s=50.0)  # refused for lack of blocks from t=50
+    assert s.blocked_since_s == 50.0
+    assert s.expire_waiting(5.0, now_s=54.0) == []
+    assert [g.request.request_id for g in s.expire_waiting(5.0, now_s=56.0)] == ["late"]
 
 
 def test_batching_off_runs_one_request_at_a_time():
