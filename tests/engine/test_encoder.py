@@ -247,3 +247,12 @@ def test_generative_self_embeddings_ignore_right_padding(tiny_llama_dir: Path) -
     single = encoder.embed(tokens[1:])
     assert np.abs(batched[1] - single[0]).max() < 1e-5
     assert np.allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+
+
+def test_batches_cut_at_the_size_limit_and_where_padding_would_dominate() -> None:
+    from frink_mlx.engine.encoder.encoder import _batches
+
+    lengths = [10, 40, 38, 12, 39, 11, 30]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)  # 1 4 2 6 3 5 0
+    assert _batches(order, lengths, batch_size=2) == [[1, 4], [2, 6], [3, 5], [0]]
+    assert _batches(order, lengths, batch_size=32) == [[1, 4, 2, 6], [3, 5, 0]]
