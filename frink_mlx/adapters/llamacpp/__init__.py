@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent
+from ...core.events import Done, ErrorEvent, drain_choice
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
@@ -71,14 +71,7 @@ async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
 
 
 async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:
-    async for event in run.events():
-        if event.index != 0:
-            continue
-        if isinstance(event, ErrorEvent):
-            raise event.to_error()
-        builder.feed(event)
-        if isinstance(event, Done):
-            break
+    await drain_choice(run.events(), builder.feed)
     return builder.result()
 
 

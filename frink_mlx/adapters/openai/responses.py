@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent
+from ...core.events import Done, ErrorEvent, drain_choice
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import decode_body, validation_param
@@ -262,14 +262,7 @@ async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
 
 
 async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
-    async for event in run.events():
-        if event.index != 0:
-            continue
-        if isinstance(event, ErrorEvent):
-            raise event.to_error()
-        builder.feed(event)
-        if isinstance(event, Done):
-            break
+    await drain_choice(run.events(), builder.feed)
     return builder.response()
 
 
