@@ -13,7 +13,7 @@ Order for one choice:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AsyncIterable, Callable, Literal, Union
+from typing import AsyncIterable, AsyncIterator, Callable, Literal, Union
 
 from ..errors import EngineFailure, FrinkError, InvalidRequest, Unavailable
 
@@ -120,6 +120,16 @@ _ERROR_BY_STATUS: dict[int, type[FrinkError]] = {400: InvalidRequest, 503: Unava
 Event = Union[TextDelta, ReasoningDelta, ToolCallStart, ToolCallDelta, ToolCallEnd, Done, ErrorEvent]
 
 
+async def choice_events(events: AsyncIterable[Event], index: int = 0) -> AsyncIterator[Event]:
+    """Choice `index`'s events, up to and including its `Done` or `ErrorEvent`."""
+    async for event in events:
+        if event.index != index:
+            continue
+        yield event
+        if isinstance(event, (Done, ErrorEvent)):
+            return
+
+
 async def drain_choice(events: AsyncIterable[Event], feed: Callable[[Event], object],
                        index: int = 0) -> None:
     """Feed choice `index`'s events to `feed` up to its `Done`.
@@ -127,11 +137,7 @@ async def drain_choice(events: AsyncIterable[Event], feed: Callable[[Event], obj
     For the non-streaming paths, where nothing has been sent yet: an
     `ErrorEvent` raises its own error (status, code, Retry-After) instead.
     """
-    async for event in events:
-        if event.index != index:
-            continue
+    async for event in choice_events(events, index):
         if isinstance(event, ErrorEvent):
             raise event.to_error()
         feed(event)
-        if isinstance(event, Done):
-            return

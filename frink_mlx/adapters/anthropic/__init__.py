@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent, drain_choice
+from ...core.events import choice_events, drain_choice
 from ...http.body import decode_body
 from ...http.errors import anthropic_error, endpoint
 from ...http.sse import run_until_disconnect, sse_frame, sse_response
@@ -43,14 +43,10 @@ def _encode(frames: list[Frame]) -> str:
 
 async def _stream(run: Any, builder: MessageBuilder) -> AsyncIterator[str]:
     yield _encode(builder.start())
-    async for event in run.events():
-        if event.index != 0:
-            continue
+    async for event in choice_events(run.events()):
         frames = builder.feed(event)
         if frames:
             yield _encode(frames)
-        if isinstance(event, (Done, ErrorEvent)):
-            return
 
 
 async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent, drain_choice
+from ...core.events import choice_events, drain_choice
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
@@ -61,13 +61,9 @@ async def fim_style(state: Any, model: str | None) -> tuple[str, str, str, str |
 
 
 async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
-    async for event in run.events():
-        if event.index != 0:
-            continue
+    async for event in choice_events(run.events()):
         for frame in builder.feed(event):
             yield sse_frame(json.dumps(frame, ensure_ascii=False))
-        if isinstance(event, (Done, ErrorEvent)):
-            return
 
 
 async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent, drain_choice
+from ...core.events import Done, ErrorEvent, choice_events, drain_choice
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import decode_body, validation_param
@@ -249,16 +249,13 @@ def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilde
 async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
                   ) -> AsyncIterator[str]:
     events = builder.start()
-    async for event in run.events():
-        if event.index != 0:
-            continue
+    async for event in choice_events(run.events()):
         events += builder.feed(event)
         yield "".join(sse_frame(json.dumps(e, ensure_ascii=False), event=e["type"])
                       for e in events)
         events = []
         if isinstance(event, (Done, ErrorEvent)):
             keep()
-            return
 
 
 async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
