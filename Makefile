@@ -6,7 +6,10 @@ STAMP  := $(VENV)/.frink-installed
 # MLX's Linux CPU wheel bundles reference BLAS; Debian's OpenBLAS is ~30x faster.
 # The daemon re-executes itself with it preloaded; tests get it here.
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
-TEST_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
+# OpenBLAS falls back to generic SSE3 kernels on CPUs it does not recognise (many
+# VMs); engine/blas.py picks the kernel class the CPU's flags allow (rule 5).
+CORETYPE = $(shell $(BIN)/python -m frink_mlx.engine.blas 2>/dev/null)
+TEST_ENV = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) $(if $(CORETYPE),OPENBLAS_CORETYPE=$(CORETYPE),),)
 
 .PHONY: venv run test test-fast bench install-service uninstall-service clean
 

@@ -7,7 +7,9 @@ token". Keeping that here lets each script read as its workload.
 
 Rules:
 1. Every server runs in its own subprocess with `OPENBLAS` in LD_PRELOAD (the
-   daemon would re-exec itself with it anyway; mlx_lm.server would not).
+   daemon would re-exec itself with it anyway; mlx_lm.server would not) and the
+   same `OPENBLAS_CORETYPE` the daemon's re-exec would choose (engine/blas.py
+   rule 5), so every process runs the same BLAS kernels.
 2. Readiness: frink-mlx prints one JSON ready line on stdout (server.py rule 3);
    mlx_lm.server prints nothing machine-readable, so it is polled on /health
    until it answers 200 and then warmed with a request (it loads lazily).
@@ -35,6 +37,9 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from frink_mlx.engine.blas import suggested_coretype  # noqa: E402 - after the path entry
+
 ROOT = Path(__file__).resolve().parents[1]
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -45,6 +50,10 @@ def bench_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     if Path(OPENBLAS).exists() and "libopenblas" not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = f"{OPENBLAS}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else OPENBLAS
+    if "OPENBLAS_CORETYPE" not in env and Path(OPENBLAS).exists():
+        core = suggested_coretype(Path(OPENBLAS))
+        if core:
+            env["OPENBLAS_CORETYPE"] = core
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env

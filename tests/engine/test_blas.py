@@ -27,11 +27,42 @@ def test_reexec_env_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert blas.reexec_env(off, {}) is None                                   # setting off
     assert blas.reexec_env(on, {"FRINK_MLX_BLAS_REEXEC": "1"}) is None        # marker: never loops
     assert blas.reexec_env(on, {"LD_PRELOAD": "/usr/lib/libopenblas.so"}) is None  # already there
+    monkeypatch.setattr(blas, "suggested_coretype", lambda lib, probe: "SkylakeX")
+    assert blas.reexec_env(on, {})["OPENBLAS_CORETYPE"] == "SkylakeX"  # type: ignore[index]
+    kept = blas.reexec_env(on, {"OPENBLAS_CORETYPE": "Haswell"})         # the user's choice stays
+    assert kept is not None and kept["OPENBLAS_CORETYPE"] == "Haswell"
+    monkeypatch.setattr(blas, "suggested_coretype", lambda lib, probe: None)
     monkeypatch.setattr(blas, "openblas_path", lambda: None)
     assert blas.reexec_env(on, {}) is None                                    # not installed
     monkeypatch.setattr(blas.sys, "platform", "darwin")
     monkeypatch.setattr(blas, "openblas_path", lambda: lib)
     assert blas.reexec_env(on, {}) is None                                    # Linux only
+
+
+AVX512 = {"sse3", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+
+
+def test_coretype_override_only_upgrades_a_weaker_detection() -> None:
+    assert blas.coretype_override("Prescott", AVX512) == "SkylakeX"   # unknown VM CPU
+    assert blas.coretype_override("Prescott", {"avx2", "fma"}) == "Haswell"
+    assert blas.coretype_override("Haswell", AVX512) == "SkylakeX"
+    assert blas.coretype_override("SkylakeX", AVX512) is None          # detection was right
+    assert blas.coretype_override("Zen", {"avx2", "fma"}) is None
+    assert blas.coretype_override("Prescott", {"sse3", "avx"}) is None  # nothing better to pick
+    assert blas.coretype_override(None, AVX512) is None                 # library not loadable
+
+
+def test_cpu_flags_reads_the_first_cpu() -> None:
+    text = "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n\nprocessor\t: 1\nflags\t: fpu\n"
+    assert blas.cpu_flags(text) == {"fpu", "sse", "avx2", "fma"}
+    assert blas.cpu_flags("") == set()
+
+
+@pytest.mark.skipif(not LIB.exists(), reason="Debian's OpenBLAS is not installed")
+def test_detected_core_names_a_kernel_class() -> None:
+    core = blas.detected_core(LIB)
+    assert core and core.isprintable()
+    assert blas.detected_core(Path("/nonexistent/libopenblas.so.0")) is None
 
 
 SCRIPT = """
