@@ -157,7 +157,7 @@ class Reply:
     completion_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
-    error: str | None = None         # an error event inside a 200 stream
+    error: str | None = None         # an error event inside a 200 stream, or a dropped connection
     stamps: list[float] = field(default_factory=list)  # one per text chunk
 
     @property
@@ -180,13 +180,16 @@ def chat_body(server: Server, messages: list[dict[str, str]], max_tokens: int,
 async def stream_chat(client: httpx.AsyncClient, server: Server, body: dict[str, Any]) -> Reply:
     """POST a streaming chat completion and time it (rule 3)."""
     reply = Reply(sent=time.perf_counter())
-    async with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{server.name}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            _take_chunk(reply, json.loads(line[6:]), time.perf_counter())
+    try:
+        async with client.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"{server.name}: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                _take_chunk(reply, json.loads(line[6:]), time.perf_counter())
+    except httpx.TransportError as exc:  # a server that drops connections under load: a failure, counted
+        reply.error = f"{type(exc).__name__}: {exc}"[:200]
     reply.done = time.perf_counter()
     return reply
 

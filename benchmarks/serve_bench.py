@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/serve_bench.py [--quick] [--only frink|mlx_lm] [--profile DIR]
 
-What one run does, in order (never two servers at once; every process gets
-OpenBLAS preloaded, see _common.py):
+What one run does, in order (every process gets OpenBLAS preloaded and the
+same OPENBLAS_CORETYPE, see _common.py):
 1. Weights: the registry's default model (SmolLM2-135M, Q4_1 GGUF) is loaded
    by frink-mlx's loader with dequantize on and saved once as a plain float32
    MLX checkpoint dir (no `quantization` in config.json), so both servers load
@@ -12,7 +12,11 @@ OpenBLAS preloaded, see _common.py):
    a plain KVCache at batch 1/8/16 (engine_bench.raw_decode_tps): the ceiling
    any server on these kernels can reach. Timed again after both servers; a
    drift over 10% is flagged (the machine's load changed mid-run).
-3. Per server: start, warm up, then
+3. Both servers start and warm up; they stay up together, but only one is ever
+   sent work: each load level runs on frink-mlx, then on mlx_lm.server, before
+   the next level (the machine's speed drifts by 10-20% over minutes here, so
+   measuring one server after the other would compare different machines). An
+   idle server's CPU use during the other's level is checked and printed if any.
    a. load: C concurrent clients (C in --clients), each sending --requests
       streaming chat requests one after the other, --tokens output tokens each,
       greedy. Aggregate output tok/s = all completion tokens (usage) / wall time
@@ -183,114 +187,65 @@ def kv_ratio(polls: list[tuple[float, float, dict[str, Any]]], replies: list[Rep
             "failed": [r.error for r in replies if r.error]}
 
 
-# ---------------------------------------------------------------- one server, all phases
-async def bench_server(server: Server, args: argparse.Namespace,
-                       extra: dict[str, Any]) -> dict[str, Any]:
-    await run_level(server, 2, 1, 8, extra)  # warm-up: load, first batch shapes
-    out: dict[str, Any] = {"levels": {}}
+# ---------------------------------------------------------------- all servers, all phases
+async def bench_all(servers: list[Server], args: argparse.Namespace,
+                    extras: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every phase, the servers taking turns level by level (step 3 of the docstring)."""
+    out: dict[str, dict[str, Any]] = {s.name: {"levels": {}} for s in servers}
+    for server in servers:
+        await run_level(server, 2, 1, 8, extras[server.name])  # warm-up: load, first batch shapes
     for clients in args.clients:
-        cpu0 = server.cpu_s()
-        replies = await run_level(server, clients, args.requests, args.tokens, extra)
-        cpu1 = server.cpu_s()
-        cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-        out["levels"][clients] = lvl = summarize_level(replies, args.tokens, cpu)
-        print(f"  {server.name:14s} {clients:2d} clients: {lvl['agg_tps']:6.1f} tok/s  TTFT p50 "
-              f"{lvl['ttft_p50']:.2f} s p95 {lvl['ttft_p95']:.2f} s  ({lvl['tokens']} tokens, "
-              f"{lvl['short']}/{lvl['requests']} replies short, server CPU "
-              f"{fmt(lvl['cpu_ms_per_token'], '.0f')} ms/token, load {load_average()})", flush=True)
-        for error in lvl["failed"]:
-            print(f"    FAILED request: {error}", flush=True)
-    out["turns"] = turns = await run_turns(server, args.history_tokens, args.turn_trials)
+        for server in servers:
+            idle = [(o, o.cpu_s()) for o in servers if o is not server]
+            lvl = await measure_level(server, clients, args, extras[server.name])
+            out[server.name]["levels"][clients] = lvl
+            for other, cpu0 in idle:
+                cpu1 = other.cpu_s()
+                if cpu0 is not None and cpu1 is not None and cpu1 - cpu0 > 0.5:
+                    print(f"    note: idle {other.name} used {cpu1 - cpu0:.1f} s CPU meanwhile")
+    for server in servers:
+        out[server.name]["turns"] = await measure_turns(server, args)
+    for server in servers:
+        if server.name == "frink-mlx":
+            out[server.name].update(await measure_kv(server, args, extras[server.name]))
+    return out
+
+
+async def measure_level(server: Server, clients: int, args: argparse.Namespace,
+                        extra: dict[str, Any]) -> dict[str, Any]:
+    cpu0 = server.cpu_s()
+    replies = await run_level(server, clients, args.requests, args.tokens, extra)
+    cpu1 = server.cpu_s()
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    lvl = summarize_level(replies, args.tokens, cpu)
+    print(f"  {server.name:14s} {clients:2d} clients: {lvl['agg_tps']:6.1f} tok/s  TTFT p50 "
+          f"{lvl['ttft_p50']:.2f} s p95 {lvl['ttft_p95']:.2f} s  ({lvl['tokens']} tokens, "
+          f"{lvl['short']}/{lvl['requests']} replies short, server CPU "
+          f"{fmt(lvl['cpu_ms_per_token'], '.0f')} ms/token, load {load_average()})", flush=True)
+    for error in lvl["failed"]:
+        print(f"    FAILED request: {error}", flush=True)
+    return lvl
+
+
+async def measure_turns(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    turns = await run_turns(server, args.history_tokens, args.turn_trials)
     for row in turns["rows"]:
         print(f"  {server.name:14s} turns: prompt {row['p1']} -> {row['p2']} tokens, cached "
               f"{row['cached2']}; TTFT {row['t1']:.3f} s -> {row['t2']:.3f} s "
               f"({row['t2'] / row['t1']:.3f})", flush=True)
-    if server.name == "frink-mlx":
-        out["kv"] = await run_kv(server, args.tokens)
-        print(f"  {server.name:14s} KV held/needed {fmt(out['kv']['ratio'], '.3f')} over "
-              f"{out['kv']['polls']} polls (prompts {out['kv']['prompt_tokens']})", flush=True)
-        for error in out["kv"]["failed"]:
-            print(f"    FAILED request: {error}", flush=True)
-        if args.profile:
-            out["profile"] = await profile_level(server, args, extra)
+    return turns
+
+
+async def measure_kv(server: Server, args: argparse.Namespace,
+                     extra: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"kv": await run_kv(server, args.tokens)}
+    print(f"  {server.name:14s} KV held/needed {fmt(out['kv']['ratio'], '.3f')} over "
+          f"{out['kv']['polls']} polls (prompts {out['kv']['prompt_tokens']})", flush=True)
+    for error in out["kv"]["failed"]:
+        print(f"    FAILED request: {error}", flush=True)
+    if args.profile:
+        out["profile"] = await profile_level(server, args, extra)
     return out
-
-
-async def profile_level(server: Server, args: argparse.Namespace, extra: dict[str, Any]) -> str:
-    """py-spy record on the daemon during one more (unmeasured) 8-client level."""
-    spy = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
-    if not Path(spy).exists():
-        return "py-spy not installed (pip install py-spy)"
-    out = Path(args.profile) / "frink-8-clients.txt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    proc = await asyncio.create_subprocess_exec(
-        spy, "record", "-p", str(server.pid), "-r", "50", "--threads", "--idle", "-f", "raw",
-        "-o", str(out), "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    await asyncio.sleep(1.0)
-    await run_level(server, 8, args.requests, args.tokens, extra)
-    proc.send_signal(signal.SIGINT)
-    await proc.wait()
-    return summarize_collapsed(out)
-
-
-# ---------------------------------------------------------------- weights + raw decode
-def prepare(args: argparse.Namespace) -> dict[str, Any]:
-    """Steps 1-2 in a subprocess (MLX stays out of this client process)."""
-    cmd = [PYTHON, __file__, "--worker-prepare", "--fp32-dir", args.fp32_dir,
-           "--tokens", str(args.tokens), "--raw-batches", ",".join(map(str, args.raw_batches))]
-    if args.model:
-        cmd += ["--model", args.model]
-    done = subprocess.run(cmd, check=False, env=bench_env(), cwd=ROOT, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"preparing the fp32 checkpoint failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-def worker_prepare(args: argparse.Namespace) -> None:
-    """Runs in the subprocess: make (or reuse) the fp32 dir, then time the raw decode loop."""
-    import mlx.core as mx
-    from engine_bench import raw_decode_tps
-    from mlx_lm import load
-
-    out = Path(args.fp32_dir)
-    if not (out / "config.json").is_file():
-        make_fp32_dir(args.model, out)
-    model = load(str(out))[0]
-    config = json.loads((out / "config.json").read_text())
-    if "quantization" in config or "quantization_config" in config:
-        raise SystemExit(f"{out}: config.json still says quantized")
-    vocab = int(config["vocab_size"])
-    raw = {b: max(raw_decode_tps(model, b, args.tokens, 32, vocab) for _ in range(2))
-           for b in args.raw_batches}
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
-    weights = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    del model
-    mx.clear_cache()
-    print(json.dumps({"dir": str(out), "raw": raw, "bytes_per_token": per_token,
-                      "weights_mib": weights / 2**20}))
-
-
-def make_fp32_dir(model_name: str | None, out: Path) -> None:
-    """Registry entry -> frink's loader with dequantize on -> a plain fp32 MLX checkpoint dir."""
-    from mlx_lm.utils import save_config, save_model
-
-    from frink_mlx.engine.loader import load_model
-    from frink_mlx.registry import load_registry
-    from frink_mlx.settings import Settings
-
-    settings = Settings.load(dequantize=True)
-    loaded = load_model(load_registry(settings).resolve(model_name), settings)
-    if str(loaded.dtype) != "mlx.core.float32":
-        raise SystemExit(f"expected float32 weights after dequantize, got {loaded.dtype}")
-    out.mkdir(parents=True, exist_ok=True)
-    save_model(out, loaded.model)
-    config = {k: v for k, v in loaded.config.items()
-              if k not in ("quantization", "quantization_config")}
-    save_config(config, out / "config.json")
-    for src in loaded.path.iterdir():
-        if src.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
-            shutil.copy(src, out / src.name)
 
 
 def write_models_toml(fp32_dir: str) -> str:
@@ -395,19 +350,17 @@ def main() -> int:
     raw = {int(k): v for k, v in prep["raw"].items()}
     print("raw decode (bare mlx-lm model, KVCache loop): " +
           "  ".join(f"batch {b}: {v:.1f} tok/s" for b, v in raw.items()), flush=True)
-    results: dict[str, dict[str, Any]] = {}
     models_toml = write_models_toml(prep["dir"])
-    if args.only in (None, "frink"):
-        server = start_frink(models_toml)
-        try:
-            results["frink-mlx"] = asyncio.run(bench_server(server, args, {"ignore_eos": True}))
-        finally:
-            server.stop()
-    if args.only in (None, "mlx_lm"):
-        server = start_mlx_lm(prep["dir"])
-        try:
-            results["mlx_lm.server"] = asyncio.run(bench_server(server, args, {}))
-        finally:
+    servers: list[Server] = []
+    try:
+        if args.only in (None, "frink"):
+            servers.append(start_frink(models_toml))
+        if args.only in (None, "mlx_lm"):
+            servers.append(start_mlx_lm(prep["dir"]))
+        extras = {"frink-mlx": {"ignore_eos": True}, "mlx_lm.server": {}}
+        results = asyncio.run(bench_all(servers, args, extras))
+    finally:
+        for server in servers:
             server.stop()
     after = {int(k): v for k, v in prepare(args)["raw"].items()}
     print("raw decode again after the servers: " +

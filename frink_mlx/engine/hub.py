@@ -93,7 +93,9 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=settings.max_batch,
         prefill_chunk_tokens=settings.prefill_chunk_tokens, batching=settings.batching,
         context_ceiling=plan.context_ceiling, max_queue=settings.max_queue,
-        queue_timeout_s=settings.queue_timeout_s, generation=number)
+        queue_timeout_s=settings.queue_timeout_s, generation=number,
+        idle_prefill_tokens=settings.idle_prefill_tokens,
+        admission_window_s=settings.admission_window_ms / 1000)
     engine = Engine(loaded, config, gate)
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
+from . import cpu_attention
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
@@ -83,6 +84,7 @@ class Runner:
         self.model = model
         self.store = store
         self._split = _split_head(model)
+        cpu_attention.install(model)  # acts on CPU-device float32 paged calls only
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 

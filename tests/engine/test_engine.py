@@ -58,8 +58,9 @@ def _reference(tiny, prompt, n):
     return [int(t) for t, _ in generate_step(mx.array(prompt), tiny.model, max_tokens=n)]
 
 
-def test_streams_match_generate_and_report_usage(tiny, make_engine):
-    engine = make_engine()
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_streams_match_generate_and_report_usage(tiny, make_engine, pipeline):
+    engine = make_engine(pipeline=pipeline)
     prompts = [_prompt(i, n) for i, n in enumerate((5, 17, 9))]
     streams = [engine.submit(SeqRequest(f"r{i}", p, GREEDY, 8)) for i, p in enumerate(prompts)]
     for p, stream in zip(prompts, streams):

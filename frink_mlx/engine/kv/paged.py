@@ -244,6 +244,12 @@ class PagedLayerCache:
             value = mx.array(self._layout._mask_np(window_size))
         return value
 
+    def layout_memo(self, key: Any, value: Any = None) -> Any:
+        """A memo shared by every layer of this forward (e.g. a mask's additive form)."""
+        if value is not None:
+            self._layout._masks[key] = value
+        return self._layout._masks.get(key)
+
     # --- the rest of the protocol: the pool, not this view, holds the state ---
     @property
     def state(self) -> list[mx.array]:

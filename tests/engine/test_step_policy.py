@@ -1,0 +1,123 @@
+"""How steps are formed: the idle prefill budget, the admission window, pipelining on/off."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import types
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+
+from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.engine import Engine, EngineConfig
+from frink_mlx.engine.gate import DecodeGate
+from frink_mlx.engine.kv.manager import KVCacheManager
+from frink_mlx.engine.scheduler import Scheduler
+from frink_mlx.engine.types import SeqRequest
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def _req(rid: str, n_prompt: int, base: int = 10) -> SeqRequest:
+    return SeqRequest(rid, list(range(base, base + n_prompt)), GREEDY, 4)
+
+
+def test_a_step_that_decodes_nobody_spends_the_idle_budget():
+    s = Scheduler(KVCacheManager(64, 4), max_batch=8, prefill_chunk_tokens=8, idle_prefill_tokens=20)
+    for i in range(3):
+        s.add(_req(f"r{i}", 7, base=10 + 10 * i))
+    plan = s.schedule()                     # nobody decodes: 20 tokens
+    assert not plan.decode
+    assert [len(c.token_ids) for c in plan.prefill] == [7, 7, 6]
+    s.update(plan.sample_seq_ids, [1] * len(plan.sample_seq_ids))
+    s.add(_req("late", 9, base=200))
+    plan = s.schedule()                     # two rows decode: back to the chunk budget of 8
+    assert [r.seq_id for r in plan.decode] == [1, 2]
+    assert [len(c.token_ids) for c in plan.prefill] == [1, 7]
+
+
+def test_idle_budget_never_below_the_chunk_budget():
+    s = Scheduler(KVCacheManager(8, 4), max_batch=4, prefill_chunk_tokens=8, idle_prefill_tokens=2)
+    assert s.idle_prefill_tokens == 8
+    assert Scheduler(KVCacheManager(8, 4), max_batch=4, prefill_chunk_tokens=8).idle_prefill_tokens == 8
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    model, _ = load(str(tiny_llama_dir))
+    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+
+
+def _engine(tiny, **overrides) -> tuple[Engine, list]:
+    cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=64, batching=True,
+               context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
+    cfg.update(overrides)
+    engine = Engine(tiny, EngineConfig(**cfg), DecodeGate())
+    plans: list = []
+    run = engine.runner.run
+
+    def recording_run(plan, samplers):
+        plans.append(plan)
+        return run(plan, samplers)
+
+    engine.runner.run = recording_run  # type: ignore[method-assign]
+    engine.start()
+    return engine, plans
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 380) for _ in range(n)]
+
+
+def _burst(engine: Engine, gap_s: float) -> list[list[int]]:
+    """Four requests submitted gap_s apart from another thread; their tokens."""
+    streams = []
+
+    def submit() -> None:
+        for i in range(4):
+            streams.append(engine.submit(SeqRequest(f"b{i}", _prompt(i, 6), GREEDY, 3)))
+            time.sleep(gap_s)
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    thread.join()
+    return [[o.token_id for o in s] for s in streams]
+
+
+def test_admission_window_starts_a_burst_as_one_step(tiny):
+    engine, plans = _engine(tiny, admission_window_s=0.2)
+    try:
+        tokens = _burst(engine, gap_s=0.02)
+    finally:
+        engine.shutdown(1.0)
+    assert len(plans[0].prefill) == 4 and not plans[0].decode
+    for i, got in enumerate(tokens):
+        want = [int(t) for t, _ in generate_step(mx.array(_prompt(i, 6)), tiny.model, max_tokens=3)]
+        assert got == want
+
+
+def test_without_a_window_the_first_arrival_starts_alone(tiny):
+    engine, plans = _engine(tiny, admission_window_s=0.0)
+    try:
+        _burst(engine, gap_s=0.3)
+    finally:
+        engine.shutdown(1.0)
+    assert len(plans[0].prefill) == 1
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_pipeline_off_reads_every_step_before_planning_the_next(tiny, pipeline):
+    engine, plans = _engine(tiny, pipeline=pipeline)
+    try:
+        streams = [engine.submit(SeqRequest(f"p{i}", _prompt(10 + i, 5 + i), GREEDY, 6)) for i in range(3)]
+        for s in streams:
+            list(s)
+    finally:
+        engine.shutdown(1.0)
+    lazy_inputs = [row for plan in plans for row in plan.decode if row.token_id is None]
+    assert bool(lazy_inputs) == pipeline  # pipelined rows take the previous step's lazy token
