@@ -49,8 +49,10 @@ class RowResult:
 class StepResult:
     """The lazy outputs of one dispatched step."""
 
-    def __init__(self, seq_ids: list[int], out: SampleOutput | None, samplers: Sequence[RowSampler]) -> None:
+    def __init__(self, seq_ids: list[int], out: SampleOutput | None, samplers: Sequence[RowSampler],
+                 has_first_tokens: bool = False) -> None:
         self.seq_ids = seq_ids
+        self.has_first_tokens = has_first_tokens  # a final prefill chunk sampled here
         self._out = out
         self._want_top = [s.params.top_logprobs for s in samplers]
         self._want_lp = [s.params.logprobs for s in samplers]
@@ -112,7 +114,7 @@ class Runner:
         self._prev_tokens = out.tokens
         self._prev_index = {s: i for i, s in enumerate(seq_ids)}
         mx.async_eval(*out.arrays(), *self.store.arrays())
-        return StepResult(seq_ids, out, rows)
+        return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
 
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""

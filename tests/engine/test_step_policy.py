@@ -111,7 +111,7 @@ def test_without_a_window_the_first_arrival_starts_alone(tiny):
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_pipeline_off_reads_every_step_before_planning_the_next(tiny, pipeline):
+def test_steps_with_first_tokens_are_read_before_the_next_is_planned(tiny, pipeline):
     engine, plans = _engine(tiny, pipeline=pipeline)
     try:
         streams = [engine.submit(SeqRequest(f"p{i}", _prompt(10 + i, 5 + i), GREEDY, 6)) for i in range(3)]
@@ -121,3 +121,7 @@ def test_pipeline_off_reads_every_step_before_planning_the_next(tiny, pipeline):
         engine.shutdown(1.0)
     lazy_inputs = [row for plan in plans for row in plan.decode if row.token_id is None]
     assert bool(lazy_inputs) == pipeline  # pipelined rows take the previous step's lazy token
+    # ... except after a step that sampled first tokens: it is read back (TTFT) first
+    for prev, nxt in zip(plans, plans[1:]):
+        firsts = {i for chunk in prev.prefill for i in chunk.sample_seq_ids}
+        assert all(row.token_id is not None for row in nxt.decode if row.seq_id in firsts)
