@@ -248,6 +248,83 @@ async def measure_kv(server: Server, args: argparse.Namespace,
     return out
 
 
+async def profile_level(server: Server, args: argparse.Namespace, extra: dict[str, Any]) -> str:
+    """py-spy record on the daemon during one more (unmeasured) 8-client level."""
+    spy = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
+    if not Path(spy).exists():
+        return "py-spy not installed (pip install py-spy)"
+    out = Path(args.profile) / "frink-8-clients.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    proc = await asyncio.create_subprocess_exec(
+        spy, "record", "-p", str(server.pid), "-r", "50", "--threads", "--idle", "-f", "raw",
+        "-o", str(out), "--nonblocking", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    await asyncio.sleep(1.0)
+    await run_level(server, 8, args.requests, args.tokens, extra)
+    proc.send_signal(signal.SIGINT)
+    await proc.wait()
+    return summarize_collapsed(out)
+
+
+# ---------------------------------------------------------------- weights + raw decode
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Steps 1-2 in a subprocess (MLX stays out of this client process)."""
+    cmd = [PYTHON, __file__, "--worker-prepare", "--fp32-dir", args.fp32_dir,
+           "--tokens", str(args.tokens), "--raw-batches", ",".join(map(str, args.raw_batches))]
+    if args.model:
+        cmd += ["--model", args.model]
+    done = subprocess.run(cmd, check=False, env=bench_env(), cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"preparing the fp32 checkpoint failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def worker_prepare(args: argparse.Namespace) -> None:
+    """Runs in the subprocess: make (or reuse) the fp32 dir, then time the raw decode loop."""
+    import mlx.core as mx
+    from engine_bench import raw_decode_tps
+    from mlx_lm import load
+
+    out = Path(args.fp32_dir)
+    if not (out / "config.json").is_file():
+        make_fp32_dir(args.model, out)
+    model = load(str(out))[0]
+    config = json.loads((out / "config.json").read_text())
+    if "quantization" in config or "quantization_config" in config:
+        raise SystemExit(f"{out}: config.json still says quantized")
+    vocab = int(config["vocab_size"])
+    raw = {b: max(raw_decode_tps(model, b, args.tokens, 32, vocab) for _ in range(2))
+           for b in args.raw_batches}
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    weights = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    del model
+    mx.clear_cache()
+    print(json.dumps({"dir": str(out), "raw": raw, "bytes_per_token": per_token,
+                      "weights_mib": weights / 2**20}))
+
+
+def make_fp32_dir(model_name: str | None, out: Path) -> None:
+    """Registry entry -> frink's loader with dequantize on -> a plain fp32 MLX checkpoint dir."""
+    from mlx_lm.utils import save_config, save_model
+
+    from frink_mlx.engine.loader import load_model
+    from frink_mlx.registry import load_registry
+    from frink_mlx.settings import Settings
+
+    settings = Settings.load(dequantize=True)
+    loaded = load_model(load_registry(settings).resolve(model_name), settings)
+    if str(loaded.dtype) != "mlx.core.float32":
+        raise SystemExit(f"expected float32 weights after dequantize, got {loaded.dtype}")
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, loaded.model)
+    config = {k: v for k, v in loaded.config.items()
+              if k not in ("quantization", "quantization_config")}
+    save_config(config, out / "config.json")
+    for src in loaded.path.iterdir():
+        if src.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            shutil.copy(src, out / src.name)
+
+
 def write_models_toml(fp32_dir: str) -> str:
     path = Path(fp32_dir).parent / (Path(fp32_dir).name + "-models.toml")
     path.write_text(f'default = "bench-fp32"\n\n[models.bench-fp32]\nsource = "{fp32_dir}"\n'
