@@ -59,7 +59,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # --- engine ---
     batching: bool = True
     max_batch: int = 16
-    block_size: int = 16
+    block_size: int = 8                          # tokens per KV block (prefix-cache granularity)
     prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
     idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from . import cpu_attention
+from . import cpu_kernels
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
@@ -86,7 +86,7 @@ class Runner:
         self.model = model
         self.store = store
         self._split = _split_head(model)
-        cpu_attention.install(model)  # acts on CPU-device float32 paged calls only
+        cpu_kernels.install(model)  # acts on the engine's CPU float32 calls only
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
@@ -125,7 +125,8 @@ class Runner:
         layout = BatchLayout([RowSpan(r.position, 1, r.block_table) for r in rows],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
         inputs = self._decode_inputs(rows)
-        logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
+        with cpu_kernels.engine_forward():
+            logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
         return logits[:, -1, :]
 
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
@@ -161,14 +162,12 @@ class Runner:
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
-        if self._split is not None:
-            body, head = self._split
-            hidden = body(x, caches)
-            if not finals:
-                return None
-            picked = _pick(hidden, finals)
-            return head(picked)
-        logits = self.model(x, cache=caches)
+        with cpu_kernels.engine_forward():
+            if self._split is not None:
+                body, head = self._split
+                hidden = body(x, caches)
+                return head(_pick(hidden, finals)) if finals else None
+            logits = self.model(x, cache=caches)
         return _pick(logits, finals) if finals else None
 
 

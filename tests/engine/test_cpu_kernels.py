@@ -8,13 +8,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from frink_mlx.engine import cpu_attention
+from frink_mlx.engine import cpu_kernels
 from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
 
 
 def test_exp2_matches_numpy_to_fp32_rounding():
     t = np.concatenate([np.linspace(-126, 0, 200001), [-1e30, -200.0, 0.0]]).astype(np.float32)
-    got = np.array(cpu_attention.exp2_nonpositive(mx.array(t)))
+    got = np.array(cpu_kernels.exp2_nonpositive(mx.array(t)))
     want = np.exp2(np.maximum(t.astype(np.float64), -126))
     assert np.max(np.abs(got / want - 1)) < 3e-7
 
@@ -37,16 +37,16 @@ def test_attention_matches_sdpa_with_a_ragged_mask(batch, heads, kv_heads, lengt
     allowed = np.arange(width)[None, None, :] <= q_pos[:, :, None]
     mask = mx.array(allowed[:, None])
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
-    got = cpu_attention.attention(q, k, v, 0.25, mx.where(mask, 0.0, -mx.inf)[:, :, None])
+    got = cpu_kernels.attention(q, k, v, 0.25, mx.where(mask, 0.0, -mx.inf)[:, :, None])
     assert np.allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
 
 
 def test_chunked_queries_give_the_same_result(monkeypatch):
     q, k, v = _qkv(1, 4, 2, 33, 33)
     bias = mx.where(mx.tril(mx.ones((33, 33), dtype=mx.bool_)), 0.0, -mx.inf)[None, None, None]
-    whole = cpu_attention.attention(q, k, v, 0.25, bias)
-    monkeypatch.setattr(cpu_attention, "_SCORES_PER_CHUNK", 4 * 33 * 5)  # 5 query rows a chunk
-    chunked = cpu_attention.attention(q, k, v, 0.25, bias)
+    whole = cpu_kernels.attention(q, k, v, 0.25, bias)
+    monkeypatch.setattr(cpu_kernels, "_SCORES_PER_CHUNK", 4 * 33 * 5)  # 5 query rows a chunk
+    chunked = cpu_kernels.attention(q, k, v, 0.25, bias)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
     assert np.allclose(np.array(chunked), np.array(whole), rtol=1e-6, atol=1e-6)
     assert np.allclose(np.array(chunked), np.array(want), rtol=1e-5, atol=1e-5)
@@ -67,7 +67,7 @@ def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls():
         calls.append(type(cache).__name__)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
-    sdpa = cpu_attention.make_dispatch(stock)
+    sdpa = cpu_kernels.make_dispatch(stock)
     q, k, v = _qkv(1, 4, 2, 5, 5)
     paged = _paged_cache(5, 0)
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
@@ -83,13 +83,42 @@ def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls():
 def test_install_patches_the_model_module_once():
     module = types.ModuleType("fake_model_module")
     module.scaled_dot_product_attention = lambda *a, **k: None
+    module.swiglu = lambda g, x: None
     model_cls = type("Model", (), {"__module__": "fake_model_module"})
     import sys
     sys.modules["fake_model_module"] = module
     try:
-        assert cpu_attention.install(model_cls())
-        first = module.scaled_dot_product_attention
-        assert cpu_attention.install(model_cls()) and module.scaled_dot_product_attention is first
-        assert not cpu_attention.install(object())  # a module without the name
+        assert cpu_kernels.install(model_cls())
+        first, act = module.scaled_dot_product_attention, module.swiglu
+        assert cpu_kernels.install(model_cls()) and module.scaled_dot_product_attention is first
+        assert module.swiglu is act and getattr(act, "_frink_cpu_kernel", False)
+        assert not cpu_kernels.install(object())  # a module without the name
     finally:
         del sys.modules["fake_model_module"]
+
+
+def test_swiglu_matches_mlx_lm_and_only_runs_inside_the_engine_forward(monkeypatch):
+    from mlx_lm.models.activations import swiglu as stock_swiglu
+
+    rng = np.random.default_rng(3)
+    gate = mx.array((rng.standard_normal((3, 7, 96)) * 6).astype(np.float32))
+    x = mx.array(rng.standard_normal((3, 7, 96)).astype(np.float32))
+    want = np.array(stock_swiglu(gate, x))
+    assert np.allclose(np.array(cpu_kernels.swiglu(gate, x)), want, rtol=1e-5, atol=1e-5)
+    calls = []
+    dispatch = cpu_kernels.make_swiglu_dispatch(lambda g, v: calls.append(1) or stock_swiglu(g, v))
+    monkeypatch.setattr(cpu_kernels, "MIN_SWIGLU_SIZE", 1)
+    dispatch(gate, x)                                   # outside: stock
+    with cpu_kernels.engine_forward():
+        got = dispatch(gate, x)                         # inside: ours
+        dispatch(gate.astype(mx.float16), x.astype(mx.float16))  # not float32: stock
+    dispatch(gate, x)
+    assert len(calls) == 3 and np.allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_small_gates_keep_the_stock_swiglu():
+    calls = []
+    dispatch = cpu_kernels.make_swiglu_dispatch(lambda g, v: calls.append(g.size) or g)
+    with cpu_kernels.engine_forward():
+        dispatch(mx.zeros((8, 1, 1536)), mx.zeros((8, 1, 1536)))  # a decode batch
+    assert calls == [8 * 1536]
