@@ -49,7 +49,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 
@@ -71,8 +72,8 @@ def exp2_nonpositive(t: mx.array) -> mx.array:
     t = mx.maximum(t, -126.0)
     n = mx.floor(t)
     f = t - n
-    p = _EXP2_COEFFS[-1]
-    for c in _EXP2_COEFFS[-2::-1]:
+    p = f * _EXP2_COEFFS[-1] + _EXP2_COEFFS[-2]
+    for c in _EXP2_COEFFS[-3::-1]:
         p = p * f + c
     return p * mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
 

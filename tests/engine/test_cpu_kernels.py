@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from frink_mlx.engine import cpu_kernels
-from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from frink_mlx.engine.kv.paged import (
+    BatchLayout,
+    PagedKVStore,
+    PagedLayerCache,
+    RowSpan,
+)
 
 
 def test_exp2_matches_numpy_to_fp32_rounding():
