@@ -65,7 +65,8 @@ def _paged_cache(length: int, start: int) -> PagedLayerCache:
     return PagedLayerCache(store, 0, layout)
 
 
-def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls():
+def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "MIN_SCORES", 1)
     calls = []
 
     def stock(q, k, v, cache, scale, mask, sinks=None):
@@ -83,6 +84,9 @@ def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls():
          cache=paged, scale=0.25, mask="causal")                              # not float32
     sdpa(q, k, v, cache=paged, scale=0.25, mask="causal", sinks=mx.zeros((4,)))  # sinks
     assert calls == ["object", "PagedLayerCache", "PagedLayerCache"]
+    monkeypatch.setattr(cpu_kernels, "MIN_SCORES", 4 * 5 * 5 + 1)              # too little work
+    sdpa(q, k, v, cache=paged, scale=0.25, mask="causal")
+    assert calls[-1] == "PagedLayerCache"
 
 
 def test_install_patches_the_model_module_once():
