@@ -90,7 +90,7 @@ def _burst(engine: Engine, gap_s: float) -> list[list[int]]:
 
 
 def test_admission_window_starts_a_burst_as_one_step(tiny):
-    engine, plans = _engine(tiny, admission_window_s=0.2)
+    engine, plans = _engine(tiny, admission_window_s=0.5)
     try:
         tokens = _burst(engine, gap_s=0.02)
     finally:
@@ -104,7 +104,7 @@ def test_admission_window_starts_a_burst_as_one_step(tiny):
 def test_without_a_window_the_first_arrival_starts_alone(tiny):
     engine, plans = _engine(tiny, admission_window_s=0.0)
     try:
-        _burst(engine, gap_s=0.3)
+        _burst(engine, gap_s=0.5)
     finally:
         engine.shutdown(1.0)
     assert len(plans[0].prefill) == 1
