@@ -87,8 +87,9 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
 
     The score matrix is made in query chunks of at most `_SCORES_PER_CHUNK`
     numbers: exp2 is ~20 elementwise passes, which stay in cache for a chunk
-    but stream from memory for a whole long prompt (one 768-token layer:
-    265 ms unchunked, slower than the stock 173 ms).
+    but stream from memory for a whole prompt. Measured per layer, chunked vs
+    whole: 384 x 384 24 vs 37 ms; 256 queries over 1,024 keys 37-43 vs
+    57-67 ms; 128 over 2,048 38-40 vs 56-63 ms; small calls within noise.
     """
     batch, heads, length, _ = queries.shape
     rows = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * keys.shape[2]))

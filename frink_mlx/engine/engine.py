@@ -99,7 +99,6 @@ class Engine:
         self._geometry = model_kv_geometry(model)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         self._stream = _new_stream()
-        self._pipeline = config.pipeline
         self.store = self._new_store()
         self.kv = KVCacheManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -229,7 +228,7 @@ class Engine:
                 if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
                     break
                 self._expire_waiting()
-                if pending is not None and (not self._pipeline or pending.has_first_tokens
+                if pending is not None and (not self.config.pipeline or pending.has_first_tokens
                                             or _needs_host(pending, self._samplers)):
                     self._deliver(pending)
                     pending = None
