@@ -1,49 +1,55 @@
-"""Attention and SwiGLU for the engine's forward on MLX's CPU backend, without `mx.exp`.
+"""Attention, SwiGLU and RoPE for the engine's forward on MLX's CPU backend.
 
 Why: on MLX's Linux CPU backend `mx.exp` is scalar, ~25 ns per element
-(numpy's vectorised exp: ~0.5 ns), and `mx.fast.scaled_dot_product_attention`
-has no CPU kernel: its fallback is matmul, softmax, matmul, and the softmax's
-exp is most of it. Measured here (fp32, 9 query / 3 KV heads, head_dim 64):
-one layer of a 32-token prefill over 1,072 cached tokens took 10.9 ms, of
-which exp 8.4 ms and both matmuls 0.9 ms. This module computes the same
-attention with exp2 built from cheap, vectorised ops (below): ~2.5x faster
-for that shape, long-context prefill (a coding agent's turn) the most.
+(numpy's vectorised exp: ~0.5 ns); `mx.fast.scaled_dot_product_attention`,
+`mx.fast.rope` and mlx-lm's `swiglu` have no CPU kernels, so they run as
+chains of small ops, each one pass over memory, with exp (softmax, sigmoid)
+and cos/sin (RoPE angles, rebuilt by every call) the slowest. What `mx.compile`
+*can* do on the CPU is fuse a chain of elementwise ops into one generated C++
+loop (it JIT-compiles with the system compiler; `shapeless=True` keeps one
+kernel for every shape). So each piece below is written as multiplies, adds
+and selects that fuse, with no transcendental in the loop:
 
-exp2 of t <= 0 (softmax inputs after subtracting the row max, in log2 units):
-    n = floor(t), f = t - n in [0, 1)
-    2^f  ~ a degree-6 polynomial (least squares on Chebyshev nodes, relative
-           error 8.5e-8 in fp32 Horner arithmetic, i.e. fp32 rounding level)
-    2^n  = the float whose exponent bits are n + 127 (t clamped at -126, so
-           masked -inf scores become 2^-126 ~ 1e-38 instead of 0: that weight
-           times any value is far below fp32 resolution of the output)
-Outputs match `mx.fast.scaled_dot_product_attention` to ~1e-6 relative.
+exp of t <= 0 (softmax after subtracting the row max; silu's e^-|g|):
+    y = max(t, -24) / 32, p = a degree-6 polynomial for e^y on [-0.75, 0]
+    (least squares on Chebyshev nodes), squared five times: p^32 = e^t;
+    exactly 0 below t = -24 (masked -inf scores give weight 0).
+    Relative error <= 1e-5 over [-24, 0] and <= 3e-6 near 0, where the
+    weights that matter live (`mx.exp` itself is off by up to 3.5e-6 here).
+Attention = one (group*L, D) x (D, T) matmul per KV head (GQA without
+    repeating K/V), + bias, row max, the fused exp, row sum, weights @ V,
+    scaled by 1/sum; the score matrix is made in query chunks of at most
+    2^18 numbers so those passes stay in cache. Outputs match stock SDPA to
+    ~1e-6 relative.
+SwiGLU = silu(g) * x = g * (1 if g >= 0 else e) / (1 + e) * x, e = e^-|g|,
+    one fused loop; 1.3e-6 absolute error (stock: 1.4e-6 against float64).
+RoPE: the cos/sin tables of a forward's per-row positions are built once on
+    the host (angles formed in float32 exactly as `mx.fast.rope` forms them,
+    so outputs agree to ~2e-7) and shared by every layer's queries and keys;
+    the rotation is one fused loop.
+
+Measured here (fp32 SmolLM2-135M shapes: 9 query / 3 KV heads, head_dim 64;
+stock vs this, per layer unless said): attention, decode batch 8 over 100
+keys 0.40 vs 0.24 ms, 8 prompts x 39 tokens 3.4 vs 1.5 ms, 32 queries over
+1,072 keys 9.1 vs 3.8 ms, 2,048 x 2,048 1,217 vs 524 ms; SwiGLU (8, 1536)
+0.44 vs 0.18 ms, (312, 1536) 16.4 vs 6.6 ms; RoPE, 60 calls of a decode
+batch of 8: 14.2 vs 6-7 ms, of a 312-token prompt: 93 vs 31-41 ms. A whole
+batch-8 decode step 130 -> 111 ms (mlx-lm's own loop on a KVCache: 108);
+8 x 39-token prefill 1,053 -> 711-802 ms.
 
 Scope, so that stock numerics stay everywhere else:
-- only `PagedLayerCache` calls (the engine's forward), only float32, only
-  without attention sinks, only on the CPU device, only for calls of at most
-  `MAX_QUERIES` query positions and at least `MIN_SCORES` scores (below it
-  the extra ops cost more than exp: one decode row over 64 keys 0.05 ms
-  stock vs 0.13, four rows over 100 keys 0.22 vs 0.29); everything else goes to mlx-lm's own
-  `scaled_dot_product_attention`. Measured per layer, stock vs this: decode
-  batch 16 over 120 tokens 0.71 vs 0.47 ms; 7 prompts x 39 tokens 4.2 vs
-  2.0 ms; 256 queries over 1,024 keys 64 vs 38 ms; 384 x 384 45 vs 25 ms;
-  but 512 x 512 67 vs 99 ms and 768 x 768 165 vs 210 ms (the ~20 passes
-  of exp2 lose to one pass of exp once the work no longer stays in cache,
-  even in chunks), hence the bound;
-- installed by replacing that name in the model's own module (mlx-lm's model
-  files import it by name and call it with the layer's cache), the same
-  cache-type dispatch mlx-lm itself uses for quantized caches.
-
-SwiGLU (`silu(gate) * x`, llama/qwen/mistral MLPs) has the same problem:
-its sigmoid is one exp per element. For a 312-token prefill it took 13 ms
-per layer, as long as the layer's seven matmuls. Here, with
-e = 2^(-|g| log2 e) in (0, 1] (so exp2's argument stays <= 0):
-    silu(g) = g * (1 if g >= 0 else e) / (1 + e)
-11 ms instead of 19 for (312, 1536) here, 2e-6 absolute error; for a
-decode batch (8, 1536) the extra passes cost more than exp saves (0.44 vs
-0.41 ms), so only gates of at least `MIN_SWIGLU_SIZE` numbers take it. The
-MLP call carries no cache to dispatch on, so the runner marks its own
-forward calls (`engine_forward`, a thread-local flag) and only those do.
+- attention: only `PagedLayerCache` calls (the engine's forward), float32,
+  no attention sinks, CPU device, at least `MIN_SCORES` scores (below it the
+  fixed cost of the extra ops loses: one decode row over 64 keys 0.11 ms
+  stock vs 0.21); installed by replacing `scaled_dot_product_attention` in
+  the model's own module (mlx-lm's model files import it by name and call
+  it with the layer's cache), the same cache-type dispatch mlx-lm itself
+  uses for quantized caches;
+- SwiGLU and RoPE carry no cache to dispatch on, so the runner marks its own
+  forward calls (`engine_forward`, a thread-local flag) and only those, on
+  CPU float32, take these paths; RoPE only for layers whose `self_attn.rope`
+  is exactly `nn.RoPE` (scaled variants such as Llama3RoPE stay stock) and
+  only for per-row (array) offsets, which is what the paged cache passes.
 """
 
 from __future__ import annotations
@@ -52,33 +58,52 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from functools import lru_cache, partial
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
 
 from .kv.paged import PagedLayerCache
 
-_LOG2E = 1.4426950408889634
-# 2^f on [0, 1), lowest degree first (see the module docstring).
-_EXP2_COEFFS = (1.0000000018154953, 0.6931469870574705, 0.2402297958142873,
-                0.05548352472381888, 0.009678472554714488, 0.0012443081506139477,
-                0.00021690609177579776)
+# e^y on [-0.75, 0], lowest degree first: least squares (relative error) on
+# Chebyshev nodes; with five squarings it covers e^t on [-24, 0].
+_EXP_COEFFS = (0.9999999967040782, 0.9999996079438743, 0.4999921593017254,
+               0.16660660779608683, 0.04144344299904352, 0.007897733332690473,
+               0.0009497848131088273)
+_EXP_SQUARINGS = 5
+_EXP_FLOOR = -24.0
 _MARK = "_frink_cpu_kernel"
 _SCORES_PER_CHUNK = 1 << 18
-MAX_QUERIES = 384
 MIN_SCORES = 1 << 12
-MIN_SWIGLU_SIZE = 1 << 15
 
 
-def exp2_nonpositive(t: mx.array) -> mx.array:
-    """2**t for float32 t <= 0 (see the module docstring)."""
-    t = mx.maximum(t, -126.0)
-    n = mx.floor(t)
-    f = t - n
-    p = f * _EXP2_COEFFS[-1] + _EXP2_COEFFS[-2]
-    for c in _EXP2_COEFFS[-3::-1]:
-        p = p * f + c
-    return p * mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
+def exp_nonpositive(t: mx.array) -> mx.array:
+    """e**t for float32 t <= 0, 0 below `_EXP_FLOOR` (see the module docstring).
+
+    Only multiplies, adds and a select, so `mx.compile` fuses it (and whatever
+    elementwise work surrounds it) into one loop.
+    """
+    y = mx.maximum(t, _EXP_FLOOR) * (1.0 / (1 << _EXP_SQUARINGS))
+    p = y * _EXP_COEFFS[-1] + _EXP_COEFFS[-2]
+    for c in _EXP_COEFFS[-3::-1]:
+        p = p * y + c
+    for _ in range(_EXP_SQUARINGS):
+        p = p * p
+    return mx.where(t >= _EXP_FLOOR, p, 0.0)
+
+
+@partial(mx.compile, shapeless=True)
+def _softmax_numerator(scores: mx.array, row_max: mx.array) -> mx.array:
+    return exp_nonpositive(scores - row_max)
+
+
+@partial(mx.compile, shapeless=True)
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """silu(gate) * x without `mx.exp`, one fused loop (see the module docstring)."""
+    e = exp_nonpositive(-mx.abs(gate))
+    return gate * mx.where(gate >= 0, 1.0, e) / (1.0 + e) * x
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
@@ -86,10 +111,7 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     """softmax(q k^T * scale + bias) v for (B, H, L, D) queries over (B, Hk, T, D) keys.
 
     The score matrix is made in query chunks of at most `_SCORES_PER_CHUNK`
-    numbers: exp2 is ~20 elementwise passes, which stay in cache for a chunk
-    but stream from memory for a whole prompt. Measured per layer, chunked vs
-    whole: 384 x 384 24 vs 37 ms; 256 queries over 1,024 keys 37-43 vs
-    57-67 ms; 128 over 2,048 38-40 vs 56-63 ms; small calls within noise.
+    numbers, so each chunk's passes (bias, max, exp, sum) stay in cache.
     """
     batch, heads, length, _ = queries.shape
     rows = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * keys.shape[2]))
@@ -110,20 +132,14 @@ def _attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float
     batch, heads, length, dim = queries.shape
     kv_heads, width = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
-    q = (queries * (scale * _LOG2E)).reshape(batch, kv_heads, group * length, dim)
+    q = (queries * scale).reshape(batch, kv_heads, group * length, dim)
     scores = q @ keys.swapaxes(-1, -2)
     if bias is not None:
         scores = (scores.reshape(batch, kv_heads, group, length, width) + bias).reshape(
             batch, kv_heads, group * length, width)
-    weights = exp2_nonpositive(scores - scores.max(axis=-1, keepdims=True))
+    weights = _softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
     out = (weights @ values) * mx.reciprocal(weights.sum(axis=-1, keepdims=True))
     return out.reshape(batch, heads, length, values.shape[-1])
-
-
-def swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    """silu(gate) * x without `mx.exp` (see the module docstring)."""
-    e = exp2_nonpositive(mx.abs(gate) * -_LOG2E)
-    return gate * mx.where(gate >= 0, 1.0, e) * mx.reciprocal(1.0 + e) * x
 
 
 _FORWARD = threading.local()
@@ -133,10 +149,12 @@ _FORWARD = threading.local()
 def engine_forward() -> Iterator[None]:
     """Marks the calling thread's model calls as the engine's (for `swiglu`)."""
     _FORWARD.on = True
+    _FORWARD.rope_tables = {}
     try:
         yield
     finally:
         _FORWARD.on = False
+        _FORWARD.rope_tables = {}
 
 
 def _on_cpu() -> bool:
@@ -147,13 +165,79 @@ def make_swiglu_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.arr
     """mlx-lm's `swiglu(gate, x)`: ours inside `engine_forward` on CPU float32, else stock."""
 
     def dispatching_swiglu(gate: mx.array, x: mx.array) -> mx.array:
-        if (getattr(_FORWARD, "on", False) and gate.dtype == mx.float32
-                and gate.size >= MIN_SWIGLU_SIZE and _on_cpu()):
+        if getattr(_FORWARD, "on", False) and gate.dtype == mx.float32 and _on_cpu():
             return swiglu(gate, x)
         return stock(gate, x)
 
     setattr(dispatching_swiglu, _MARK, True)
     return dispatching_swiglu
+
+
+@partial(mx.compile, shapeless=True)
+def _rotate(a: mx.array, b: mx.array, cos: mx.array, sin: mx.array) -> tuple[mx.array, mx.array]:
+    return a * cos - b * sin, a * sin + b * cos
+
+
+def rope(x: mx.array, cos: mx.array, sin: mx.array, dims: int, traditional: bool) -> mx.array:
+    """`mx.fast.rope` of (B, H, L, D) `x` given (B, 1, L, dims/2) cos/sin tables.
+
+    traditional rotates pairs (x[2i], x[2i+1]); otherwise (x[i], x[i + dims/2]).
+    Features past `dims` pass through.
+    """
+    batch, heads, length, width = x.shape
+    if traditional:
+        pairs = x[..., :dims].reshape(batch, heads, length, dims // 2, 2)
+        a, b = _rotate(pairs[..., 0], pairs[..., 1], cos, sin)
+        out = mx.stack([a, b], axis=-1).reshape(batch, heads, length, dims)
+    else:
+        a, b = _rotate(x[..., :dims // 2], x[..., dims // 2:dims], cos, sin)
+        out = mx.concatenate([a, b], axis=-1)
+    return out if dims == width else mx.concatenate([out, x[..., dims:]], axis=-1)
+
+
+def rope_tables(offsets: mx.array, length: int, dims: int, base: float,
+                scale: float) -> tuple[mx.array, mx.array]:
+    """cos/sin of (offset_r + i) * scale * f_j, shape (B, 1, L, dims/2).
+
+    Angles are formed exactly as `mx.fast.rope` forms them, in float32 with
+    f_j = exp(-(log(base) / (dims/2)) * j) computed by MLX, so the outputs agree
+    with stock to ~3e-7 even at position 5,000 (where float32 angles are
+    themselves ~5e-4 off: matching stock keeps greedy outputs identical).
+    """
+    freqs = _rope_freqs(dims, base)
+    pos = np.asarray(offsets, dtype=np.float32)[:, None] + np.arange(length, dtype=np.float32)
+    theta = ((pos * np.float32(scale))[..., None] * freqs).astype(np.float64)
+    return (mx.array(np.cos(theta).astype(np.float32))[:, None],
+            mx.array(np.sin(theta).astype(np.float32))[:, None])
+
+
+@lru_cache(maxsize=16)
+def _rope_freqs(dims: int, base: float) -> np.ndarray:
+    half = dims // 2
+    freqs = mx.exp(-(mx.log(mx.array(base, mx.float32)) / half) * mx.arange(half, dtype=mx.float32))
+    return np.array(freqs, dtype=np.float32)
+
+
+class RoPEDispatch(nn.Module):
+    """Stands in for a layer's `nn.RoPE`: inside `engine_forward`, for per-row
+    offsets on CPU float32, the tables are built once per forward and shared
+    by every layer's queries and keys; everywhere else the stock module runs."""
+
+    def __init__(self, stock: nn.RoPE) -> None:
+        super().__init__()
+        self.stock = stock
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        st = self.stock
+        if not (getattr(_FORWARD, "on", False) and isinstance(offset, mx.array)
+                and offset.ndim == 1 and x.ndim == 4 and x.dtype == mx.float32 and _on_cpu()):
+            return st(x, offset=offset)
+        key = (id(offset), x.shape[2], st.dims, st.base, st.scale)
+        entry = _FORWARD.rope_tables.get(key)
+        if entry is None or entry[0] is not offset:
+            entry = (offset, *rope_tables(offset, x.shape[2], st.dims, st.base, st.scale))
+            _FORWARD.rope_tables[key] = entry
+        return rope(x, entry[1], entry[2], st.dims, st.traditional)
 
 
 def _bias(cache: PagedLayerCache, mask: Any, length: int, width: int) -> mx.array | None:
@@ -179,7 +263,7 @@ def _bias(cache: PagedLayerCache, mask: Any, length: int, width: int) -> mx.arra
 def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
     b, h, length, _ = queries.shape
     return (isinstance(cache, PagedLayerCache) and sinks is None
-            and length <= MAX_QUERIES and b * h * length * cache.size() >= MIN_SCORES
+            and b * h * length * cache.size() >= MIN_SCORES
             and queries.dtype == mx.float32 and _on_cpu())
 
 
@@ -206,6 +290,10 @@ def install(model: Any) -> bool:
     by those names (llama, qwen2, qwen3, mistral, gemma, ...) are touched;
     idempotent.
     """
+    for layer in getattr(model, "layers", None) or []:
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None and type(getattr(attn, "rope", None)) is nn.RoPE:
+            attn.rope = RoPEDispatch(attn.rope)
     module = sys.modules.get(type(model).__module__)
     if module is None:
         return False
