@@ -25,7 +25,8 @@ def _modules(package: object) -> list[str]:
 
 
 ACCOUNTING = ["frink_mlx.engine.scheduler", "frink_mlx.engine.kv.block_pool",
-              "frink_mlx.engine.kv.manager", "frink_mlx.engine.kv.hashing"]
+              "frink_mlx.engine.kv.manager", "frink_mlx.engine.kv.hashing",
+              "frink_mlx.engine.admission"]
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:

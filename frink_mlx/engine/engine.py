@@ -60,6 +60,7 @@ from typing import Any
 
 from ..core.checks import check_sampling
 from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from .admission import ArrivalForecast
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
@@ -111,6 +112,7 @@ class Engine:
         self._streams: dict[str, SeqStream] = {}
         self._samplers: dict[int, RowSampler] = {}
         self._reported: set[int] = set()
+        self._forecast = ArrivalForecast()
         self._queue_lock = threading.Lock()
         self._num_inbox = 0       # submitted, not yet seen by the MLX thread
         self._num_waiting = 0     # never-started requests in the scheduler's queue
@@ -264,9 +266,12 @@ class Engine:
         windows), so a burst of requests that the HTTP side parses, renders
         and tokenizes one after another starts as one prefill step
         instead of a small step followed by a large one (each step streams all
-        weights once). A lone request pays one window (settings default 25 ms;
-        measured here, 8 HTTP clients: 60 tok/s and TTFT p95 1.23 s with 25 ms,
-        54 / 1.38 s with 10 ms, 56 / 1.60 s with none).
+        weights once). Measured here, 8 HTTP clients: 60 tok/s and TTFT p95
+        1.23 s with 25 ms, 54 / 1.38 s with 10 ms, 56 / 1.60 s with none.
+        The window stays open only while `ArrivalForecast` expects more
+        arrivals (admission.py): a lone follow-up, such as a chat's next turn,
+        starts at once, and a burst of returning clients stops waiting once
+        all of them are in.
         """
         try:
             item = self._inbox.get(timeout=0.05 if (block and deadline) else None) if block \
@@ -284,7 +289,9 @@ class Engine:
                 self._finish_rows(self.scheduler.abort(request_id, index=index))
             elif kind == "drain":
                 deadline = payload
-            wait = min(window, until - time.monotonic()) if deadline is None else 0.0
+            now = time.monotonic()
+            holding = deadline is None and window > 0 and self._forecast.expecting_more(now)
+            wait = min(window, until - now) if holding else 0.0
             try:
                 item = self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
             except queue.Empty:
@@ -293,6 +300,7 @@ class Engine:
     def _admit(self, seq: SeqRequest, stream: SeqStream) -> None:
         with self._queue_lock:
             self._num_inbox -= 1
+        self._forecast.arrived(time.monotonic())
         if seq.request_id in self._streams:
             stream._push(InvalidRequest(f"request id {seq.request_id!r} is already running",
                                         param="request_id"))
@@ -418,7 +426,8 @@ class Engine:
         return any(s.group.request.request_id == request_id for s in self.scheduler.seqs.values())
 
     def _close_stream(self, request_id: str) -> None:
-        self._streams.pop(request_id, None)
+        if self._streams.pop(request_id, None) is not None:
+            self._forecast.finished(time.monotonic())
 
     def _finish_rows(self, finished: list[Finished]) -> None:
         outputs: dict[str, list[StepOutput]] = {}

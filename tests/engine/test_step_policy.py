@@ -13,6 +13,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.admission import ArrivalForecast
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.kv.manager import KVCacheManager
@@ -108,6 +109,43 @@ def test_without_a_window_the_first_arrival_starts_alone(tiny):
     finally:
         engine.shutdown(1.0)
     assert len(plans[0].prefill) == 1
+
+
+def test_forecast_expects_the_clients_that_just_finished():
+    f = ArrivalForecast(horizon_s=1.0)
+    f.arrived(0.0)
+    assert f.expecting_more(0.0)             # no history: a cold burst may be starting
+    for _ in range(3):
+        f.finished(5.0)                      # three clients finished together
+    f.arrived(5.01)
+    assert f.expecting_more(5.01)            # one of three is back
+    f.arrived(5.02)
+    f.arrived(5.03)
+    assert not f.expecting_more(5.03)        # all three are back: stop waiting
+    f.finished(9.0)                          # later, one conversation ends ...
+    f.arrived(9.2)
+    assert not f.expecting_more(9.2)         # ... and its next turn comes alone
+    assert f.expecting_more(20.0)            # history too old: back to the cold rule
+
+
+def test_a_lone_follow_up_starts_without_the_window(tiny):
+    engine, plans = _engine(tiny, admission_window_s=2.0)
+    started: list[float] = []
+    run = engine.runner.run
+
+    def timed_run(plan, samplers):
+        started.append(time.monotonic())
+        return run(plan, samplers)
+
+    engine.runner.run = timed_run  # type: ignore[method-assign]
+    try:
+        list(engine.submit(SeqRequest("turn1", _prompt(1, 6), GREEDY, 2)))
+        sent = time.monotonic()
+        list(engine.submit(SeqRequest("turn2", _prompt(2, 6), GREEDY, 2)))
+    finally:
+        engine.shutdown(1.0)
+    first_step_of_turn2 = min(t for t in started if t >= sent)
+    assert first_step_of_turn2 - sent < 1.0  # a held window would be >= 2 s
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
