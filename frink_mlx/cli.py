@@ -104,8 +104,10 @@ _SETTINGS_KEYS = {
 
 
 def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
+    fn: Callable[..., int]
     if name == "serve":
-        from .server import serve_command as fn
+        from .server import serve_command
+        fn = serve_command
     elif name in ("generate", "chat"):
         from . import chat as chat_mod
         fn = chat_mod.generate_command if name == "generate" else chat_mod.chat_command
@@ -113,7 +115,8 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
         from . import registry_cli as reg
         fn = reg.models_command if name == "models" else reg.import_command
     elif name == "service":
-        from .service import service_command as fn
+        from .service import service_command
+        fn = service_command
     else:  # pragma: no cover - argparse refuses first
         raise SystemExit(2)
     return fn

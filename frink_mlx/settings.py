@@ -63,7 +63,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
     idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
-    pipeline: bool = True                        # dispatch decode step t+1 before reading t
+    pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
+                                                 # None: on Metal yes, on the CPU backend no
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free

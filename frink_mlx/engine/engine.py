@@ -25,10 +25,17 @@ back before the next step is dispatched. On the CPU backend `mx.async_eval`
 blocks until all but ~10 of a step's ~1,000 tasks are done (MLX bounds the
 tasks in flight), so "dispatch t+1, then read t" held every request's first
 token back by a whole decode step (measured: a turn-2 prefill of 32 tokens
-took 0.40 s and reached its client at 0.51 s). Decode steps stay pipelined:
-on this CPU that still gave ~5% more throughput (8 clients, 3 runs each:
-49.3 vs 46.9 tok/s) than reading every step first. `pipeline = false`
-reads every step first.
+took 0.40 s and reached its client at 0.51 s).
+
+Pipelining is therefore a Metal feature: `EngineConfig.pipeline` comes from
+`default_pipeline()` unless the setting says otherwise. On the CPU backend
+the device cannot run ahead of the host anyway (the blocking above), and
+building step t+1's graph while step t still runs only competes with the
+compute threads for the cores: over HTTP on the 2-core build machine, one
+client got 9.1 / 9.3 / 8.7 tok/s pipelined against 11.6 / 12.7 / 10.6 not
+(alternating runs), 8 clients 48.9 / 50.3 against 47.9 / 54.5, 16 clients
+66.5 against 66.7. (In process, without the HTTP side, 8 clients had shown
+~5% the other way: 49.3 vs 46.9.)
 
 Failure rules:
 1. `submit` validates synchronously: empty prompt, n, sampling ranges
@@ -490,6 +497,13 @@ def _constraint_verdict(sampler: RowSampler, token_id: int) -> str | None:
     except Exception:  # noqa: BLE001 - a broken matcher ends its row, not the engine
         log.exception("row constraint failed")
         return "constraint"
+
+
+def default_pipeline() -> bool:
+    """Pipeline decode steps on a GPU (Metal), not on the CPU backend (module docstring)."""
+    import mlx.core as mx
+
+    return bool(mx.default_device().type == mx.DeviceType.gpu)
 
 
 def _new_stream() -> Any:

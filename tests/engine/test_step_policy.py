@@ -163,3 +163,19 @@ def test_steps_with_first_tokens_are_read_before_the_next_is_planned(tiny, pipel
     for prev, nxt in zip(plans, plans[1:]):
         firsts = {i for chunk in prev.prefill for i in chunk.sample_seq_ids}
         assert all(row.token_id is not None for row in nxt.decode if row.seq_id in firsts)
+
+
+@pytest.mark.parametrize("setting", [None, True, False])
+def test_the_daemon_pipelines_decode_steps_only_on_a_gpu_unless_told(tiny_llama_dir, tmp_path, setting):
+    from frink_mlx.engine.engine import default_pipeline
+    from frink_mlx.engine.hub import build_generation, free_generation
+    from frink_mlx.registry import ModelSpec
+    from frink_mlx.settings import Settings
+
+    assert default_pipeline() is (mx.default_device().type == mx.DeviceType.gpu)
+    settings = Settings(config_dir=str(tmp_path), pipeline=setting, max_kv_pool_bytes=1 << 24)
+    gen = build_generation(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings, 1, DecodeGate())
+    try:
+        assert gen.engine.config.pipeline is (default_pipeline() if setting is None else setting)
+    finally:
+        free_generation(gen, 5.0)
