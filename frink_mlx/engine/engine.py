@@ -94,13 +94,15 @@ class EngineConfig:
     queue_timeout_s: float
     generation: int = 0
     idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
-    pipeline: bool = True                    # see the module docstring
+    pipeline: bool | None = None             # None: default_pipeline(); see the module docstring
     admission_window_s: float = 0.0          # see _drain_inbox
 
 
 class Engine:
     def __init__(self, loaded: Any, config: EngineConfig, gate: DecodeGate) -> None:
         self.loaded = loaded
+        if config.pipeline is None:
+            config = dataclasses.replace(config, pipeline=default_pipeline())
         self.config = config
         self.gate = gate
         model = loaded.model

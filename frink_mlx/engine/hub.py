@@ -86,7 +86,7 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     from .budget import plan_kv
-    from .engine import Engine, EngineConfig, default_pipeline
+    from .engine import Engine, EngineConfig
 
     plan = plan_kv(loaded, settings)
     config = EngineConfig(
@@ -96,7 +96,7 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
         queue_timeout_s=settings.queue_timeout_s, generation=number,
         idle_prefill_tokens=settings.idle_prefill_tokens,
         admission_window_s=settings.admission_window_ms / 1000,
-        pipeline=default_pipeline() if settings.pipeline is None else settings.pipeline)
+        pipeline=settings.pipeline)
     engine = Engine(loaded, config, gate)
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())
