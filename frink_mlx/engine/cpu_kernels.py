@@ -147,7 +147,8 @@ _FORWARD = threading.local()
 
 @contextlib.contextmanager
 def engine_forward() -> Iterator[None]:
-    """Marks the calling thread's model calls as the engine's (for `swiglu`)."""
+    """Marks the calling thread's model calls as the engine's (for SwiGLU and RoPE),
+    with a fresh table memo for RoPE (one forward = one set of positions)."""
     _FORWARD.on = True
     _FORWARD.rope_tables = {}
     try:
