@@ -5,7 +5,7 @@ and continuous batching needs one place that sees every live sequence. The
 event loop only talks to it through a thread-safe inbox (submit, abort) and
 per-request `SeqStream`s (StepOutputs pushed with `call_soon_threadsafe`).
 
-The loop, pipelined like mlx-lm's generate_step:
+The loop, pipelined like mlx-lm's generate_step where that pays (on Metal, see below):
 
     forever:
         drain the inbox (block on it when there is nothing to do)
