@@ -12,17 +12,21 @@ and selects that fuse, with no transcendental in the loop:
 
 exp of t <= 0 (softmax after subtracting the row max; silu's e^-|g|):
     y = max(t, -24) / 32, p = a degree-6 polynomial for e^y on [-0.75, 0]
-    (least squares on Chebyshev nodes), squared five times: p^32 = e^t;
-    exactly 0 below t = -24 (masked -inf scores give weight 0).
-    Relative error <= 1e-5 over [-24, 0] and <= 3e-6 near 0, where the
-    weights that matter live (`mx.exp` itself is off by up to 3.5e-6 here).
+    (least squares on Chebyshev nodes), squared five times: p^32 = e^t,
+    minus its value at t = -24 (3.8e-11) and clamped at 0, so masked -inf
+    scores give weight exactly 0 with no select in the loop (a select on a
+    boolean is not vectorised and cost more than all the rest of SwiGLU).
+    Relative error <= 3e-6 near 0, <= 1e-5 where e^t > 5e-5, and never more
+    than 1e-5 relative + 4e-11 absolute (`mx.exp` itself is off by up to
+    3.5e-6 relative here).
 Attention = one (group*L, D) x (D, T) matmul per KV head (GQA without
     repeating K/V), + bias, row max, the fused exp, row sum, weights @ V,
     scaled by 1/sum; the score matrix is made in query chunks of at most
     2^18 numbers so those passes stay in cache. Outputs match stock SDPA to
     ~1e-6 relative.
-SwiGLU = silu(g) * x = g * (1 if g >= 0 else e) / (1 + e) * x, e = e^-|g|,
-    one fused loop; 1.3e-6 absolute error (stock: 1.4e-6 against float64).
+SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
+    (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
+    absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
 RoPE: the cos/sin tables of a forward's per-row positions are built once on
     the host (angles formed in float32 exactly as `mx.fast.rope` forms them,
     so outputs agree to ~2e-7) and shared by every layer's queries and keys;
@@ -32,10 +36,13 @@ Measured here (fp32 SmolLM2-135M shapes: 9 query / 3 KV heads, head_dim 64;
 stock vs this, per layer unless said): attention, decode batch 8 over 100
 keys 0.40 vs 0.24 ms, 8 prompts x 39 tokens 3.4 vs 1.5 ms, 32 queries over
 1,072 keys 9.1 vs 3.8 ms, 2,048 x 2,048 1,217 vs 524 ms; SwiGLU (8, 1536)
-0.44 vs 0.18 ms, (312, 1536) 16.4 vs 6.6 ms; RoPE, 60 calls of a decode
-batch of 8: 14.2 vs 6-7 ms, of a 312-token prompt: 93 vs 31-41 ms. A whole
-batch-8 decode step 130 -> 111 ms (mlx-lm's own loop on a KVCache: 108);
-8 x 39-token prefill 1,053 -> 711-802 ms.
+0.44 vs 0.12-0.2 ms, (312, 1536) 16.4 vs 3.7 ms (6.6 with selects); RoPE,
+60 calls of a decode batch of 8: 14.2 vs 6-7 ms, of a 312-token prompt: 93
+vs 31-41 ms. A whole batch-8 decode step 130 -> 111 ms (mlx-lm's own loop
+on a KVCache: 108); 8 x 39-token prefill 1,053 -> 711-802 ms (with selects;
+dropping them took 8 x 31 tokens from 634-681 to 516-629 ms, alternating).
+`mx.compile` fuses at most ~11 nodes deep and, shapeless, each constant
+adds broadcast nodes, so SwiGLU still runs as ~6 vectorised loops.
 
 Scope, so that stock numerics stay everywhere else:
 - attention: only `PagedLayerCache` calls (the engine's forward), float32,
@@ -79,19 +86,33 @@ _SCORES_PER_CHUNK = 1 << 18
 MIN_SCORES = 1 << 12
 
 
-def exp_nonpositive(t: mx.array) -> mx.array:
-    """e**t for float32 t <= 0, 0 below `_EXP_FLOOR` (see the module docstring).
-
-    Only multiplies, adds and a select, so `mx.compile` fuses it (and whatever
-    elementwise work surrounds it) into one loop.
-    """
+def _exp_unfloored(t: mx.array) -> mx.array:
+    """The polynomial-and-squarings e**t of `max(t, _EXP_FLOOR)`."""
     y = mx.maximum(t, _EXP_FLOOR) * (1.0 / (1 << _EXP_SQUARINGS))
     p = y * _EXP_COEFFS[-1] + _EXP_COEFFS[-2]
     for c in _EXP_COEFFS[-3::-1]:
         p = p * y + c
     for _ in range(_EXP_SQUARINGS):
         p = p * p
-    return mx.where(t >= _EXP_FLOOR, p, 0.0)
+    return p
+
+
+# What `_exp_unfloored` gives at the floor (3.8e-11), nudged up by 1e-4 relative
+# so a fused loop that rounds differently (contracted multiply-adds) still
+# lands on exactly 0 there.
+_EXP_AT_FLOOR = float(np.asarray(_exp_unfloored(mx.array([_EXP_FLOOR], mx.float32)))[0]) * (1 + 1e-4)
+
+
+def exp_nonpositive(t: mx.array) -> mx.array:
+    """e**t for float32 t <= 0, exactly 0 at and below `_EXP_FLOOR` (see the module docstring).
+
+    Only multiplies, adds and max, so `mx.compile` fuses it (and whatever
+    elementwise work surrounds it). Subtracting the value at the floor (3.8e-11)
+    instead of selecting 0 below it keeps booleans out of the loop: a select
+    on a boolean intermediate is not vectorised by the JIT and costs ~7 ns
+    per element, more than the whole rest of SwiGLU.
+    """
+    return mx.maximum(_exp_unfloored(t) - _EXP_AT_FLOOR, 0.0)
 
 
 @partial(mx.compile, shapeless=True)
@@ -102,8 +123,9 @@ def _softmax_numerator(scores: mx.array, row_max: mx.array) -> mx.array:
 @partial(mx.compile, shapeless=True)
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     """silu(gate) * x without `mx.exp`, one fused loop (see the module docstring)."""
-    e = exp_nonpositive(-mx.abs(gate))
-    return gate * mx.where(gate >= 0, 1.0, e) / (1.0 + e) * x
+    a = mx.abs(gate)
+    e = exp_nonpositive(-a)
+    return 0.5 * (gate + a * (1.0 - e) / (1.0 + e)) * x
 
 
 def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,

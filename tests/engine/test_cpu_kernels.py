@@ -18,15 +18,18 @@ from frink_mlx.engine.kv.paged import (
 
 
 def test_exp_matches_numpy_within_stock_mlx_accuracy():
-    # mx.exp itself is off by up to ~3.5e-6 relative here; ours stays within 1e-5
-    # where it counts and is exactly 0 below the floor (masked scores).
+    # mx.exp itself is off by up to ~3.5e-6 relative here. Ours: within 1e-5
+    # relative where weights matter (e^t > 5e-5), never more than 1e-5 relative
+    # plus 4e-11 absolute (the value at the floor, subtracted so that masked
+    # scores get exactly 0 without a select), and exactly 0 at and below the floor.
     t = np.concatenate([np.linspace(-24, 0, 200001), [0.0]]).astype(np.float32)
-    got = np.array(cpu_kernels.exp_nonpositive(mx.array(t)))
+    got = np.array(cpu_kernels.exp_nonpositive(mx.array(t))).astype(np.float64)
     want = np.exp(t.astype(np.float64))
-    assert np.max(np.abs(got / want - 1)) < 1e-5
+    assert np.max(np.abs(got / want - 1)[t > -10]) < 1e-5
     assert np.max(np.abs(got / want - 1)[t > -1]) < 3e-6
-    below = np.array(cpu_kernels.exp_nonpositive(mx.array([-24.5, -1e30, -np.inf], mx.float32)))
-    assert below.tolist() == [0.0, 0.0, 0.0]
+    assert np.all(np.abs(got - want) <= 1e-5 * want + 4e-11)
+    below = np.array(cpu_kernels.exp_nonpositive(mx.array([-24.0, -24.5, -1e30, -np.inf], mx.float32)))
+    assert below.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 def _qkv(batch, heads, kv_heads, length, width, seed=0):
