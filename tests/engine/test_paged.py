@@ -9,7 +9,13 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from frink_mlx.engine.kv.paged import (
-    BatchLayout, PagedKVStore, RowSpan, make_layer_caches, model_kv_geometry)
+    BatchLayout,
+    PagedKVStore,
+    RowSpan,
+    _take_rows,
+    make_layer_caches,
+    model_kv_geometry,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +39,18 @@ def test_layout_slots_follow_block_tables():
     assert write[0].tolist() == read[0].tolist()
     assert write[1].tolist() == [7, 16] + [99] * 8   # positions 3, 4 then padding
     assert np.array(lay.offsets).tolist() == [0, 3]
+
+
+def test_reads_gather_every_head_of_each_rows_slots():
+    lay = BatchLayout([RowSpan(0, 10, [7, 2, 5]), RowSpan(3, 2, [1, 4])], block_size=4, trash_slot=99)
+    rows = np.array(lay.read_rows(3, 100))
+    slots = np.array(lay.read_slots)
+    assert rows.shape == (3, 2, 10)
+    assert all((rows[h] == h * 100 + slots).all() for h in range(3))
+    assert lay.read_rows(3, 100) is lay.read_rows(3, 100)  # built once per forward
+    pool = mx.array(np.random.default_rng(0).standard_normal((3, 100, 8)).astype(np.float32))
+    assert np.array_equal(np.array(_take_rows(pool, lay.read_rows(3, 100))),
+                          np.array(pool[:, lay.read_slots]))
 
 
 def test_mask_is_causal_per_row_and_padding_sees_key_zero():
