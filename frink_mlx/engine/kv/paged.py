@@ -170,24 +170,24 @@ class BatchLayout:
         self.write_slots = mx.array(write.reshape(-1).astype(np.int32))
         self.read_slots = mx.array(slot_of.astype(np.int32))
         self.offsets = mx.array(starts.astype(np.int32))
-        self._masks: dict[Any, Any] = {}
+        self._memo: dict[Any, Any] = {}  # per forward: masks, biases, row indices
 
     def read_rows(self, heads: int, slots_per_head: int) -> mx.array:
         """(H, B, T) rows of a pool viewed as (H * slots_per_head, D): rule 2's
         gather as a plain row gather, built once per forward and shared by
         every layer."""
         key = ("rows", heads, slots_per_head)
-        rows = self._masks.get(key)
+        rows = self._memo.get(key)
         if rows is None:
             slots = np.asarray(self.read_slots, dtype=np.int64)
             base = np.arange(heads, dtype=np.int64)[:, None, None] * slots_per_head
-            rows = self._masks[key] = mx.array((base + slots[None]).astype(np.int32))
+            rows = self._memo[key] = mx.array((base + slots[None]).astype(np.int32))
         return rows
 
     def mask(self, window_size: int | None = None) -> mx.array | str | None:
         """The attention mask (rule 4), built once per window size."""
-        if window_size in self._masks:
-            return self._masks[window_size]
+        if window_size in self._memo:
+            return self._memo[window_size]
         value: mx.array | str | None
         single = self.batch == 1 and window_size is None
         if single and self.length == 1:
@@ -196,7 +196,7 @@ class BatchLayout:
             value = "causal"
         else:
             value = mx.array(self._mask_np(window_size))
-        self._masks[window_size] = value
+        self._memo[window_size] = value
         return value
 
     def _mask_np(self, window_size: int | None) -> np.ndarray:
@@ -270,8 +270,8 @@ class PagedLayerCache:
     def layout_memo(self, key: Any, value: Any = None) -> Any:
         """A memo shared by every layer of this forward (e.g. a mask's additive form)."""
         if value is not None:
-            self._layout._masks[key] = value
-        return self._layout._masks.get(key)
+            self._layout._memo[key] = value
+        return self._layout._memo.get(key)
 
     # --- the rest of the protocol: the pool, not this view, holds the state ---
     @property
