@@ -59,7 +59,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # --- engine ---
     batching: bool = True
     max_batch: int = 16
-    block_size: int = 8                          # tokens per KV block (prefix-cache granularity)
+    block_size: int = 4                          # tokens per KV block (prefix-cache granularity:
+                                                 # a prompt reuses its shared prefix rounded down to it)
     prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
     idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
