@@ -66,6 +66,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
     pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
                                                  # None: on Metal yes, on the CPU backend no
+    cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
+                                                 # MLX streams (engine/cpu_split.py); None = one
+                                                 # per usable core (at most 8), 1 = off
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free

@@ -23,6 +23,9 @@ Rules:
    the CPU's flags (/proc/cpuinfo) allow, the re-exec also sets
    `OPENBLAS_CORETYPE` to the strongest class the flags support. A value the
    user already set is kept.
+6. Threads: where the engine splits its matmuls over MLX CPU streams itself
+   (cpu_split.py), OpenBLAS's own threads are set to 1 at run time through
+   `openblas_set_num_threads`, which the preloaded library exports.
 """
 
 from __future__ import annotations
@@ -93,6 +96,17 @@ def detected_core(lib: Path) -> str | None:
         return fn().decode()
     except (OSError, AttributeError, UnicodeDecodeError):
         return None
+
+
+def set_openblas_threads(count: int) -> bool:
+    """Rule 6: OpenBLAS's thread count for this process; False where OpenBLAS
+    is not loaded (MLX's bundled reference BLAS, Accelerate on macOS)."""
+    try:
+        fn = ctypes.CDLL(None).openblas_set_num_threads
+    except (OSError, AttributeError):
+        return False
+    fn(ctypes.c_int(count))
+    return True
 
 
 def suggested_coretype(lib: Path | None = None,

@@ -67,6 +67,7 @@ from typing import Any
 
 from ..core.checks import check_sampling
 from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from . import cpu_split
 from .admission import ArrivalForecast
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
@@ -96,6 +97,7 @@ class EngineConfig:
     idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
     pipeline: bool | None = None             # None: default_pipeline(); see the module docstring
     admission_window_s: float = 0.0          # see _drain_inbox
+    matmul_parts: int | None = None          # cpu_split.py; None = one per usable core
 
 
 class Engine:
@@ -109,6 +111,7 @@ class Engine:
         self._geometry = model_kv_geometry(model)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         self._stream = _new_stream()
+        self._side_streams = cpu_split.setup(model, config.matmul_parts)
         self.store = self._new_store()
         self.kv = KVCacheManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -116,7 +119,7 @@ class Engine:
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
             one_request_at_a_time=not config.batching,
             idle_prefill_tokens=config.idle_prefill_tokens)
-        self.runner = Runner(model, self.store)
+        self.runner = Runner(model, self.store, self._side_streams)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, SeqStream] = {}
         self._samplers: dict[int, RowSampler] = {}

@@ -96,7 +96,7 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
         queue_timeout_s=settings.queue_timeout_s, generation=number,
         idle_prefill_tokens=settings.idle_prefill_tokens,
         admission_window_s=settings.admission_window_ms / 1000,
-        pipeline=settings.pipeline)
+        pipeline=settings.pipeline, matmul_parts=settings.cpu_matmul_parts)
     engine = Engine(loaded, config, gate)
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())

@@ -20,17 +20,22 @@ One step, in order:
    per sampled row], in `SchedulerOutput.sample_seq_ids` order.
 5. `mx.async_eval` of the tokens and the KV pools; `StepResult.read()`
    blocks until the host has the values.
+
+Both forwards run inside `_forward`: on the CPU backend that selects our own
+attention, SwiGLU and RoPE (cpu_kernels.py) and matmuls split over one MLX
+stream per core (cpu_split.py); elsewhere the stock paths run.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from . import cpu_kernels
+from . import cpu_kernels, cpu_split
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
@@ -82,9 +87,10 @@ class StepResult:
 
 
 class Runner:
-    def __init__(self, model: Any, store: PagedKVStore) -> None:
+    def __init__(self, model: Any, store: PagedKVStore, side_streams: Sequence[Any] = ()) -> None:
         self.model = model
         self.store = store
+        self._side_streams = list(side_streams)  # cpu_split.setup has swapped the layers
         self._split = _split_head(model)
         cpu_kernels.install(model)  # acts on the engine's CPU float32 calls only
         self._prev_tokens: mx.array | None = None
@@ -116,6 +122,12 @@ class Runner:
         mx.async_eval(*out.arrays(), *self.store.arrays())
         return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
 
+    @contextlib.contextmanager
+    def _forward(self) -> Iterator[None]:
+        """The engine's model calls: CPU kernels (cpu_kernels.py), split matmuls (cpu_split.py)."""
+        with cpu_kernels.engine_forward(), cpu_split.split_forward(self._side_streams):
+            yield
+
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""
         self._prev_tokens = None
@@ -125,7 +137,7 @@ class Runner:
         layout = BatchLayout([RowSpan(r.position, 1, r.block_table) for r in rows],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
         inputs = self._decode_inputs(rows)
-        with cpu_kernels.engine_forward():
+        with self._forward():
             logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
         return logits[:, -1, :]
 
@@ -162,7 +174,7 @@ class Runner:
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
-        with cpu_kernels.engine_forward():
+        with self._forward():
             if self._split is not None:
                 body, head = self._split
                 hidden = body(x, caches)

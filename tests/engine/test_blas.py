@@ -92,3 +92,14 @@ def test_reexecs_exactly_once_with_the_same_argv(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=60).stdout.splitlines()
     assert out == ["run   []", "done"]
+
+
+def test_set_openblas_threads_reports_whether_openblas_is_loaded():
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).openblas_set_num_threads
+        loaded = True
+    except AttributeError:
+        loaded = False
+    assert blas.set_openblas_threads(1) is loaded

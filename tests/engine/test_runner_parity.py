@@ -15,6 +15,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine import cpu_split
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.kv.paged import PagedKVStore, model_kv_geometry
 from frink_mlx.engine.runner import Runner
@@ -35,14 +36,15 @@ def reference(model, prompt, num_tokens=NUM_TOKENS):
     return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=num_tokens)]
 
 
-def drive(model, arrivals, *, block_size=4, num_blocks=96, chunk=5, max_batch=8, pipelined=True):
+def drive(model, arrivals, *, block_size=4, num_blocks=96, chunk=5, max_batch=8, pipelined=True,
+          side_streams=()):
     """Run scheduler + runner by hand. arrivals: {step: [SeqRequest]}; returns {request_id: {row: tokens}}."""
     layers, heads, head_dim = model_kv_geometry(model)
     store = PagedKVStore(num_layers=layers, num_blocks=num_blocks, block_size=block_size,
                          n_kv_heads=heads, head_dim=head_dim, dtype=mx.float32)
     sched = Scheduler(KVCacheManager(num_blocks, block_size), max_batch=max_batch,
                       prefill_chunk_tokens=chunk)
-    runner = Runner(model, store)
+    runner = Runner(model, store, side_streams)
     samplers: dict[int, RowSampler] = {}
     outs: dict[str, dict[int, list[int]]] = {}
     pending = None
@@ -90,6 +92,20 @@ def test_rows_joining_at_different_steps_match_generate(tiny, pipelined):
     for i, (p, at) in enumerate(zip(prompts, joins)):
         arrivals.setdefault(at, []).append(SeqRequest(f"r{i}", p, GREEDY, NUM_TOKENS))
     outs = drive(tiny, arrivals, pipelined=pipelined)
+    for i, p in enumerate(prompts):
+        assert outs[f"r{i}"][0] == reference(tiny, p), f"row r{i}"
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_matmuls_split_over_streams_keep_parity(tiny, parts):
+    """cpu_split.py: the runner's forward with each product cut over `parts` CPU streams."""
+    streams = cpu_split.setup(tiny, parts)
+    assert len(streams) == parts - 1
+    prompts = _prompts(7, (7, 3, 13, 30))
+    arrivals: dict[int, list[SeqRequest]] = {}
+    for i, (p, at) in enumerate(zip(prompts, [0, 0, 2, 5])):
+        arrivals.setdefault(at, []).append(SeqRequest(f"r{i}", p, GREEDY, NUM_TOKENS))
+    outs = drive(tiny, arrivals, side_streams=streams)
     for i, p in enumerate(prompts):
         assert outs[f"r{i}"][0] == reference(tiny, p), f"row r{i}"
 

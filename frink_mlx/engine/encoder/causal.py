@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...errors import ModelFormatError
+from .. import cpu_split
 from .encoder import Encoder
 from .pooling import HeadConfig
 
@@ -73,4 +74,5 @@ def encoder_from_generative(loaded: Any, settings: Any) -> Encoder:
         max_length=int(loaded.context_length),
         batch_size=max(1, int(getattr(settings, "embed_batch_size", 32))),
         arch=str(loaded.config.get("model_type", "generative")),
+        split_streams=cpu_split.setup(loaded.model, getattr(settings, "cpu_matmul_parts", None)),
     )

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...errors import ModelFormatError
+from .. import cpu_split
 from .bert import BertArgs, BertModel
 from .encoder import Encoder
 from .pooling import read_head_config, read_max_seq_length
@@ -99,6 +100,7 @@ def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
         batch_size=max(1, int(getattr(settings, "embed_batch_size", 32))),
         truncatable=bool(getattr(spec, "matryoshka", False)),
         arch=args.model_type,
+        split_streams=cpu_split.setup(model, getattr(settings, "cpu_matmul_parts", None)),
     )
 
 
