@@ -21,14 +21,15 @@ def test_exp_matches_numpy_within_stock_mlx_accuracy():
     # mx.exp itself is off by up to ~3.5e-6 relative here. Ours: within 1e-5
     # relative where weights matter (e^t > 5e-5), never more than 1e-5 relative
     # plus 4e-11 absolute (the value at the floor, subtracted so that masked
-    # scores get exactly 0 without a select), and exactly 0 at and below the floor.
+    # scores get exactly 0 without a select), and exactly 0 at and below the floor
+    # (inputs are finite: masks are cpu_kernels.MASKED, not -inf).
     t = np.concatenate([np.linspace(-24, 0, 200001), [0.0]]).astype(np.float32)
     got = np.array(cpu_kernels.exp_nonpositive(mx.array(t))).astype(np.float64)
     want = np.exp(t.astype(np.float64))
     assert np.max(np.abs(got / want - 1)[t > -10]) < 1e-5
     assert np.max(np.abs(got / want - 1)[t > -1]) < 3e-6
     assert np.all(np.abs(got - want) <= 1e-5 * want + 4e-11)
-    below = np.array(cpu_kernels.exp_nonpositive(mx.array([-24.0, -24.5, -1e30, -np.inf], mx.float32)))
+    below = np.array(cpu_kernels.exp_nonpositive(mx.array([-24.0, -24.5, -1e9, -1e30], mx.float32)))
     assert below.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
@@ -50,13 +51,13 @@ def test_attention_matches_sdpa_with_a_ragged_mask(batch, heads, kv_heads, lengt
     allowed = np.arange(width)[None, None, :] <= q_pos[:, :, None]
     mask = mx.array(allowed[:, None])
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
-    got = cpu_kernels.attention(q, k, v, 0.25, mx.where(mask, 0.0, -mx.inf)[:, :, None])
+    got = cpu_kernels.attention(q, k, v, 0.25, mx.where(mask, 0.0, cpu_kernels.MASKED)[:, :, None])
     assert np.allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
 
 
 def test_chunked_queries_give_the_same_result(monkeypatch):
     q, k, v = _qkv(1, 4, 2, 33, 33)
-    bias = mx.where(mx.tril(mx.ones((33, 33), dtype=mx.bool_)), 0.0, -mx.inf)[None, None, None]
+    bias = mx.where(mx.tril(mx.ones((33, 33), dtype=mx.bool_)), 0.0, cpu_kernels.MASKED)[None, None, None]
     whole = cpu_kernels.attention(q, k, v, 0.25, bias)
     monkeypatch.setattr(cpu_kernels, "_SCORES_PER_CHUNK", 4 * 33 * 5)  # 5 query rows a chunk
     chunked = cpu_kernels.attention(q, k, v, 0.25, bias)
@@ -178,3 +179,13 @@ def test_install_wraps_each_layers_rope_once():
     assert isinstance(wrapped, cpu_kernels.RoPEDispatch)
     cpu_kernels.install(model)
     assert attn.rope is wrapped
+
+
+def test_a_row_with_every_key_masked_stays_finite():
+    """Padding rows of a right-padded prefill see no key; their output is unused but must not be NaN."""
+    q, k, v = _qkv(1, 4, 2, 3, 8)
+    allowed = np.ones((3, 8), dtype=bool)
+    allowed[2] = False
+    bias = mx.where(mx.array(allowed), 0.0, cpu_kernels.MASKED)[None, None, None]
+    out = np.array(cpu_kernels.attention(q, k, v, 0.25, bias))
+    assert np.isfinite(out).all()
