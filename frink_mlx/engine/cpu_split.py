@@ -10,8 +10,9 @@ each) with single-threaded OpenBLAS, has every core stream only its share of
 the weights once. Measured here (2 cores, SmolLM2-135M fp32, the 30 layers'
 seven projections, ms): 1 row 20.3 -> 15.0, 8 rows 38.8 -> 38.3, 20 rows
 61.6 -> 50.5, 216 rows 251 -> 214. In the engine: a 20-token follow-up over
-1,060 cached tokens 167 -> 148 ms, decode 17.7 -> 20.6 tok/s at batch 1,
-83.8 -> 91.6 at 8, 140 at 16 either way.
+1,060 cached tokens 165 -> 146 ms, decode 18.0 -> 21.4 tok/s at batch 1,
+86.8 -> 91.8 at 8, 141 -> 136 at 16 (16 rows is the one size where
+OpenBLAS's own split, 8 + 8, is as good).
 
 Rules:
 1. `install(model)` swaps every plain `nn.Linear` and `nn.Embedding` leaf for
@@ -24,17 +25,24 @@ Rules:
    cut into len(streams) + 1 ranges (multiples of `ROW_ALIGN`): range 0 runs
    on the calling thread's stream, range i on streams[i - 1], and one
    concatenate on the calling stream joins them. Every output element is the
-   same dot product the stock call computes.
+   same dot product the stock call computes (equal to float rounding: a
+   one-row product may take another BLAS path, ~1e-6 apart).
 3. The ranges are row slices, which MLX makes as views of the weight's
    buffer; they are cached per weight array.
 4. `prepare(parts)` (or `setup`): OpenBLAS's own threads would now compete with the
    streams for the same cores, so the first split install sets them to 1
    (process-wide, see blas.py). Nothing happens with one part or off the CPU.
+5. Side streams are `ThreadLocalStream`s made once per count and shared by
+   every model: each thread that runs a split forward gets its own MLX
+   streams (each is a worker thread). The engine's thread destroys its own
+   when it ends (engine.py); an encoder's worker threads keep theirs, one
+   set per thread however many models come and go.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -69,11 +77,16 @@ def on_cpu() -> bool:
 
 
 def prepare(parts: int) -> list[Any]:
-    """The side streams for a split forward of `parts` parts (rule 4); [] = no split."""
+    """The side streams for a split forward of `parts` parts (rules 4, 5); [] = no split."""
     if parts < 2 or not on_cpu():
         return []
     set_openblas_threads(1)
-    return [mx.new_thread_local_stream(mx.cpu) for _ in range(parts - 1)]
+    return list(_side_streams(parts - 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _side_streams(count: int) -> tuple[Any, ...]:
+    return tuple(mx.new_thread_local_stream(mx.cpu) for _ in range(count))
 
 
 def setup(model: nn.Module, setting: int | None) -> list[Any]:
