@@ -82,6 +82,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .cpu_split import on_cpu
 from .kv.paged import PagedLayerCache
 
 # e^y on [-0.75, 0], lowest degree first: least squares (relative error) on
@@ -199,15 +200,11 @@ def engine_forward() -> Iterator[None]:
         _FORWARD.rope_tables = {}
 
 
-def _on_cpu() -> bool:
-    return mx.default_device().type == mx.DeviceType.cpu
-
-
 def make_swiglu_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
     """mlx-lm's `swiglu(gate, x)`: ours inside `engine_forward` on CPU float32, else stock."""
 
     def dispatching_swiglu(gate: mx.array, x: mx.array) -> mx.array:
-        if getattr(_FORWARD, "on", False) and gate.dtype == mx.float32 and _on_cpu():
+        if getattr(_FORWARD, "on", False) and gate.dtype == mx.float32 and on_cpu():
             return swiglu(gate, x)
         return stock(gate, x)
 
@@ -272,7 +269,7 @@ class RoPEDispatch(nn.Module):
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         st = self.stock
         if not (getattr(_FORWARD, "on", False) and isinstance(offset, mx.array)
-                and offset.ndim == 1 and x.ndim == 4 and x.dtype == mx.float32 and _on_cpu()):
+                and offset.ndim == 1 and x.ndim == 4 and x.dtype == mx.float32 and on_cpu()):
             return st(x, offset=offset)
         key = (id(offset), x.shape[2], st.dims, st.base, st.scale)
         entry = _FORWARD.rope_tables.get(key)
@@ -306,7 +303,7 @@ def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
     b, h, length, _ = queries.shape
     return (isinstance(cache, PagedLayerCache) and sinks is None
             and b * h * length * cache.size() >= MIN_SCORES
-            and queries.dtype == mx.float32 and _on_cpu())
+            and queries.dtype == mx.float32 and on_cpu())
 
 
 def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:

@@ -29,8 +29,8 @@ Rules:
    one-row product may take another BLAS path, ~1e-6 apart).
 3. The ranges are row slices, which MLX makes as views of the weight's
    buffer; they are cached per weight array.
-4. `prepare(parts)` (or `setup`): OpenBLAS's own threads would now compete with the
-   streams for the same cores, so the first split install sets them to 1
+4. `prepare(parts)` (which `setup` calls): OpenBLAS's own threads would now
+   compete with the streams for the same cores, so it sets them to 1
    (process-wide, see blas.py). Nothing happens with one part or off the CPU.
 5. Side streams are `ThreadLocalStream`s made once per count and shared by
    every model: each thread that runs a split forward gets its own MLX
@@ -73,6 +73,7 @@ def auto_parts(setting: int | None) -> int:
 
 
 def on_cpu() -> bool:
+    """Whether MLX's default device is the CPU (the only place these paths run)."""
     return mx.default_device().type == mx.DeviceType.cpu
 
 
