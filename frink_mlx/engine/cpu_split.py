@@ -20,9 +20,10 @@ Rules:
    (same parameter names, nothing copied) that behave exactly as stock
    outside a split forward. Quantized layers are other classes, untouched.
 2. Only inside `split_forward(streams)` (thread-local; the engine's runner and
-   the encoder wrap their forward in it), for a float32 product on the CPU
-   whose weight has at least `MIN_ROWS` rows per part, the weight's rows are
-   cut into len(streams) + 1 ranges (multiples of `ROW_ALIGN`): range 0 runs
+   the encoder wrap their forward in it), for a float32 product on the CPU,
+   the weight's rows are cut into up to len(streams) + 1 ranges of at least
+   `MIN_ROWS` rows (multiples of `ROW_ALIGN`; fewer ranges for a small
+   weight, none under 2 * MIN_ROWS): range 0 runs
    on the calling thread's stream, range i on streams[i - 1], and one
    concatenate on the calling stream joins them. Every output element is the
    same dot product the stock call computes (equal to float rounding: a
@@ -112,15 +113,19 @@ def split_forward(streams: Sequence[Any]) -> Iterator[None]:
 class _Ranges:
     """Row-range views of one weight (and its bias), rule 3. Not a parameter."""
 
-    __slots__ = ("weight", "parts")
+    __slots__ = ("weight", "streams", "parts")
 
-    def __init__(self, weight: mx.array, parts: list[tuple[mx.array, mx.array | None]]) -> None:
+    def __init__(self, weight: mx.array, streams: int,
+                 parts: list[tuple[mx.array, mx.array | None]]) -> None:
         self.weight = weight
-        self.parts = parts
+        self.streams = streams  # the stream count these ranges were cut for
+        self.parts = parts      # empty: too small to split
 
 
 def _bounds(rows: int, parts: int) -> list[int] | None:
-    if rows < MIN_ROWS * parts:
+    """Cut points of `rows` into at most `parts` aligned ranges of >= MIN_ROWS; None: < 2."""
+    parts = min(parts, rows // MIN_ROWS)
+    if parts < 2:
         return None
     cuts = [round(rows * i / parts / ROW_ALIGN) * ROW_ALIGN for i in range(parts + 1)]
     cuts[-1] = rows
@@ -133,13 +138,13 @@ def _product(module: nn.Module, x: mx.array, weight: mx.array, bias: mx.array | 
     if not streams or x.dtype != mx.float32 or weight.dtype != mx.float32 or not on_cpu():
         return None
     cached: _Ranges | None = getattr(module, "_frink_ranges", None)
-    if cached is None or cached.weight is not weight or len(cached.parts) != len(streams) + 1:
-        cuts = _bounds(weight.shape[0], len(streams) + 1)
-        if cuts is None:
-            return None
+    if cached is None or cached.weight is not weight or cached.streams != len(streams):
+        cuts = _bounds(weight.shape[0], len(streams) + 1) or []
         parts = [(weight[a:b], None if bias is None else bias[a:b]) for a, b in zip(cuts, cuts[1:])]
-        cached = _Ranges(weight, parts)
+        cached = _Ranges(weight, len(streams), parts)
         object.__setattr__(module, "_frink_ranges", cached)
+    if not cached.parts:
+        return None
     outs = []
     for i, (w, b) in enumerate(cached.parts):
         stream = streams[i - 1] if i else None

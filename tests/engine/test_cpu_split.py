@@ -35,6 +35,8 @@ def test_bounds_are_aligned_and_cover_every_row():
     assert cuts is not None and cuts[0] == 0 and cuts[-1] == 49152
     assert all(c % cpu_split.ROW_ALIGN == 0 for c in cuts) and cuts == sorted(set(cuts))
     assert cpu_split._bounds(40, 2) is None  # under MIN_ROWS per part: stock
+    assert cpu_split._bounds(64, 3) == [0, 32, 64]  # a small weight takes fewer parts
+    assert cpu_split._bounds(4096, 8) == [512 * i for i in range(9)]
 
 
 def test_parts_setting():
@@ -68,7 +70,8 @@ def test_split_products_equal_stock(parts, rows):
     assert all(mx.array_equal(a, b) for a, b in zip(_outputs(model, x, h), want))  # outside: stock
     with cpu_split.split_forward(cpu_split.prepare(parts)):
         got = _outputs(model, x, h)
-    assert getattr(model.up, "_frink_ranges") is not None  # the split path ran
+    assert len(getattr(model.up, "_frink_ranges").parts) == min(parts, 192 // cpu_split.MIN_ROWS)
+    assert not getattr(model.small, "_frink_ranges").parts  # 40 rows: stock
     for a, b in zip(got, want):
         assert a.shape == b.shape
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -83,4 +86,4 @@ def test_other_dtypes_take_the_stock_path():
     with cpu_split.split_forward(cpu_split.prepare(2)):
         got = model.up(x)
     assert mx.array_equal(got, want)
-    assert getattr(model.up, "_frink_ranges", None) is None
+    assert getattr(model.up, "_frink_ranges", None) is None  # not even looked at
