@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(serve)
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--model", dest="default_model", help="model to load at start (default: registry default)")
+    serve.add_argument("--model", dest="default_model",
+                       help="model to load at start (default: registry default)")
     serve.add_argument("--api-key", dest="api_key")
     serve.add_argument("--api-key-file", dest="api_key_file")
     serve.add_argument("--allowed-host", dest="allowed_hosts", action="append")

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import os
 import re
 import stat
 from pathlib import Path

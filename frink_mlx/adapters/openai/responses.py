@@ -204,8 +204,9 @@ def response_base(req: w.ResponsesRequest, model: str) -> dict[str, Any]:
     tool_choice = req.tool_choice or "auto"
     return {"id": new_id("resp"), "object": "response", "created_at": created_now(),
             "model": model, "instructions": req.instructions,
-            "max_output_tokens": req.max_output_tokens, "previous_response_id":
-            req.previous_response_id, "parallel_tool_calls": req.parallel_tool_calls is not False, "store": req.store,
+            "max_output_tokens": req.max_output_tokens,
+            "previous_response_id": req.previous_response_id,
+            "parallel_tool_calls": req.parallel_tool_calls is not False, "store": req.store,
             "temperature": req.temperature, "top_p": req.top_p, "truncation": "disabled",
             "tool_choice": tool_choice if isinstance(tool_choice, str)
             else msgspec.to_builtins(tool_choice),
