@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.frink-installed
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
 # OpenBLAS falls back to generic SSE3 kernels on CPUs it does not recognise (many
 # VMs); engine/blas.py picks the kernel class the CPU's flags allow (rule 5).
-CORETYPE = $(shell $(BIN)/python -m frink_mlx.engine.blas 2>/dev/null)
+CORETYPE = $(shell $(BIN)/python -m frink_mlx.backend.cpu.blas 2>/dev/null)
 TEST_ENV = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) $(if $(CORETYPE),OPENBLAS_CORETYPE=$(CORETYPE),),)
 
 .PHONY: venv run test test-fast bench install-service uninstall-service clean

@@ -39,7 +39,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from frink_mlx.engine.blas import suggested_coretype  # noqa: E402 - after the path entry
+from frink_mlx.backend.cpu.blas import suggested_coretype  # noqa: E402 - after the path entry
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable

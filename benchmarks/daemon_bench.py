@@ -38,7 +38,7 @@ class MlxLmBaseline:
     """The same registry entry loaded in this process, decoded by mlx_lm itself."""
 
     def __init__(self, model_name: str | None, models_path: str | None) -> None:
-        from frink_mlx.engine.loader import load_model
+        from frink_mlx.models.loader import load_model
         from frink_mlx.registry import load_registry
         from frink_mlx.settings import Settings
 
@@ -63,7 +63,7 @@ class EngineInProcess:
     from serving overhead."""
 
     def __init__(self, baseline: MlxLmBaseline) -> None:
-        from frink_mlx.engine.budget import plan_kv
+        from frink_mlx.models.budget import plan_kv
         from frink_mlx.engine.engine import Engine, EngineConfig
         from frink_mlx.engine.gate import DecodeGate
         from frink_mlx.settings import Settings
@@ -136,7 +136,7 @@ def pipeline_overhead_us(tokenizer, num_tokens: int = 2000) -> float:
     from frink_mlx.adapters.openai.chat import chat_frames
     from frink_mlx.core.output import OutputPipeline
     from frink_mlx.core.request import GenRequest, Message
-    from frink_mlx.engine.handles import markup_of, token_text
+    from frink_mlx.serving.handles import markup_of, token_text
     from frink_mlx.engine.types import StepOutput
 
     text = "The quick brown fox jumps over the lazy dog, again and again. " * 200

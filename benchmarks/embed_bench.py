@@ -43,7 +43,7 @@ def sentences() -> list[str]:
 
 def frink_embedder(model_dir: Path):  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT))
-    from frink_mlx.engine.encoder import load_encoder
+    from frink_mlx.models.encoder import load_encoder
     from frink_mlx.settings import Settings
 
     encoder = load_encoder(model_dir, None, Settings.load(embed_batch_size=max(BATCHES)))  # FRINK_MLX_* apply

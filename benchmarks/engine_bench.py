@@ -30,7 +30,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.loader import load_model
+from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings

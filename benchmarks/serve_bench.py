@@ -321,7 +321,7 @@ def make_fp32_dir(model_name: str | None, out: Path) -> None:
     """Registry entry -> frink's loader with dequantize on -> a plain fp32 MLX checkpoint dir."""
     from mlx_lm.utils import save_config, save_model
 
-    from frink_mlx.engine.loader import load_model
+    from frink_mlx.models.loader import load_model
     from frink_mlx.registry import load_registry
     from frink_mlx.settings import Settings
 

@@ -28,7 +28,7 @@ from frink_mlx.core.structured import grammar_for_format
 from frink_mlx.engine.constraints import GrammarCompiler
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.loader import load_model
+from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings

@@ -29,8 +29,8 @@ from starlette.routing import BaseRoute
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
-from .engine.handles import DecodeHandles, Run, TurnMemory
-from .engine.hub import Generation, GenerationFactory, Hub, build_generation
+from .serving.handles import DecodeHandles, Run, TurnMemory
+from .serving.hub import Generation, GenerationFactory, Hub, build_generation
 from .errors import InvalidRequest, UnsupportedField
 from .http.access import track_run
 from .registry import Registry, load_registry
@@ -168,14 +168,14 @@ class AppState:
     async def embed(self, model: str | None, inputs: list[str] | list[list[int]], *,
                     truncate: bool = False, dimensions: int | None = None) -> Any:
         """Vectors for `inputs` from the encoder serving `model` -> EmbedResult."""
-        from .engine.encoder.service import embed
+        from .serving.embeddings import embed
 
         return await embed(self.hub, self.registry, model, inputs, truncate=truncate,
                            dimensions=dimensions)
 
     def model_facts(self, name: str) -> dict[str, Any]:
         """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
-        from .engine.encoder.service import describe
+        from .serving.embeddings import describe
 
         return describe(self.registry.resolve(name), self.registry, self.hub.current)
 

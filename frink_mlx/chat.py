@@ -70,7 +70,7 @@ class LocalModel:
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .engine.hub import build_generation
+        from .serving.hub import build_generation
         from .registry import load_registry
 
         spec = load_registry(self.settings).resolve(self.model)
@@ -82,7 +82,7 @@ class LocalModel:
 
     async def _generate(self, req: Any, emit: Emit) -> Stats:
         from .core.events import Done, ErrorEvent, TextDelta
-        from .engine.handles import DecodeHandles
+        from .serving.handles import DecodeHandles
         from .errors import EngineFailure
 
         started = time.perf_counter()
@@ -115,7 +115,7 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    from .engine.blas import maybe_reexec_with_openblas
+    from .backend.cpu.blas import maybe_reexec_with_openblas
 
     maybe_reexec_with_openblas(settings, sys.argv)
     from .core.request import GenRequest, Message
@@ -253,7 +253,7 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.local and daemon_answers(url, headers):
         print(f"[talking to the daemon at {url}]", flush=True)
         return repl(RemoteChat(url, headers, args), args.system)
-    from .engine.blas import maybe_reexec_with_openblas
+    from .backend.cpu.blas import maybe_reexec_with_openblas
 
     maybe_reexec_with_openblas(settings, sys.argv)
     print("[no daemon answered; loading the model in process]", flush=True)

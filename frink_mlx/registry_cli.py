@@ -30,7 +30,7 @@ def entry_status(spec: ModelSpec, settings: Settings) -> str:
         return "available"
     if source.suffix.lower() != ".gguf":
         return f"missing: {source} is neither a dir nor a .gguf file"
-    from .engine.gguf import checkpoint_dir_for
+    from .models.gguf import checkpoint_dir_for
 
     if (checkpoint_dir_for(source, settings.cache_dir) / "config.json").is_file():
         return "imported (cached)"
@@ -57,7 +57,7 @@ def models_command(settings: Settings, args: argparse.Namespace, out: TextIO = s
 
 
 def import_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from .engine.gguf import import_gguf
+    from .models.gguf import import_gguf
 
     path = Path(args.path).expanduser()
     print(import_gguf(path, settings.cache_dir), file=out)

@@ -110,7 +110,7 @@ def configure_logging(settings: Settings) -> None:
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
-    from .engine.blas import maybe_reexec_with_openblas
+    from .backend.cpu.blas import maybe_reexec_with_openblas
 
     maybe_reexec_with_openblas(settings, sys.argv)
     configure_logging(settings)

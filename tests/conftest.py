@@ -171,7 +171,7 @@ def smollm2_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default model's GGUF imported once per session into a temp cache."""
-    from frink_mlx.engine.gguf import import_gguf
+    from frink_mlx.models.gguf import import_gguf
 
     cache = tmp_path_factory.mktemp("frink_cache")
     return import_gguf(smollm2_gguf_path, cache)

@@ -41,7 +41,7 @@ def write_registry(tmp: Path, a: Path, b: Path, extra: str = "") -> Path:
 
 def real_engine_available() -> bool:
     try:
-        import frink_mlx.engine.budget  # noqa: F401
+        import frink_mlx.models.budget  # noqa: F401
         import frink_mlx.engine.engine  # noqa: F401
     except ImportError:
         return False
@@ -143,8 +143,8 @@ class ThreadEngine:
 
 def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
     """A Generation factory: the real loader, ThreadEngine (test-only fallback)."""
-    from frink_mlx.engine.hub import Generation
-    from frink_mlx.engine.loader import load_model
+    from frink_mlx.serving.hub import Generation
+    from frink_mlx.models.loader import load_model
 
     loaded = load_model(spec, settings)
     return Generation(number, spec, loaded, ThreadEngine(loaded, None, gate), None, time.monotonic())
@@ -152,7 +152,7 @@ def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> A
 
 def generation_factory() -> Any:
     if real_engine_available():
-        from frink_mlx.engine.hub import build_generation
+        from frink_mlx.serving.hub import build_generation
 
         return build_generation
     return thread_engine_factory

@@ -67,7 +67,7 @@ from typing import Any
 
 from ..core.checks import check_sampling
 from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
-from . import cpu_split
+from ..backend.cpu import split as cpu_split
 from .admission import ArrivalForecast
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager

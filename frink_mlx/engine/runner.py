@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from . import cpu_kernels, cpu_split
+from ..backend.cpu import kernels as cpu_kernels
+from ..backend.cpu import split as cpu_split
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput

@@ -19,7 +19,7 @@ from frink_mlx.core.parsers import MarkupInfo, build_parser
 from frink_mlx.core.events import ToolCallStart
 from frink_mlx.core.prompt import render_prompt, template_reads_tools
 from frink_mlx.core.request import GenRequest, Message, Tool, ToolCall
-from frink_mlx.engine.handles import DecodeHandles
+from frink_mlx.serving.handles import DecodeHandles
 
 WEATHER = Tool("get_weather", "Current weather in a city.",
                {"type": "object", "properties": {"city": {"type": "string"}},

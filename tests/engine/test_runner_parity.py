@@ -15,7 +15,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine import cpu_split
+from frink_mlx.backend.cpu import split as cpu_split
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.kv.paged import PagedKVStore, model_kv_geometry
 from frink_mlx.engine.runner import Runner

@@ -13,7 +13,7 @@ from mlx_lm.generate import generate_step
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.loader import load_model
+from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.registry import ModelSpec
 from frink_mlx.settings import Settings

@@ -168,7 +168,7 @@ def test_steps_with_first_tokens_are_read_before_the_next_is_planned(tiny, pipel
 @pytest.mark.parametrize("setting", [None, True, False])
 def test_the_daemon_pipelines_decode_steps_only_on_a_gpu_unless_told(tiny_llama_dir, tmp_path, setting):
     from frink_mlx.engine.engine import default_pipeline
-    from frink_mlx.engine.hub import build_generation, free_generation
+    from frink_mlx.serving.hub import build_generation, free_generation
     from frink_mlx.registry import ModelSpec
     from frink_mlx.settings import Settings
 

@@ -80,13 +80,13 @@ GenerationFactory = Callable[[ModelSpec, Settings, int, Any], Generation]
 
 def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any) -> Generation:
     """Load `spec` and start its engine (the production factory)."""
-    from .loader import load_model
+    from ..models.loader import load_model
 
     loaded = load_model(spec, settings)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
-    from .budget import plan_kv
-    from .engine import Engine, EngineConfig
+    from ..models.budget import plan_kv
+    from ..engine.engine import Engine, EngineConfig
 
     plan = plan_kv(loaded, settings)
     config = EngineConfig(
@@ -120,7 +120,7 @@ def free_generation(gen: Generation, timeout_s: float) -> None:
 
 def default_gate() -> Any:
     try:
-        from .gate import DecodeGate
+        from ..engine.gate import DecodeGate
     except ImportError:  # the engine helper's module; a plain lock serves until then
         import threading
 
@@ -320,7 +320,7 @@ class Hub:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
         gen = self.factory(spec, self.settings, number, self.gate)
         try:
-            from .encoder.service import attach_embedder
+            from .embeddings import attach_embedder
 
             return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
         except BaseException:

@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from frink_mlx.engine import cpu_kernels
+from frink_mlx.backend.cpu import kernels as cpu_kernels
 from frink_mlx.engine.kv.paged import (
     BatchLayout,
     PagedKVStore,

@@ -19,7 +19,7 @@ Rules:
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
    by `spec.context_length`.
-6. `kind = "encoder"` hands off to `frink_mlx.engine.encoder.load_encoder`.
+6. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
 
 This module is blocking; call it off the event loop.
 """

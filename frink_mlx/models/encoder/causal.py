@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...errors import ModelFormatError
-from .. import cpu_split
+from ...backend.cpu import split as cpu_split
 from .encoder import Encoder
 from .pooling import HeadConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from frink_mlx.engine import blas
+from frink_mlx.backend.cpu import blas
 from frink_mlx.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ SCRIPT = """
 import os, sys
 sys.path.insert(0, {root!r})
 from frink_mlx.settings import Settings
-from frink_mlx.engine.blas import maybe_reexec_with_openblas
+from frink_mlx.backend.cpu.blas import maybe_reexec_with_openblas
 print("run", os.environ.get("LD_PRELOAD", ""), os.environ.get("FRINK_MLX_BLAS_REEXEC", ""), sys.argv[1:], flush=True)
 maybe_reexec_with_openblas(Settings.load(), sys.argv)
 import mlx.core

@@ -57,8 +57,8 @@ from ..core.prompt import RenderedPrompt, encode_text, render_prompt
 from ..core.request import GenRequest, SamplingParams
 from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
 from .hub import Generation, Lease
-from .think_budget import with_think_budget
-from .types import SeqRequest
+from ..engine.think_budget import with_think_budget
+from ..engine.types import SeqRequest
 
 log = logging.getLogger("frink_mlx.handles")
 

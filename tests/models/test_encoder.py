@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from frink_mlx.engine.encoder import HeadConfig, load_encoder, shrink
-from frink_mlx.engine.encoder.bert import BertArgs, BertModel
-from frink_mlx.engine.encoder.pooling import pool, read_head_config
-from frink_mlx.engine.encoder.service import check_dimensions, embed_blocking
+from frink_mlx.models.encoder import HeadConfig, load_encoder, shrink
+from frink_mlx.models.encoder.bert import BertArgs, BertModel
+from frink_mlx.models.encoder.pooling import pool, read_head_config
+from frink_mlx.serving.embeddings import check_dimensions, embed_blocking
 from frink_mlx.errors import InvalidRequest, ModelFormatError, UnsupportedField
 from frink_mlx.settings import Settings
 
@@ -230,11 +230,11 @@ def test_unsupported_architectures_are_refused(tmp_path: Path) -> None:
 def test_generative_self_embeddings_ignore_right_padding(tiny_llama_dir: Path) -> None:
     import mlx_lm
 
-    from frink_mlx.engine.encoder import encoder_from_generative
+    from frink_mlx.models.encoder import encoder_from_generative
 
     model, tokenizer, config = mlx_lm.load(str(tiny_llama_dir), return_config=True)
 
-    class Loaded:  # the fields of engine.loader.LoadedModel that the wrapper reads
+    class Loaded:  # the fields of models.loader.LoadedModel that the wrapper reads
         spec = type("Spec", (), {"name": "tiny"})()
 
     loaded = Loaded()
@@ -250,7 +250,7 @@ def test_generative_self_embeddings_ignore_right_padding(tiny_llama_dir: Path) -
 
 
 def test_batches_cut_at_the_size_limit_and_where_padding_would_dominate() -> None:
-    from frink_mlx.engine.encoder.encoder import _batches
+    from frink_mlx.models.encoder.encoder import _batches
 
     lengths = [10, 40, 38, 12, 39, 11, 30]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)  # 1 4 2 6 3 5 0

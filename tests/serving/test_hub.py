@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from frink_mlx.engine.hub import Generation, Hub
+from frink_mlx.serving.hub import Generation, Hub
 from frink_mlx.errors import Conflict, EngineFailure, ModelNotFound, NoModelLoaded
 from frink_mlx.registry import ModelSpec, Registry
 from frink_mlx.settings import Settings
@@ -182,7 +182,7 @@ def test_idle_generation_is_unloaded_and_wakes_on_demand():
 
 
 def test_turn_memory_reports_where_a_continuation_diverges():
-    from frink_mlx.engine.handles import TurnMemory
+    from frink_mlx.serving.handles import TurnMemory
 
     memory = TurnMemory()
     memory.remember([1, 2, 3], [7, 8, 9])

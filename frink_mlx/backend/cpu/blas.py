@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..settings import ENV_PREFIX, Settings, blas_reexec_marker, environ_snapshot
+from ...settings import ENV_PREFIX, Settings, blas_reexec_marker, environ_snapshot
 
 MARKER = ENV_PREFIX + "BLAS_REEXEC"
 _ARCH_DIRS = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu",
@@ -176,6 +176,6 @@ def maybe_reexec_with_openblas(settings: Settings, argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # `python -m frink_mlx.engine.blas` prints rule 5's choice (empty: none), for the
+    # `python -m frink_mlx.backend.cpu.blas` prints rule 5's choice (empty: none), for the
     # Makefile and the benchmarks, which preload OpenBLAS themselves.
     print(suggested_coretype() or "")

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from frink_mlx.engine import cpu_split
+from frink_mlx.backend.cpu import split as cpu_split
 
 
 def _model() -> nn.Module:

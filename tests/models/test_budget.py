@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.engine.budget import plan_kv
+from frink_mlx.models.budget import plan_kv
 from frink_mlx.errors import ConfigError
 from frink_mlx.settings import Settings
 

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from gguf_helpers import patch_tensor_type, write_float_gguf, write_quantized_gguf
 
-from frink_mlx.engine.gguf import IMPORTER_VERSION, content_hash, import_gguf
+from frink_mlx.models.gguf import IMPORTER_VERSION, content_hash, import_gguf
 from frink_mlx.errors import ModelFormatError
 
 TOKENS = [[1, 5, 20, 100, 7, 300, 42, 2, 11]]

@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 import anyio
 import numpy as np
 
-from ...errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
-from .encoder import Encoder, shrink
+from ..errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
+from ..models.encoder.encoder import Encoder, shrink
 
 SELF = "self"
 
@@ -56,11 +56,11 @@ def attach_embedder(gen: Any, registry: Any, settings: Any) -> Any:
     if spec.kind == "encoder":
         embedder = getattr(gen.loaded, "encoder", None)
     elif spec.embeddings == SELF:
-        from .causal import encoder_from_generative
+        from ..models.encoder.causal import encoder_from_generative
 
         embedder = encoder_from_generative(gen.loaded, settings)
     elif spec.embeddings:
-        from ..loader import load_model
+        from ..models.loader import load_model
 
         embedder = load_model(registry.resolve(spec.embeddings), settings).encoder
     else:
@@ -194,8 +194,8 @@ def _sidecar_spec(spec: Any, registry: Any) -> Any:
 
 def encoder_shape(spec: Any) -> tuple[int, int] | None:
     """(dim, max input tokens) of an encoder entry from its config files; None if unreadable."""
-    from ...registry import resolve_source
-    from .load import encoder_limits
+    from ..registry import resolve_source
+    from ..models.encoder.load import encoder_limits
 
     try:
         return encoder_limits(Path(resolve_source(spec)))

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...errors import ModelFormatError
-from .. import cpu_split
+from ...backend.cpu import split as cpu_split
 from .bert import BertArgs, BertModel
 from .encoder import Encoder
 from .pooling import read_head_config, read_max_seq_length

@@ -71,7 +71,7 @@ def weights_nbytes(model: Any) -> int:
 
 def kv_bytes_per_token(model: Any, dtype: Any) -> int:
     """Rule 3, from the model's attention geometry."""
-    from .kv.paged import model_kv_geometry
+    from ..engine.kv.paged import model_kv_geometry
 
     layers, kv_heads, head_dim = model_kv_geometry(model)
     return 2 * layers * kv_heads * head_dim * int(dtype.size)

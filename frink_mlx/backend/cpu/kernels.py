@@ -82,8 +82,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .cpu_split import on_cpu
-from .kv.paged import PagedLayerCache
+from .split import on_cpu
+from ...engine.kv.paged import PagedLayerCache
 
 # e^y on [-0.75, 0], lowest degree first: least squares (relative error) on
 # Chebyshev nodes; with five squarings it covers e^t on [-24, 0].

