@@ -2,7 +2,8 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates the ones present
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
+(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
 
@@ -32,7 +33,7 @@ from .core.request import GenRequest
 from .serving.handles import DecodeHandles, Run, TurnMemory
 from .serving.hub import Generation, GenerationFactory, Hub, build_generation
 from .errors import InvalidRequest, UnsupportedField
-from .http.access import track_run
+from .http.access import RecentRequests, track_run
 from .registry import Registry, load_registry
 from .settings import Settings
 
@@ -45,6 +46,8 @@ ROUTE_MODULES = (
     "frink_mlx.adapters.llamacpp",
     "frink_mlx.adapters.openai.embeddings",
     "frink_mlx.adapters.admin",
+    "frink_mlx.adapters.status",
+    "frink_mlx.adapters.page",
     "frink_mlx.metrics",
 )
 
@@ -81,6 +84,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Any = None
+    recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, Any] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
 

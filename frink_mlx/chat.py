@@ -142,6 +142,8 @@ def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
     if args.url:
         return args.url.rstrip("/")
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    if ":" in host and not host.startswith("["):  # an IPv6 literal goes in brackets
+        host = f"[{host}]"
     return f"http://{host}:{settings.port}"
 
 
