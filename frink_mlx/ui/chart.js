@@ -41,9 +41,12 @@ export class Chart {
     ctx.font = `${11 * ratio}px system-ui, sans-serif`;
     const step = width / Math.max(1, this.capacity - 1);
     const x0 = width - (this.samples.length - 1) * step;
+    const peaks = [];
     this.series.forEach((s, k) => {
       const values = this.samples.map((v) => v[k]);
+      const measured = values.some((v) => v != null);
       const max = Math.max(1e-9, ...values.filter((v) => v != null));
+      peaks.push(measured ? max.toFixed(1) : "");
       const y = (v) => height - 4 * ratio - (v / max) * (height - 20 * ratio);
       ctx.strokeStyle = ctx.fillStyle = style.getPropertyValue(s.color).trim() || s.color;
       ctx.beginPath();
@@ -58,8 +61,9 @@ export class Chart {
         drawing = true;
       });
       ctx.stroke();
-      const peak = values.some((v) => v != null) ? `${s.label} max ${max.toFixed(max < 10 ? 1 : 0)}` : "";
+      const peak = measured ? `${s.label} max ${max.toFixed(max < 10 ? 1 : 0)}` : "";
       ctx.fillText(peak, 4 * ratio + k * 150 * ratio, 12 * ratio);
     });
+    this.canvas.dataset.peaks = peaks.join(","); // what is drawn, readable without pixels
   }
 }
