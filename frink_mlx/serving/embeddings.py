@@ -34,8 +34,14 @@ from typing import Any, Callable, Sequence
 import anyio
 import numpy as np
 
+from ..config import LoadConfig
 from ..errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
+from ..models.encoder import encoder_from_generative
 from ..models.encoder.encoder import Encoder, shrink
+from ..models.encoder.load import encoder_limits
+from ..models.loader import load_model
+from ..registry import ModelSpec, Registry, resolve_source
+from .generation import Generation
 
 SELF = "self"
 
@@ -48,21 +54,17 @@ class EmbedResult:
 
 
 # --- loading (called by the hub, in its worker thread) ------------------------------
-def attach_embedder(gen: Any, registry: Any, settings: Any) -> Any:
+def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig) -> Generation:
     """The generation with its `embedder` set (rule 3); unchanged when it has none."""
-    if getattr(gen, "embedder", None) is not None:
+    if gen.embedder is not None:
         return gen
     spec = gen.spec
     if spec.kind == "encoder":
-        embedder = getattr(gen.loaded, "encoder", None)
+        embedder = gen.loaded.encoder
     elif spec.embeddings == SELF:
-        from ..models.encoder.causal import encoder_from_generative
-
-        embedder = encoder_from_generative(gen.loaded, settings)
+        embedder = encoder_from_generative(gen.loaded, config.encoder)
     elif spec.embeddings:
-        from ..models.loader import load_model
-
-        embedder = load_model(registry.resolve(spec.embeddings), settings).encoder
+        embedder = load_model(registry.resolve(spec.embeddings), config).encoder
     else:
         return gen
     return dataclasses.replace(gen, embedder=embedder)
@@ -194,9 +196,6 @@ def _sidecar_spec(spec: Any, registry: Any) -> Any:
 
 def encoder_shape(spec: Any) -> tuple[int, int] | None:
     """(dim, max input tokens) of an encoder entry from its config files; None if unreadable."""
-    from ..registry import resolve_source
-    from ..models.encoder.load import encoder_limits
-
     try:
         return encoder_limits(Path(resolve_source(spec)))
     except FrinkError:
