@@ -24,7 +24,7 @@ Rules:
    admissions), so a long prompt never stalls running streams. A step that
    decodes nothing has no stream to stall: it may spend `idle_prefill_tokens`
    (a burst of new prompts, or one long prompt, then runs in fewer, larger
-   steps; each step streams every weight once, ~0.1 s for SmolLM2 fp32 on CPU).
+   steps; each step streams every weight once, whatever its token count).
 3. Decode needs one new slot per row per step; when the pool is out of
    blocks, the newest running seq is preempted (blocks freed, requeued at the
    head of the waiting queue, recomputed later from its prompt + outputs,
