@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .local_daemon import daemon_answers, daemon_url
 from .settings import Settings
 
 Messages = list[dict[str, str]]
@@ -70,11 +71,11 @@ class LocalModel:
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .serving.hub import build_generation
+        from .serving.generation import build_generation
         from .registry import load_registry
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings, 1, DecodeGate())
+        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate())
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:
@@ -138,15 +139,6 @@ def generate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 # --- over HTTP -------------------------------------------------------------------
 
-def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
-    if args.url:
-        return args.url.rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    if ":" in host and not host.startswith("["):  # an IPv6 literal goes in brackets
-        host = f"[{host}]"
-    return f"http://{host}:{settings.port}"
-
-
 def _auth_headers(settings: Settings) -> dict[str, str]:
     try:
         from .http.security import resolve_api_key
@@ -155,16 +147,6 @@ def _auth_headers(settings: Settings) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - no key file: talk without one
         key = settings.api_key
     return {"authorization": f"Bearer {key}"} if key else {}
-
-
-def daemon_answers(url: str, headers: dict[str, str]) -> bool:
-    import httpx
-
-    try:
-        r = httpx.get(url + "/health", headers=headers, timeout=2.0)
-    except httpx.HTTPError:
-        return False
-    return r.status_code in (200, 503) and "state" in r.text
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 Rules:
 1. The URL is --url, else the configured host and port (settings: flags >
-   FRINK_MLX_* > defaults), a wildcard bind address read as 127.0.0.1; the
-   same address `frink-mlx chat` talks to (chat.daemon_url).
+   FRINK_MLX_* > defaults), a wildcard bind address read as 127.0.0.1: the
+   same address `frink-mlx chat` talks to (local_daemon.py).
 2. The daemon must answer /health first (any state: loading and idle count);
    a browser pointed at a dead port shows only its own error page, so instead
    the command says how to start the daemon and exits 1. --no-check skips it.
@@ -20,7 +20,7 @@ import webbrowser
 from collections.abc import Callable
 from typing import TextIO
 
-from .chat import daemon_answers, daemon_url
+from .local_daemon import daemon_answers, daemon_url
 from .settings import Settings
 
 Opener = Callable[[str], bool]
