@@ -33,7 +33,7 @@ Rules:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 from starlette.requests import Request
@@ -43,10 +43,29 @@ from starlette.routing import BaseRoute, Route
 from .. import __version__
 from ..backend.info import DeviceFacts, device_facts
 from ..errors import ConfigError
-from ..http.access import AccessRecord
+from ..http.access import AccessRecord, RecentRequests
 from ..http.errors import endpoint, openai_error
 from ..registry import resolve_source
 from .openai.models import context_length_of
+
+if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
+    from ..engine.types import EngineStats
+    from ..registry import ModelSpec, Registry
+    from ..serving.generation import Generation
+    from ..serving.hub import Hub
+
+
+class StatusSource(Protocol):
+    """What the status reads (AppState has it); no import of the composition root."""
+
+    hub: Hub
+    registry: Registry
+    recent_requests: RecentRequests
+
+    @property
+    def uptime_s(self) -> float: ...
+
+    def engine_stats(self) -> EngineStats | None: ...
 
 
 class ModelState(msgspec.Struct):
@@ -107,14 +126,14 @@ class Status(msgspec.Struct):
     recent: list[AccessRecord]
 
 
-def model_states(hub: Any, registry: Any, now: float) -> list[ModelState]:
+def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
     """Rule 2 for every registry entry, in registry order."""
     return [ModelState(name=spec.name, kind=spec.kind, aliases=list(spec.aliases),
                        default=spec.name == registry.default, **_state_of(hub, spec, now))
             for spec in registry.entries.values()]
 
 
-def _state_of(hub: Any, spec: Any, now: float) -> dict[str, Any]:
+def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
     current = hub.current
     if current is not None and current.spec.name == spec.name:
         return {"state": "resident", "generation": current.number}
@@ -139,8 +158,8 @@ def _state_of(hub: Any, spec: Any, now: float) -> dict[str, Any]:
     return {"state": "available"}
 
 
-def _memory(gen: Any, facts: DeviceFacts) -> Memory:
-    plan = getattr(gen, "plan", None) if gen is not None else None
+def _memory(gen: Generation | None, facts: DeviceFacts) -> Memory:
+    plan = gen.plan if gen is not None else None
     return Memory(held_bytes=facts.active_bytes, peak_bytes=facts.peak_bytes,
                   cache_bytes=facts.cache_bytes,
                   budget_bytes=plan.budget_bytes if plan is not None else None,
@@ -149,7 +168,7 @@ def _memory(gen: Any, facts: DeviceFacts) -> Memory:
                   kv_pool_bytes=plan.pool_bytes if plan is not None else None)
 
 
-def _counters(stats: Any) -> Counters:
+def _counters(stats: EngineStats) -> Counters:
     prompt = int(stats.prompt_tokens_total)
     hits = int(stats.prefix_hit_tokens_total)
     return Counters(prompt_tokens_total=prompt, prefix_hit_tokens_total=hits,
@@ -158,7 +177,7 @@ def _counters(stats: Any) -> Counters:
                     prefix_hit_rate=round(hits / prompt, 4) if prompt else None)
 
 
-def collect(state: Any) -> Status:
+def collect(state: StatusSource) -> Status:
     """The whole status (rules 1-4) of one AppState, read now."""
     hub, gen = state.hub, state.hub.current
     stats = state.engine_stats()
@@ -166,7 +185,6 @@ def collect(state: Any) -> Status:
     kv = None if stats is None else Kv(
         blocks_total=stats.num_blocks_total, blocks_used=stats.num_blocks_used,
         blocks_cached=stats.num_blocks_cached, block_size=stats.block_size)
-    ring = getattr(state, "recent_requests", None)
     return Status(
         version=__version__, uptime_s=round(state.uptime_s, 3), state=hub.state,
         backend=Backend(name=device.name, device=device.device),
@@ -176,7 +194,7 @@ def collect(state: Any) -> Status:
         running=stats.num_running if stats else None,
         queued=stats.num_waiting if stats else None,
         counters=_counters(stats) if stats is not None else None,
-        recent=ring.snapshot() if ring is not None else [])
+        recent=state.recent_requests.snapshot())
 
 
 _ENCODER = msgspec.json.Encoder()
