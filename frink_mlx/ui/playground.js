@@ -6,7 +6,10 @@
 //    aborts the request within one engine step and frees its KV blocks.
 // 3. The conversation is kept here and sent whole each turn, so a follow-up reuses the
 //    prefix cache: the usage line shows the cached prompt tokens the daemon reports.
-// 4. Model output is text: it goes in through textContent only.
+// 4. Model output is text: it goes in as Text nodes only, never as HTML.
+// 5. Deltas are painted at most once per animation frame: a fast model sends hundreds of
+//    deltas a second, and touching the DOM (and scrolling) for each one starves the page's
+//    main thread, so a click on Stop would wait for the answer to end.
 
 import { apiFetch, errorMessage } from "./api.js";
 
@@ -25,6 +28,33 @@ async function* sseData(body) {
         .map((l) => l.slice(5).replace(/^ /, "")).join("\n");
       if (data) yield data;
     }
+  }
+}
+
+// Text appended to two spans (reasoning, content), painted once per frame (rule 5).
+class Painter {
+  constructor(reasoning, content, scroller) {
+    this.targets = { reasoning, content };
+    this.pending = { reasoning: "", content: "" };
+    this.scroller = scroller;
+    this.frame = 0;
+    this.text = "";  // the whole answer's content so far
+  }
+
+  add(kind, text) {
+    this.pending[kind] += text;
+    if (kind === "content") this.text += text;
+    this.frame ||= requestAnimationFrame(() => this.flush());
+  }
+
+  flush() {
+    cancelAnimationFrame(this.frame);
+    this.frame = 0;
+    for (const kind of ["reasoning", "content"]) {
+      if (this.pending[kind]) this.targets[kind].append(this.pending[kind]);
+      this.pending[kind] = "";
+    }
+    this.scroller.scrollTop = this.scroller.scrollHeight;
   }
 }
 
@@ -98,20 +128,23 @@ export class Playground {
     const reasoning = element("span", "reasoning"), content = element("span", "content");
     bubble.append(reasoning, content);
     log.append(bubble);
+    const painter = new Painter(reasoning, content, log);
     this.controller = new AbortController();
     this.busy(true);
     const started = performance.now();
     const turn = { first: null, chunks: 0, usage: null, finish: null };
     try {
-      await this.stream(turn, reasoning, content, started);
+      await this.stream(turn, painter, started);
+      painter.flush();
       bubble.dataset.finish = turn.finish || "stop";
     } catch (err) {
+      painter.flush();
       const stopped = err.name === "AbortError";
       bubble.dataset.finish = stopped ? "stopped" : "error";
       if (!stopped) bubble.classList.add("failed");
       bubble.append(element("span", "note", stopped ? "stopped" : err.message));
     } finally {
-      if (content.textContent) this.history.push({ role: "assistant", content: content.textContent });
+      if (painter.text) this.history.push({ role: "assistant", content: painter.text });
       else this.history.pop(); // a failed turn leaves no half conversation behind
       this.controller = null;
       this.busy(false);
@@ -120,7 +153,7 @@ export class Playground {
     }
   }
 
-  async stream(turn, reasoning, content, started) {
+  async stream(turn, painter, started) {
     const response = await apiFetch("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
@@ -128,7 +161,6 @@ export class Playground {
       signal: this.controller.signal,
     });
     if (!response.ok) throw new Error(await errorMessage(response));
-    const log = this.$("pg-log");
     for await (const data of sseData(response.body)) {
       if (data === "[DONE]") return;
       const chunk = JSON.parse(data);
@@ -137,12 +169,11 @@ export class Playground {
       const choice = chunk.choices?.[0];
       if (!choice) continue;
       const delta = choice.delta || {};
-      if (delta.reasoning_content) reasoning.textContent += delta.reasoning_content;
+      if (delta.reasoning_content) painter.add("reasoning", delta.reasoning_content);
       if (delta.content) {
         turn.first ??= performance.now() - started;
         turn.chunks += 1;
-        content.textContent += delta.content;
-        log.scrollTop = log.scrollHeight;
+        painter.add("content", delta.content);
       }
       if (choice.finish_reason) turn.finish = choice.finish_reason;
     }
