@@ -175,3 +175,42 @@ def test_unknown_assets_are_404_in_the_openai_envelope(keyed: TestClient) -> Non
 def test_shell_obeys_the_host_and_origin_gates(keyed: TestClient) -> None:
     assert keyed.get("/", headers={"host": "rebind.evil.example"}).status_code == 421
     assert keyed.get("/ui/main.js", headers={"origin": "http://evil.example"}).status_code == 403
+
+
+def test_idle_unloaded_model_is_available_with_a_reason(registry_file: Path, tmp_path: Path) -> None:
+    settings = _settings(registry_file, tmp_path, keep_alive_s=0.4)
+    app = create_app(settings, registry=load_registry(settings), factory=generation_factory())
+    with TestClient(app, base_url=BASE) as c:
+        deadline = time.monotonic() + 30
+        while _states(body := c.get("/admin/status").json())["tiny-a"]["state"] != "available":
+            assert time.monotonic() < deadline  # resident, then draining while it is freed
+            time.sleep(0.05)
+        assert body["state"] == "idle"
+        assert "unloaded after idling" in _states(body)["tiny-a"]["reason"]
+        assert body["model"] is None and body["kv"] is None and body["memory"]["budget_bytes"] is None
+
+
+def test_status_answers_when_the_in_flight_bound_is_full(registry_file: Path, tmp_path: Path) -> None:
+    import socket
+
+    import httpx
+
+    from daemon_support import start_server
+
+    settings = _settings(registry_file, tmp_path, max_batch=1, max_queue=0)
+    live = start_server(create_app(settings, registry=load_registry(settings), load_default=False))
+    host, port = live.url.removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port))) as held:  # the one slot: a body never sent
+            held.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+            deadline = time.monotonic() + 10
+            while httpx.get(live.url + "/v1/models", timeout=10).status_code != 503:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            status = httpx.get(live.url + "/admin/status", timeout=10)
+            assert status.status_code == 200 and status.json()["state"] == "unavailable"
+            assert httpx.get(live.url + "/", timeout=10).status_code == 200
+            assert httpx.get(live.url + "/ui/app.css", timeout=10).status_code == 200
+    finally:
+        live.stop()
