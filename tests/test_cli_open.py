@@ -7,13 +7,12 @@ import io
 import socket
 
 import pytest
+from daemon_support import start_server
 
 from frink_mlx.app import create_app
 from frink_mlx.cli import build_parser
 from frink_mlx.page_cli import open_command
 from frink_mlx.settings import Settings
-
-from daemon_support import start_server
 
 
 def free_port() -> int:

@@ -151,7 +151,7 @@ def embed_blocking(
     if inputs and isinstance(inputs[0], str):
         tokens = encoder.tokenize([str(t) for t in inputs], truncate=truncate)
     else:
-        tokens = [list(map(int, ids)) for ids in inputs]  # type: ignore[arg-type]
+        tokens = [list(map(int, ids)) for ids in inputs]
     tokens = encoder.check_lengths(tokens, truncate=truncate)
     vectors = encoder.embed(tokens, lock=lock)
     if dimensions is not None and dimensions != encoder.dim:

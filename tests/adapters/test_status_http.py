@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from daemon_support import generation_factory, write_registry
 from starlette.testclient import TestClient
 
 from frink_mlx.adapters.page import CSP
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, write_registry
 
 KEY = "sk-page-test"
 BASE = "http://127.0.0.1:8177"
@@ -194,7 +193,6 @@ def test_status_answers_when_the_in_flight_bound_is_full(registry_file: Path, tm
     import socket
 
     import httpx
-
     from daemon_support import start_server
 
     settings = _settings(registry_file, tmp_path, max_batch=1, max_queue=0)

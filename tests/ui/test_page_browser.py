@@ -24,14 +24,13 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from browser_support import REBIND_HOST, ConsoleLog, chromium
+from daemon_support import LiveServer, generation_factory, start_server, write_registry
 
 from frink_mlx.adapters.page import ui_dir
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from browser_support import REBIND_HOST, ConsoleLog, chromium
-from daemon_support import LiveServer, generation_factory, start_server, write_registry
 
 pytestmark = pytest.mark.browser
 
