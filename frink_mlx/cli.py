@@ -43,6 +43,17 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def _open_parser(sub: Any) -> None:
+    page = sub.add_parser("open", help="open the daemon's status page in the default browser")
+    page.add_argument("--host", help="the daemon's address (default: the configured one)")
+    page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
+    page.add_argument("--url", default=None, help="the daemon's base URL (overrides host/port)")
+    page.add_argument("--print", dest="print_only", action="store_true",
+                      help="print the page's URL instead of opening it")
+    page.add_argument("--no-check", action="store_true",
+                      help="open even if no daemon answers /health")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frink-mlx", description="Local MLX inference daemon.")
     parser.add_argument("--version", action="version", version=f"frink-mlx {__version__}")
@@ -84,15 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(imp)
     imp.add_argument("path")
 
-    page = sub.add_parser("open", help="open the daemon's status page in the default browser")
-    page.add_argument("--host", help="the daemon's address (default: the configured one)")
-    page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
-    page.add_argument("--url", default=None, help="the daemon's base URL (overrides host/port)")
-    page.add_argument("--print", dest="print_only", action="store_true",
-                      help="print the page's URL instead of opening it")
-    page.add_argument("--no-check", action="store_true",
-                      help="open even if no daemon answers /health")
-
+    _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     _common(svc)
     svc.add_argument("action", choices=["install", "uninstall", "start", "stop", "status", "logs"])
