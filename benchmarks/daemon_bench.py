@@ -38,12 +38,14 @@ class MlxLmBaseline:
     """The same registry entry loaded in this process, decoded by mlx_lm itself."""
 
     def __init__(self, model_name: str | None, models_path: str | None) -> None:
+        from frink_mlx.backend import select_backend
         from frink_mlx.models.loader import load_model
         from frink_mlx.registry import load_registry
         from frink_mlx.settings import Settings
 
         settings = Settings.load(models_path=models_path)
-        self.loaded = load_model(load_registry(settings).resolve(model_name), settings)
+        self.backend = select_backend(settings)
+        self.loaded = load_model(load_registry(settings).resolve(model_name), settings, self.backend)
         self.tok = self.loaded.tokenizer
         self.tok.eos_token_ids = set()  # decode exactly `tokens` tokens, like ignore_eos
         self.ids = self.tok.apply_chat_template(PROMPT, add_generation_prompt=True)
@@ -69,14 +71,14 @@ class EngineInProcess:
         from frink_mlx.settings import Settings
 
         settings = Settings.load()
-        plan = plan_kv(baseline.loaded, settings)
+        plan = plan_kv(baseline.loaded, settings, baseline.backend.memory_budget())
         config = EngineConfig(block_size=plan.block_size, num_blocks=plan.num_blocks,
                               max_batch=settings.max_batch,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
                               batching=settings.batching, context_ceiling=plan.context_ceiling,
                               max_queue=settings.max_queue,
                               queue_timeout_s=settings.queue_timeout_s, generation=1)
-        self.engine = Engine(baseline.loaded, config, DecodeGate())
+        self.engine = Engine(baseline.loaded, config, DecodeGate(), baseline.backend)
         self.engine.start()
         self.ids = list(baseline.ids)
 

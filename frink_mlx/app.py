@@ -26,6 +26,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
+from .backend import Backend, select_backend
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
@@ -211,13 +212,15 @@ def _on_load(state: AppState, gen: Generation) -> None:
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
-               factory: GenerationFactory | None = None) -> Starlette:
-    """The daemon app. `factory` replaces model loading (tests only)."""
+               factory: GenerationFactory | None = None, backend: Backend | None = None) -> Starlette:
+    """The daemon app. `factory` replaces model loading (tests only); `backend` is
+    the entry point's choice (server.py), else chosen here, once per app."""
+    chosen = backend if backend is not None else select_backend(settings)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
-        hub = Hub(settings, reg, factory=factory or build_generation)
+        hub = Hub(settings, reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
         state.metrics = _metrics_for(state)
         hub.on_load = lambda gen: _on_load(state, gen)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .backend import Backend, select_backend
 from .settings import Settings
 
 Messages = list[dict[str, str]]
@@ -65,6 +66,7 @@ class LocalModel:
 
     settings: Settings
     model: str | None
+    backend: Backend
     generation: Any = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
@@ -74,7 +76,7 @@ class LocalModel:
         from .registry import load_registry
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings, 1, DecodeGate())
+        self.generation = build_generation(spec, self.settings, 1, DecodeGate(), self.backend)
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:
@@ -115,12 +117,10 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    backend = select_backend(settings, argv=sys.argv)  # may re-exec (backend/select.py rule 3)
     from .core.request import GenRequest, Message
 
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         req = GenRequest(model=args.model or "default", max_tokens=args.max_tokens,
                          sampling=_sampling(args))
@@ -253,11 +253,9 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.local and daemon_answers(url, headers):
         print(f"[talking to the daemon at {url}]", flush=True)
         return repl(RemoteChat(url, headers, args), args.system)
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    backend = select_backend(settings, argv=sys.argv)  # may re-exec (backend/select.py rule 3)
     print("[no daemon answered; loading the model in process]", flush=True)
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         return repl(LocalChat(local, args), args.system)
     finally:

@@ -141,12 +141,12 @@ class ThreadEngine:
             t.join(timeout_s)
 
 
-def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any, backend: Any) -> Any:
     """A Generation factory: the real loader, ThreadEngine (test-only fallback)."""
     from frink_mlx.serving.hub import Generation
     from frink_mlx.models.loader import load_model
 
-    loaded = load_model(spec, settings)
+    loaded = load_model(spec, settings, backend)
     return Generation(number, spec, loaded, ThreadEngine(loaded, None, gate), None, time.monotonic())
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import anyio
 import numpy as np
 
+from ..backend import Backend
 from ..errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
 from ..models.encoder.encoder import Encoder, shrink
 
@@ -48,7 +49,7 @@ class EmbedResult:
 
 
 # --- loading (called by the hub, in its worker thread) ------------------------------
-def attach_embedder(gen: Any, registry: Any, settings: Any) -> Any:
+def attach_embedder(gen: Any, registry: Any, settings: Any, backend: Backend) -> Any:
     """The generation with its `embedder` set (rule 3); unchanged when it has none."""
     if getattr(gen, "embedder", None) is not None:
         return gen
@@ -58,11 +59,11 @@ def attach_embedder(gen: Any, registry: Any, settings: Any) -> Any:
     elif spec.embeddings == SELF:
         from ..models.encoder.causal import encoder_from_generative
 
-        embedder = encoder_from_generative(gen.loaded, settings)
+        embedder = encoder_from_generative(gen.loaded, settings, backend)
     elif spec.embeddings:
         from ..models.loader import load_model
 
-        embedder = load_model(registry.resolve(spec.embeddings), settings).encoder
+        embedder = load_model(registry.resolve(spec.embeddings), settings, backend).encoder
     else:
         return gen
     return dataclasses.replace(gen, embedder=embedder)

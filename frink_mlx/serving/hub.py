@@ -44,6 +44,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
 
+from ..backend import Backend
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
 from ..registry import ModelSpec, Registry
 from ..settings import Settings
@@ -74,21 +75,22 @@ class Generation:
         return name is None or name in ("default", self.spec.name, *self.spec.aliases)
 
 
-# (spec, settings, number, gate) -> Generation; blocking, run in a worker thread
-GenerationFactory = Callable[[ModelSpec, Settings, int, Any], Generation]
+# (spec, settings, number, gate, backend) -> Generation; blocking, run in a worker thread
+GenerationFactory = Callable[[ModelSpec, Settings, int, Any, Backend], Generation]
 
 
-def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any) -> Generation:
+def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any,
+                     backend: Backend) -> Generation:
     """Load `spec` and start its engine (the production factory)."""
     from ..models.loader import load_model
 
-    loaded = load_model(spec, settings)
+    loaded = load_model(spec, settings, backend)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     from ..models.budget import plan_kv
     from ..engine.engine import Engine, EngineConfig
 
-    plan = plan_kv(loaded, settings)
+    plan = plan_kv(loaded, settings, backend.memory_budget())
     config = EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=settings.max_batch,
         prefill_chunk_tokens=settings.prefill_chunk_tokens, batching=settings.batching,
@@ -96,8 +98,8 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
         queue_timeout_s=settings.queue_timeout_s, generation=number,
         idle_prefill_tokens=settings.idle_prefill_tokens,
         admission_window_s=settings.admission_window_ms / 1000,
-        pipeline=settings.pipeline, matmul_parts=settings.cpu_matmul_parts)
-    engine = Engine(loaded, config, gate)
+        pipeline=settings.pipeline)
+    engine = Engine(loaded, config, gate, backend)
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())
 
@@ -143,10 +145,11 @@ class Lease:
 class Hub:
     """Owns the active generation pointer (see module rules)."""
 
-    def __init__(self, settings: Settings, registry: Registry, *,
+    def __init__(self, settings: Settings, registry: Registry, *, backend: Backend,
                  factory: GenerationFactory = build_generation, gate: Any = None,
                  on_load: Callable[[Generation], None] | None = None) -> None:
         self.settings, self.registry, self.factory = settings, registry, factory
+        self.backend = backend  # chosen once at start-up (backend/select.py)
         self.gate = gate if gate is not None else default_gate()
         self.on_load = on_load
         self.current: Generation | None = None
@@ -318,11 +321,11 @@ class Hub:
 
     def _build(self, spec: ModelSpec, number: int) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.settings, number, self.gate)
+        gen = self.factory(spec, self.settings, number, self.gate, self.backend)
         try:
             from .embeddings import attach_embedder
 
-            return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
+            return attach_embedder(gen, self.registry, self.settings, self.backend)  # type: ignore[no-any-return]
         except BaseException:
             free_generation(gen, self.settings.drain_timeout_s)
             raise

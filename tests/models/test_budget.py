@@ -8,9 +8,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.models.budget import plan_kv
+from frink_mlx.backend import MemoryBudget, select_backend
 from frink_mlx.errors import ConfigError
+from frink_mlx.models import budget
 from frink_mlx.settings import Settings
+
+DEVICE = select_backend(Settings()).memory_budget()  # this machine's, as the hub asks for it
+
+
+def plan_kv(loaded, settings, device=DEVICE):
+    return budget.plan_kv(loaded, settings, device)
 
 
 class _Attn(nn.Module):
@@ -66,3 +73,11 @@ def test_headroom_and_half_precision():
 def test_a_model_that_leaves_no_room_is_a_config_error():
     with pytest.raises(ConfigError, match="no room"):
         plan_kv(_loaded(), Settings(kv_budget_bytes=5000, memory_headroom_fraction=0.0))
+
+
+def test_without_an_override_the_backends_budget_is_the_start():
+    settings = Settings(memory_headroom_fraction=0.0, block_size=16, max_batch=16)
+    plan = plan_kv(_loaded(), settings, MemoryBudget(1_004_000, "metal"))
+    assert plan.budget_bytes == 1_004_000 and plan.budget_source == "metal"
+    assert plan.num_blocks == 1_000_000 // 8192
+    assert DEVICE.nbytes > 0 and DEVICE.source in ("metal", "ram")

@@ -11,17 +11,26 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.models import loader
-from frink_mlx.models.loader import LoadedModel, float32_nbytes, load_model
+from frink_mlx.backend import select_backend
+from frink_mlx.backend.cpu.backend import CpuBackend
+from frink_mlx.backend.metal import MetalBackend
 from frink_mlx.errors import ConfigError, ModelFormatError
+from frink_mlx.models import loader
+from frink_mlx.models.loader import LoadedModel, float32_nbytes
 from frink_mlx.registry import ModelSpec, load_registry
 from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings())  # what this machine serves with (backend/select.py)
 
 IDS = mx.array([[1, 30, 60, 90, 120, 7]])
 
 
 def settings(tmp_path: Path, **kw: object) -> Settings:
     return Settings(config_dir=str(tmp_path / "config"), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def load_model(spec: ModelSpec, settings: Settings, backend=BACKEND) -> LoadedModel:
+    return loader.load_model(spec, settings, backend)
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -92,18 +101,16 @@ def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir
     assert expected_bytes == sum(v.nbytes for _, v in tree_flatten(flat.model.parameters()))
 
 
-def test_dequantize_decision_order(quantized_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dequantize_decision_order(quantized_dir: Path, tmp_path: Path) -> None:
     off = ModelSpec(name="q", source=str(quantized_dir), dequantize=False)
     assert is_quantized(load_model(off, settings(tmp_path)).model)          # spec decides when unset
     assert not is_quantized(load_model(off, settings(tmp_path, dequantize=True)).model)  # setting wins
     auto = ModelSpec(name="q", source=str(quantized_dir))
-    monkeypatch.setattr(loader.mx.metal, "is_available", lambda: False)
-    assert not is_quantized(load_model(auto, settings(tmp_path)).model)     # CPU: fits -> dequantize
-    monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1000)
-    assert is_quantized(load_model(auto, settings(tmp_path)).model)         # too big for RAM -> keep
-    monkeypatch.setattr(loader.mx.metal, "is_available", lambda: True)
-    monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1 << 40)
-    assert is_quantized(load_model(auto, settings(tmp_path)).model)         # Metal: keep
+    cpu = CpuBackend(ram_bytes=1 << 40)
+    assert not is_quantized(load_model(auto, settings(tmp_path), cpu).model)  # CPU: fits -> dequantize
+    assert is_quantized(load_model(auto, settings(tmp_path), CpuBackend(ram_bytes=1000)).model)  # too big for RAM -> keep
+    assert is_quantized(load_model(auto, settings(tmp_path), MetalBackend()).model)  # Metal: keep
+    assert not is_quantized(load_model(auto, settings(tmp_path, dequantize=True), MetalBackend()).model)
 
 
 def test_gguf_source_is_imported_into_the_cache(tiny_llama_dir: Path, tmp_path: Path) -> None:

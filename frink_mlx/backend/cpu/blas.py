@@ -24,7 +24,7 @@ Rules:
    `OPENBLAS_CORETYPE` to the strongest class the flags support. A value the
    user already set is kept.
 6. Threads: where the engine splits its matmuls over MLX CPU streams itself
-   (cpu_split.py), OpenBLAS's own threads are set to 1 at run time through
+   (split.py), OpenBLAS's own threads are set to 1 at run time through
    `openblas_set_num_threads`, which the preloaded library exports.
 """
 

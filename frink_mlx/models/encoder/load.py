@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from ...errors import ModelFormatError
-from ...backend.cpu import split as cpu_split
+from ...backend import Backend
 from .bert import BertArgs, BertModel
 from .encoder import Encoder
 from .pooling import read_head_config, read_max_seq_length
@@ -73,7 +73,7 @@ class HFTokenizer:
         return self._truncating[max_length]
 
 
-def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
+def load_encoder(path: Path, spec: Any, settings: Any, backend: Backend) -> Encoder:
     """Build the Encoder for `spec` (a registry ModelSpec) from checkpoint dir `path`.
 
     Blocking (reads weights); call off the event loop.
@@ -100,7 +100,7 @@ def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
         batch_size=max(1, int(getattr(settings, "embed_batch_size", 32))),
         truncatable=bool(getattr(spec, "matryoshka", False)),
         arch=args.model_type,
-        split_streams=cpu_split.setup(model, getattr(settings, "cpu_matmul_parts", None)),
+        forward_scope=backend.prepare_encoder(model),
     )
 
 
