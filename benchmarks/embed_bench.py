@@ -48,7 +48,8 @@ def frink_embedder(model_dir: Path):  # type: ignore[no-untyped-def]
     from frink_mlx.settings import Settings
 
     settings = Settings.load(embed_batch_size=max(BATCHES))  # FRINK_MLX_* apply
-    encoder = load_encoder(model_dir, None, settings, select_backend(settings))
+    encoder = load_encoder(model_dir, None, settings.encoder_config(),
+                           select_backend(settings.backend_config()))
     return lambda texts: encoder.embed(encoder.check_lengths(encoder.tokenize(texts)))
 
 

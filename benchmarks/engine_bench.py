@@ -27,13 +27,13 @@ import mlx.core as mx
 from mlx_lm import stream_generate
 from mlx_lm.models.cache import make_prompt_cache
 
+from frink_mlx.backend import Backend, select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.models.loader import load_model
 from frink_mlx.registry import load_registry
-from frink_mlx.backend import Backend, select_backend
 from frink_mlx.settings import Settings
 
 GREEDY = SamplingParams(temperature=0)
@@ -108,8 +108,8 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    backend = select_backend(settings)
-    loaded = load_model(spec, settings, backend)
+    backend = select_backend(settings.backend_config())
+    loaded = load_model(spec, settings.load_config(), backend)
     model, vocab = loaded.model, loaded.model.args.vocab_size
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     print(f"model {spec.name} dtype {loaded.dtype} tokens/row {args.tokens} prompt {args.prompt_len}")

@@ -23,15 +23,15 @@ import threading
 import time
 from typing import Any
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import ResponseFormat, SamplingParams
 from frink_mlx.core.structured import grammar_for_format
 from frink_mlx.engine.constraints import GrammarCompiler
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.models.loader import load_model
 from frink_mlx.registry import load_registry
-from frink_mlx.backend import select_backend
 from frink_mlx.settings import Settings
 
 GREEDY = SamplingParams(temperature=0)
@@ -129,8 +129,8 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    backend = select_backend(settings)
-    loaded = load_model(spec, settings, backend)
+    backend = select_backend(settings.backend_config())
+    loaded = load_model(spec, settings.load_config(), backend)
     tok = loaded.tokenizer
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
                                          add_generation_prompt=True)

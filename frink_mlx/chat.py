@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .backend import Backend, select_backend
-from .settings import Settings
+from .settings import Settings, environ_snapshot
 
 Messages = list[dict[str, str]]
 Emit = Callable[[str], None]
@@ -72,11 +72,12 @@ class LocalModel:
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .serving.hub import build_generation
         from .registry import load_registry
+        from .serving.generation import build_generation
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings, 1, DecodeGate(), self.backend)
+        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate(),
+                                           self.backend)
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:
@@ -84,8 +85,8 @@ class LocalModel:
 
     async def _generate(self, req: Any, emit: Emit) -> Stats:
         from .core.events import Done, ErrorEvent, TextDelta
-        from .serving.handles import DecodeHandles
         from .errors import EngineFailure
+        from .serving.handles import DecodeHandles
 
         started = time.perf_counter()
         run = DecodeHandles.take(self.generation).start(req)
@@ -117,7 +118,8 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    backend = select_backend(settings, argv=sys.argv)  # may re-exec (backend/select.py rule 3)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     from .core.request import GenRequest, Message
 
     local = LocalModel(settings, args.model, backend).load()
@@ -253,7 +255,8 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.local and daemon_answers(url, headers):
         print(f"[talking to the daemon at {url}]", flush=True)
         return repl(RemoteChat(url, headers, args), args.system)
-    backend = select_backend(settings, argv=sys.argv)  # may re-exec (backend/select.py rule 3)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     print("[no daemon answered; loading the model in process]", flush=True)
     local = LocalModel(settings, args.model, backend).load()
     try:

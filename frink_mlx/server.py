@@ -32,7 +32,7 @@ import threading
 from typing import Any, Iterator, NoReturn
 
 from . import __version__
-from .settings import Settings
+from .settings import Settings, environ_snapshot
 
 log = logging.getLogger("frink_mlx.server")
 
@@ -113,7 +113,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
     from .backend import select_backend
 
-    backend = select_backend(settings, argv=sys.argv)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
     from .http.security import check_bind
 

@@ -233,5 +233,5 @@ class Engine:
 def _param_dtype(model: Any) -> mx.Dtype:
     params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     for _, value in params:
-        return value.dtype  # type: ignore[no-any-return]
+        return value.dtype
     raise ValueError("model has no parameters")

@@ -55,7 +55,7 @@ class OutputRouter:
     def deliver(self, step: StepResult, rows: list[RowResult]) -> None:
         """Turn one read-back step into StepOutputs (and finishes), rules 1-3."""
         live: dict[int, Seq] = {}
-        stop: dict[int, StopReason] = {}
+        stop: dict[int, EngineFinish] = {}
         for seq_id, row in zip(step.seq_ids, rows):
             seq = self.scheduler.seqs.get(seq_id)
             if seq is None or seq.num_pending == 0:

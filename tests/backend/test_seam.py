@@ -117,7 +117,7 @@ def test_cpu_backend_changes_only_the_model_it_prepared(tiny_llama_dir, tmp_path
     from mlx_lm import load as mlx_lm_load
     from mlx_lm.models import llama
 
-    backend = select_backend(Settings(cpu_matmul_parts=2), name="cpu")
+    backend = select_backend(Settings(cpu_matmul_parts=2).backend_config(), name="cpu")
     before = mlx_lm_models_snapshot()
     loaded = load(tiny_llama_dir, tmp_path, backend)
     bystander, _ = mlx_lm_load(str(tiny_llama_dir))
@@ -136,7 +136,7 @@ def test_the_choice_and_the_questions():
     if sys.platform != "darwin":
         assert backend_name() == "cpu"
     metal = MetalBackend()
-    cpu = select_backend(Settings(), name="cpu")
+    cpu = select_backend(Settings().backend_config(), name="cpu")
     assert (metal.name, cpu.name) == ("metal", "cpu")
     assert metal.pipelines_steps() and not cpu.pipelines_steps()
     assert metal.device_token_masks() and not cpu.device_token_masks()

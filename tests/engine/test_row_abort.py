@@ -21,7 +21,7 @@ from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings())  # what this machine serves with (backend/select.py)
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 PROMPT = [17, 201, 33, 90, 5, 250, 61, 7, 140]
 MAX_TOKENS = 24

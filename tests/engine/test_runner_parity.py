@@ -26,7 +26,7 @@ from frink_mlx.settings import Settings
 
 NUM_TOKENS = 10
 # This machine's backend with unsplit matmuls: on the CPU backend, our kernels alone.
-UNSPLIT = select_backend(Settings(cpu_matmul_parts=1))
+UNSPLIT = select_backend(Settings(cpu_matmul_parts=1).backend_config())
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +102,14 @@ def test_rows_joining_at_different_steps_match_generate(tiny, pipelined):
 @pytest.mark.parametrize("parts", [2, 3])
 def test_matmuls_split_over_streams_keep_parity(tiny, parts):
     """backend/cpu/split.py: the runner's forward with each product cut over `parts` CPU streams."""
-    backend = select_backend(Settings(cpu_matmul_parts=parts), name="cpu")
+    backend = select_backend(Settings(cpu_matmul_parts=parts).backend_config(), name="cpu")
     prompts = _prompts(7, (7, 3, 13, 30))
     arrivals: dict[int, list[SeqRequest]] = {}
     for i, (p, at) in enumerate(zip(prompts, [0, 0, 2, 5])):
         arrivals.setdefault(at, []).append(SeqRequest(f"r{i}", p, GREEDY, NUM_TOKENS))
     outs = drive(tiny, arrivals, backend=backend)
     up_proj = tiny.model.layers[0].mlp.up_proj  # 128 rows: one range per part
-    assert len(getattr(up_proj, "_frink_ranges").parts) == parts
+    assert len(up_proj._frink_ranges.parts) == parts
     for i, p in enumerate(prompts):
         assert outs[f"r{i}"][0] == reference(tiny, p), f"row r{i}"
 

@@ -19,7 +19,7 @@ from frink_mlx.models.loader import load_model
 from frink_mlx.registry import ModelSpec
 from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings())  # what this machine serves with (backend/select.py)
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 pytestmark = pytest.mark.slow
 NUM_TOKENS = 12
@@ -27,7 +27,7 @@ NUM_TOKENS = 12
 
 def test_smollm2_batched_greedy_equals_generate(smollm2_dir, tmp_path):
     loaded = load_model(ModelSpec(name="smollm2", source=str(smollm2_dir)),
-                        Settings(cache_dir=str(tmp_path)), BACKEND)
+                        Settings(cache_dir=str(tmp_path)).load_config(), BACKEND)
     tok = loaded.tokenizer
     texts = ["The capital of France is", "def fibonacci(n):",
              "Once upon a time, in a land far away, there lived a"]

@@ -16,7 +16,7 @@ from frink_mlx.engine.types import SeqRequest
 from frink_mlx.errors import InvalidRequest
 from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings())  # what this machine serves with (backend/select.py)
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 
 @pytest.fixture(scope="module")

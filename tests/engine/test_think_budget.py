@@ -18,7 +18,7 @@ from frink_mlx.engine.think_budget import ThinkBudget, with_think_budget
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings())  # what this machine serves with (backend/select.py)
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 END = [300, 301]
 START = [290]

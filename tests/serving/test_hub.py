@@ -48,7 +48,8 @@ def make_hub(load_s: float = 0.0, **settings) -> tuple[Hub, list[str]]:
         return Generation(number, spec, object(), FakeEngine(), None, time.monotonic())
 
     s = Settings.load(**{"min_generation_s": 0.0, **settings})
-    return Hub(s, registry(), backend=select_backend(s), factory=factory, gate=threading.Lock()), loads
+    return Hub(s.hub_config(), registry(), backend=select_backend(s.backend_config()), factory=factory,
+               gate=threading.Lock()), loads
 
 
 def run(coro):

@@ -364,7 +364,7 @@ def install(model: Any) -> bool:
 def _rebound_class(cls: type) -> type | None:
     """A subclass of `cls` whose `__call__` sees our dispatchers under the
     kernel names its code calls; None when it calls none of them."""
-    call = getattr(cls, "__call__", None)
+    call = next((vars(k)["__call__"] for k in cls.__mro__ if "__call__" in vars(k)), None)
     if not isinstance(call, types.FunctionType):
         return None
     names = [n for n in _DISPATCHERS if n in call.__code__.co_names and n in call.__globals__]
