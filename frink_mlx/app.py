@@ -31,6 +31,7 @@ from starlette.routing import BaseRoute
 from . import metrics as metrics_module
 from .adapters import admin, anthropic, llamacpp, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
+from .backend import Backend, select_backend
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
@@ -199,13 +200,15 @@ def _on_load(state: AppState, gen: Generation) -> None:
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
-               factory: GenerationFactory | None = None) -> Starlette:
-    """The daemon app. `factory` replaces model loading (tests only)."""
+               factory: GenerationFactory | None = None, backend: Backend | None = None) -> Starlette:
+    """The daemon app. `factory` replaces model loading (tests only); `backend` is
+    the entry point's choice (server.py), else chosen here, once per app."""
+    chosen = backend if backend is not None else select_backend(settings.backend_config())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
-        hub = Hub(settings.hub_config(), reg, factory=factory or build_generation)
+        hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)

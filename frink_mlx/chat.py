@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from .backend import Backend, select_backend
 from .local_daemon import daemon_answers, daemon_url
-from .settings import Settings
+from .settings import Settings, environ_snapshot
 
 Messages = list[dict[str, str]]
 Emit = Callable[[str], None]
@@ -66,16 +67,18 @@ class LocalModel:
 
     settings: Settings
     model: str | None
+    backend: Backend
     generation: Any = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .serving.generation import build_generation
         from .registry import load_registry
+        from .serving.generation import build_generation
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate())
+        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate(),
+                                           self.backend)
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:
@@ -83,8 +86,8 @@ class LocalModel:
 
     async def _generate(self, req: Any, emit: Emit) -> Stats:
         from .core.events import Done, ErrorEvent, TextDelta
-        from .serving.handles import DecodeHandles
         from .errors import EngineFailure
+        from .serving.handles import DecodeHandles
 
         started = time.perf_counter()
         run = DecodeHandles.take(self.generation).start(req)
@@ -116,12 +119,11 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     from .core.request import GenRequest, Message
 
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         req = GenRequest(model=args.model or "default", max_tokens=args.max_tokens,
                          sampling=_sampling(args))
@@ -237,11 +239,10 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.local and daemon_answers(url, headers):
         print(f"[talking to the daemon at {url}]", flush=True)
         return repl(RemoteChat(url, headers, args), args.system)
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     print("[no daemon answered; loading the model in process]", flush=True)
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         return repl(LocalChat(local, args), args.system)
     finally:

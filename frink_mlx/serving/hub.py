@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
 
+from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
@@ -69,10 +70,11 @@ class Lease:
 class Hub:
     """Owns the active generation pointer (see module rules)."""
 
-    def __init__(self, config: HubConfig, registry: Registry, *,
+    def __init__(self, config: HubConfig, registry: Registry, *, backend: Backend,
                  factory: GenerationFactory = build_generation, gate: Gate | None = None,
                  on_load: Callable[[Generation], None] | None = None) -> None:
         self.config, self.registry, self.factory = config, registry, factory
+        self.backend = backend  # chosen once at start-up (backend/select.py)
         self.gate: Gate = gate if gate is not None else DecodeGate()
         self.on_load = on_load
         self.current: Generation | None = None
@@ -247,9 +249,9 @@ class Hub:
 
     def _build(self, spec: ModelSpec, number: int) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.config, number, self.gate)
+        gen = self.factory(spec, self.config, number, self.gate, self.backend)
         try:
-            return attach_embedder(gen, self.registry, self.config.load)
+            return attach_embedder(gen, self.registry, self.config.load, self.backend)
         except BaseException:
             free_generation(gen, self.config.drain_timeout_s)
             raise
