@@ -17,6 +17,9 @@ from typing import Any
 
 import msgspec
 
+from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+from .errors import ConfigError
+
 DEFAULT_PORT = 8177
 ENV_PREFIX = "FRINK_MLX_"
 
@@ -67,7 +70,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
                                                  # None: on Metal yes, on the CPU backend no
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
-                                                 # MLX streams (engine/cpu_split.py); None = one
+                                                 # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
@@ -100,9 +103,39 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         try:
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
-            from .errors import ConfigError
-
             raise ConfigError(f"invalid setting: {exc}") from None
+
+    # --- slices for the layers below the composition root (config.py) ----------
+    def load_config(self) -> LoadConfig:
+        return LoadConfig(cache_dir=self.cache_dir, dequantize=self.dequantize,
+                          encoder=self.encoder_config())
+
+    def budget_config(self) -> BudgetConfig:
+        return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
+                            kv_budget_bytes=self.kv_budget_bytes,
+                            memory_headroom_fraction=self.memory_headroom_fraction,
+                            max_kv_pool_bytes=self.max_kv_pool_bytes)
+
+    def engine_limits(self) -> EngineLimits:
+        return EngineLimits(max_batch=self.max_batch, batching=self.batching,
+                            prefill_chunk_tokens=self.prefill_chunk_tokens,
+                            idle_prefill_tokens=self.idle_prefill_tokens,
+                            admission_window_ms=self.admission_window_ms,
+                            pipeline=self.pipeline, max_queue=self.max_queue,
+                            queue_timeout_s=self.queue_timeout_s)
+
+    def encoder_config(self) -> EncoderConfig:
+        return EncoderConfig(embed_batch_size=self.embed_batch_size)
+
+    def backend_config(self) -> BackendConfig:
+        return BackendConfig(use_openblas=self.use_openblas,
+                             cpu_matmul_parts=self.cpu_matmul_parts)
+
+    def hub_config(self) -> HubConfig:
+        return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
+                         keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
+                         load=self.load_config(), budget=self.budget_config(),
+                         engine=self.engine_limits())
 
 
 def user_config_home() -> str:
@@ -110,11 +143,7 @@ def user_config_home() -> str:
     return os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
 
 
-def blas_reexec_marker() -> str | None:
-    """The marker set by the one-time OpenBLAS re-exec (see engine/blas.py)."""
-    return os.environ.get(ENV_PREFIX + "BLAS_REEXEC")
-
-
 def environ_snapshot() -> dict[str, str]:
-    """A copy of the environment, for the one place that must re-exec the process."""
+    """A copy of the environment, for the one place that must re-exec the process
+    (backend/cpu/blas.py, through backend/select.py)."""
     return dict(os.environ)

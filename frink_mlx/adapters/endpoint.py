@@ -27,7 +27,7 @@ collected body -- and gets, identically:
 6. Accounting: `AppState.generate` tracks every run for the access line and
    the metrics (http/access.py rule 3), which the access middleware writes
    once per request, with 499 for any answer the client did not wait for
-   (rule 5 there). Protocols note nothing themselves.
+   (rule 6 there). Protocols note nothing themselves.
 """
 
 from __future__ import annotations

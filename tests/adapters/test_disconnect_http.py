@@ -3,7 +3,7 @@
 Real HTTP over real sockets into the real app and the real engine: for every
 generating route, streaming and not, the client closes its socket before the
 answer starts or in the middle of it. Each time:
-- the access line says 499 (http/access.py rule 5),
+- the access line says 499 (http/access.py rule 6),
 - nothing is logged at ERROR (no traceback, no recorded 500),
 - the decode stops within one engine step of the response ending, and the
   engine holds no KV block any more (/health's `kv.blocks_used` back to 0).
@@ -263,7 +263,7 @@ def test_client_dropping_mid_body_is_not_a_500(server: Any, records: Records, pa
 
 
 def test_finished_answers_are_still_200(server: Any, records: Records) -> None:
-    """Rule 5 of http/access.py only marks answers the client did not wait for."""
+    """Rule 6 of http/access.py only marks answers the client did not wait for."""
     _ensure_model(server, "tiny")
     for stream in (False, True):
         request_id = f"ok-{uuid.uuid4().hex[:12]}"
