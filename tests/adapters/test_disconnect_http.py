@@ -28,11 +28,10 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from adapters.scripted import add_tokens, write_models_toml
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from adapters.scripted import add_tokens, write_models_toml
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
 MSGS = [{"role": "user", "content": "Tell me a very long story."}]
