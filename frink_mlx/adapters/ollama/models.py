@@ -40,6 +40,7 @@ from ...http.errors import endpoint, ollama_error
 from ...http.sse import StreamResponse, ndjson_frame
 from ...registry import resolve_source
 from ..endpoint import NDJSON_MEDIA_TYPE, json_response
+from ..openai.models import context_length_of
 from . import wire
 from .translate import model_name
 
@@ -73,11 +74,15 @@ def _digest(spec: Any) -> str:
     return hashlib.sha256(f"{spec.name}\0{spec.source}".encode()).hexdigest()
 
 
+def tagged(name: str) -> str:
+    """Rule 1: `name:latest` unless the name carries a tag already."""
+    return name if ":" in name else f"{name}:latest"
+
+
 def tag_entry(state: Any, spec: Any) -> dict[str, Any]:
     size, mtime = _on_disk(spec)
-    tagged = spec.name if ":" in spec.name else f"{spec.name}:latest"
-    return {"name": tagged, "model": tagged, "modified_at": _iso(mtime), "size": size,
-            "digest": _digest(spec), "details": _details(spec, state.hub.current)}
+    return {"name": tagged(spec.name), "model": tagged(spec.name), "modified_at": _iso(mtime),
+            "size": size, "digest": _digest(spec), "details": _details(spec, state.hub.current)}
 
 
 @endpoint(ollama_error)
@@ -118,7 +123,7 @@ async def show(request: Request) -> Response:
     spec = state.registry.resolve(model_name(body.model_name))
     gen = _loaded(state, spec)
     _, mtime = _on_disk(spec)
-    ceiling = _ceiling(gen) if gen is not None else spec.context_length
+    ceiling = context_length_of(gen) if gen is not None else spec.context_length
     template = spec.chat_template
     if template is None and gen is not None and gen.loaded.tokenizer is not None:
         template = getattr(gen.loaded.tokenizer, "chat_template", None)
@@ -128,16 +133,9 @@ async def show(request: Request) -> Response:
                           "capabilities": _capabilities(spec, gen), "modified_at": _iso(mtime)})
 
 
-def _ceiling(gen: Any) -> int | None:
-    if gen.plan is not None:
-        return int(gen.plan.context_ceiling)
-    return int(getattr(gen.loaded, "context_length", 0)) or None
-
-
 def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
     """Rule 3."""
     spec = gen.spec
-    tagged = spec.name if ":" in spec.name else f"{spec.name}:latest"
     keep_alive_s = state.hub.config.keep_alive_s
     expires_at = None
     if keep_alive_s and gen is state.hub.current:
@@ -145,9 +143,9 @@ def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
         expires_at = time.time() + (idle_since + keep_alive_s - time.monotonic())
     size = int(gen.plan.weights_bytes) if gen.plan is not None else None
     on_metal = state.hub.backend.name == "metal"
-    return {"name": tagged, "model": tagged, "size": size,
+    return {"name": tagged(spec.name), "model": tagged(spec.name), "size": size,
             "size_vram": size if on_metal else 0, "digest": _digest(spec),
-            "details": _details(spec, gen), "context_length": _ceiling(gen),
+            "details": _details(spec, gen), "context_length": context_length_of(gen),
             "expires_at": _iso(expires_at)}
 
 
