@@ -138,11 +138,12 @@ def _rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
                            "(supported: linear, yarn, llama3 rope_freqs, phi3 longrope)")
 
 
-def _gemma_attn_scalar(config: dict[str, Any], big_layers: int) -> float:
-    """Rule 7."""
+def _gemma_attn_scalar(config: dict[str, Any], big_layers: int) -> int | float:
+    """Rule 7 (an int where whole: transformers' Gemma configs insist)."""
     if config["num_hidden_layers"] == big_layers:
-        return config["hidden_size"] / config["num_attention_heads"]
-    return float(config["head_dim"])
+        scalar = config["hidden_size"] / config["num_attention_heads"]
+        return int(scalar) if scalar == int(scalar) else scalar
+    return int(config["head_dim"])
 
 
 def _extras_llama(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
@@ -166,7 +167,8 @@ def _extras_gemma2(meta: dict[str, Any], p: str, config: dict[str, Any], names: 
 def _extras_gemma3(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
     config.update(query_pre_attn_scalar=_gemma_attn_scalar(config, 62),
                   sliding_window=int(_num(meta, p + "attention.sliding_window", 512)),
-                  sliding_window_pattern=6, rope_local_base_freq=10000.0)
+                  sliding_window_pattern=6,
+                  rope_local_base_freq=float(_num(meta, p + "rope.freq_base_swa", 10000.0)))
 
 
 def _extras_phi3(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
