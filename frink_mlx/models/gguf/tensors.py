@@ -15,12 +15,14 @@ Rules:
    are recovered from the reference dequantization as round((w - b) / s), so the
    package's unpacking is the only unpacking.
 2. Everything else the package can dequantize is re-quantized with
-   `mx.quantize` at group size 32 (the smallest MLX allows, so the smallest
-   error) and the bits in REQUANT_BITS: Q6_K -> 6 and Q3_K/Q2_K -> 4 (their
-   16-weight sub-blocks have no 32-group equivalent; MLX has no group 16),
-   IQ4 codebooks -> 5 (16 non-uniform levels land within half a 5-bit step),
-   2/3-bit IQ and ternary types -> 4. The test suite measures each
-   type's error against the reference dequantization.
+   `mx.quantize` at group size 32 (the smallest MLX allows) and the fewest
+   bits that keep the re-quantization error well under the source format's own
+   (REQUANT_BITS; relative RMS errors measured by benchmarks/gguf_requant_error.py):
+   Q6_K -> 8 (at 6 bits the round trip would add about as much error as Q6_K
+   itself has; its 16-weight sub-blocks have no 32-group equivalent and MLX has
+   no group 16), Q3_K -> 5, Q2_K -> 4, IQ4 -> 6, IQ3/IQ2 -> 5, IQ1 -> 4,
+   ternary/FP4 types -> 6. The tests bound each type's error against the
+   reference dequantization.
 3. Scales and biases are stored as float16, like mlx-lm's own quantized
    checkpoints (float32 if a value would overflow float16).
 4. Bit packing is MLX's: codes form a little-endian bit stream per row,
@@ -45,9 +47,10 @@ _INTEGER_TYPES = {"I8", "I16", "I32", "I64", "F64"}
 
 # ggml type name -> bits of the lossless affine form (rule 1).
 EXACT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
-# ggml type name -> bits to re-quantize at (rule 2); absent types default to 4.
-REQUANT_BITS = {"Q6_K": 6, "Q3_K": 4, "Q2_K": 4, "IQ4_NL": 5, "IQ4_XS": 5, "MXFP4": 5,
-                "NVFP4": 5}
+# ggml type name -> bits to re-quantize at (rule 2); types added to the package later get 6.
+REQUANT_BITS = {"Q6_K": 8, "Q3_K": 5, "Q2_K": 4, "IQ4_NL": 6, "IQ4_XS": 6, "IQ3_XXS": 5, "IQ3_S": 5,
+                "IQ2_XXS": 5, "IQ2_XS": 5, "IQ2_S": 5, "IQ1_S": 4, "IQ1_M": 4, "TQ1_0": 6, "TQ2_0": 6,
+                "MXFP4": 6, "NVFP4": 6}
 _F16_MAX = 65504.0
 
 
@@ -102,7 +105,7 @@ def target_for(ggml_type: int, *, quantizable: bool, as_float: bool) -> Target:
     name = type_name(ggml_type)
     if name in EXACT_BITS:
         return Target(EXACT_BITS[name], exact=True)
-    return Target(REQUANT_BITS.get(name, 4))
+    return Target(REQUANT_BITS.get(name, 6))
 
 
 def dequantize(raw: np.ndarray, ggml_type: int, row_elements: int) -> np.ndarray:
