@@ -89,12 +89,17 @@ def _refuse_unsupported(header: GGUFHeader) -> None:
     for info in header.tensors.values():
         if info.ggml_type not in supported:
             bad.setdefault(tx.type_name(info.ggml_type), []).append(info.name)
-    if bad:
-        listed = "; ".join(f"{t} ({len(names)} tensors, e.g. {names[0]})" for t, names in sorted(bad.items()))
-        raise ModelFormatError(
-            f"unsupported GGUF tensor types: {listed}. frink-mlx imports {', '.join(sorted(supported.values()))}; "
-            "re-quantize the original model to one of these (e.g. llama.cpp's llama-quantize ... Q4_K_M) "
-            "or use an MLX checkpoint")
+    if not bad:
+        for info in header.tensors.values():
+            if info.row_elements % info.block_elements:
+                raise ModelFormatError(f"corrupt GGUF (tensor {info.name}: rows of {info.row_elements} "
+                                       f"weights are not whole {tx.type_name(info.ggml_type)} blocks)")
+        return
+    listed = "; ".join(f"{t} ({len(names)} tensors, e.g. {names[0]})" for t, names in sorted(bad.items()))
+    raise ModelFormatError(
+        f"unsupported GGUF tensor types: {listed}. frink-mlx imports {', '.join(sorted(supported.values()))}; "
+        "re-quantize the original model to one of these (e.g. llama.cpp's llama-quantize ... Q4_K_M) "
+        "or use an MLX checkpoint")
 
 
 class _Import:

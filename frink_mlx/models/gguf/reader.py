@@ -167,9 +167,6 @@ def read_header(path: Path, type_sizes: dict[int, tuple[int, int]]) -> GGUFHeade
     for name, dims, ggml_type, offset in raw_infos:
         block_elements, block_bytes = type_sizes.get(ggml_type, (1, 0))
         shape = tuple(reversed(dims)) or (1,)
-        if block_bytes and shape[-1] % block_elements:
-            raise ModelFormatError(f"{path}: corrupt GGUF (tensor {name} rows of {shape[-1]} weights "
-                                   f"are not whole blocks of {block_elements})")
         count = 1
         for d in dims:
             count *= d

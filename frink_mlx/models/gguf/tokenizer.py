@@ -9,8 +9,14 @@ Rules (mirroring llama.cpp's `llama-vocab.cpp`):
    (id = index), `merges` are ranked pairs "a b" in order.
 2. Token types: 3 (CONTROL) become special added tokens; 4 (USER_DEFINED) become
    non-special added tokens. Both are matched verbatim before BPE runs.
-3. The byte-level pre-tokenizer regex is chosen by `tokenizer.ggml.pre` (table
-   below); an unknown name is refused rather than guessed.
+3. The byte-level pre-tokenizer is chosen by `tokenizer.ggml.pre` (PRE_TOKENIZERS,
+   llama.cpp's families: its regexes applied in turn, each splitting the pieces
+   the previous one left, gaps kept; then bytes -> GPT-2's printable alphabet).
+   The llama3 family also takes a piece that is itself in the vocabulary as one
+   token (`ignore_merges`, as llama.cpp and Llama-3's tokenizer.json do). Where
+   llama.cpp rewrote a regex for std::regex (llama3, tekken, gpt-4o) we keep the
+   original from the model's tokenizer.json, which `tokenizers` runs natively.
+   An unknown name is refused rather than guessed.
 4. `add_bos_token` prepends the BOS id through a post-processor (default: off
    for gpt2, on for SentencePiece, as in llama.cpp).
 5. `tokenizer.ggml.model = llama` is SentencePiece BPE: merges are derived from
@@ -24,6 +30,7 @@ Deliberately left out: WordPiece/Unigram vocabularies; refused by name.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ModelFormatError
@@ -39,21 +46,42 @@ QWEN2_REGEX = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral Nemo's "tekken" and GPT-4o's (Phi-4) split case runs; as in their tokenizer.json files
+TEKKEN_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]")
 
-# tokenizer.ggml.pre -> (split digits one by one first?, regex; None = GPT-2's built into ByteLevel)
-PRE_TOKENIZERS: dict[str, tuple[bool, str | None]] = {
-    "default": (False, None),
-    "gpt-2": (False, None),
-    "gpt2": (False, None),
-    "smollm": (True, None),
-    "starcoder": (True, None),
-    "refact": (True, None),
-    "codeshell": (True, None),
-    "llama3": (False, LLAMA3_REGEX),
-    "llama-bpe": (False, LLAMA3_REGEX),
-    "falcon3": (False, LLAMA3_REGEX),
-    "qwen2": (False, QWEN2_REGEX),
-    "deepseek-r1-qwen": (False, QWEN2_REGEX),
+
+@dataclass(slots=True, frozen=True)
+class PreTokenizer:
+    """llama.cpp's pre-tokenizer for one `tokenizer.ggml.pre` family (rule 3)."""
+
+    splits: tuple[str, ...]  # regexes applied in turn, each splitting the previous pieces
+    ignore_merges: bool = False  # a piece already in the vocab is one token (llama3 family)
+
+
+_GPT2 = PreTokenizer((GPT2_REGEX,))
+_DIGITS = PreTokenizer((r"\p{N}", GPT2_REGEX))
+_LLAMA3 = PreTokenizer((LLAMA3_REGEX,), ignore_merges=True)
+_QWEN2 = PreTokenizer((QWEN2_REGEX,))
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": PreTokenizer(DEFAULT_SPLITS),
+    **dict.fromkeys(("gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion"), _GPT2),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                     "minerva-7b"), _DIGITS),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), _LLAMA3),
+    **dict.fromkeys(("smaug-bpe", "dbrx"), PreTokenizer((LLAMA3_REGEX,))),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan"), _QWEN2),
+    "tekken": PreTokenizer((TEKKEN_REGEX,)),
+    "gpt-4o": PreTokenizer((GPT4O_REGEX,)),
 }
 
 
@@ -63,15 +91,11 @@ def _pre_tokenizer(pre: str) -> dict[str, Any]:
             f"unsupported GGUF pre-tokenizer tokenizer.ggml.pre={pre!r} "
             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
         )
-    digits, regex = PRE_TOKENIZERS[pre]
-    steps: list[dict[str, Any]] = []
-    if digits:
-        steps.append({"type": "Digits", "individual_digits": True})
-    if regex is not None:
-        steps.append({"type": "Split", "pattern": {"Regex": regex},
-                      "behavior": "Isolated", "invert": False})
+    steps: list[dict[str, Any]] = [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+        for regex in PRE_TOKENIZERS[pre].splits]
     steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": regex is None})
+                  "use_regex": False})
     return {"type": "Sequence", "pretokenizers": steps}
 
 
@@ -142,15 +166,16 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str], added: list[dict[
 
 def _byte_level_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
     """tokenizer.ggml.model = gpt2: byte-level BPE with ranked merges (rules 1, 3)."""
+    pre = str(meta.get("tokenizer.ggml.pre") or "default")
     return {
         "normalizer": None,
-        "pre_tokenizer": _pre_tokenizer(str(meta.get("tokenizer.ggml.pre") or "default")),
+        "pre_tokenizer": _pre_tokenizer(pre),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},
         "model": {
             "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-            "ignore_merges": False,
+            "ignore_merges": PRE_TOKENIZERS[pre].ignore_merges,
             "vocab": {tok: i for i, tok in enumerate(tokens)},
             "merges": list(meta.get("tokenizer.ggml.merges") or []),
         },
