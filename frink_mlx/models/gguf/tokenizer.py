@@ -206,15 +206,16 @@ def _sentencepiece_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, A
         raise ModelFormatError("GGUF SentencePiece tokenizer has no tokenizer.ggml.scores")
     unk_id = _int(meta, "tokenizer.ggml.unknown_token_id")
     steps: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
-    if _bool(meta, "tokenizer.ggml.add_space_prefix", True):
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if _bool(meta, "tokenizer.ggml.add_space_prefix", True):  # gemma: off
         steps.insert(0, {"type": "Prepend", "prepend": "\u2581"})
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
     return {
         "normalizer": {"type": "Sequence", "normalizers": steps},
         "pre_tokenizer": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
             "type": "BPE", "dropout": None, "continuing_subword_prefix": None,
             "unk_token": tokens[unk_id] if unk_id is not None else None,
