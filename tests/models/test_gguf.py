@@ -314,3 +314,21 @@ def test_content_hash_streams_the_whole_file(tmp_path: Path) -> None:
     assert content_hash(a) != content_hash(b) and len(content_hash(a)) == 16
     os.utime(b, (0, 0))
     assert content_hash(b) == content_hash(b)
+
+
+def test_import_logs_progress_and_time(tiny_llama_dir: Path, tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    from frink_mlx.models.gguf import ImportProgress
+
+    reports: list[ImportProgress] = []
+    path = write_float_gguf(tiny_llama_dir, tmp_path / "p.gguf")
+    with caplog.at_level("INFO", logger="frink_mlx.gguf"):
+        import_gguf(path, tmp_path / "cache", progress=reports.append)
+    text = caplog.text
+    assert "hashed p.gguf" in text and "importing p.gguf: llama, 20 tensors (F32)" in text
+    assert "converting: 100%" in text and "imported p.gguf in " in text
+    phases = [r.phase for r in reports]
+    assert phases[0] == "hash" and phases[-1] == "convert"
+    last = reports[-1]
+    assert last.done_bytes == last.total_bytes > 0
+    assert all(a.done_bytes <= b.done_bytes for a, b in zip(reports, reports[1:]) if a.phase == b.phase)

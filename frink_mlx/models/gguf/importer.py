@@ -67,14 +67,19 @@ def import_gguf(path: str | Path, cache_dir: str | Path, *, as_float: bool = Fal
     path = Path(path)
     if not path.is_file():
         raise ModelFormatError(f"GGUF file not found: {path}")
+    started = time.perf_counter()
     try:
         header = read_header(path, tx.type_sizes())
         _refuse_unsupported(header)
         target = checkpoint_dir_for(path, cache_dir, as_float=as_float, progress=progress)
+        log.info("hashed %s (%.2f GB) in %.1f s", path.name, header.file_size / 1e9,
+                 time.perf_counter() - started)
         if (target / "config.json").is_file():
             return target
-        started = time.perf_counter()
-        _Import(header, as_float, progress).write(target)
+        job = _Import(header, as_float, progress)
+        log.info("importing %s: %s, %d tensors (%s)", path.name, job.arch, len(job.names),
+                 ", ".join(sorted({tx.type_name(i.ggml_type) for i in header.tensors.values()})))
+        job.write(target)
     except ModelFormatError as exc:
         prefix = f"{path}: "
         raise ModelFormatError(exc.message if exc.message.startswith(prefix) else prefix + exc.message) from None
