@@ -167,7 +167,7 @@ class _Import:
                 shard_bytes += value.nbytes
             done += info.nbytes
             self._report("convert", done, total, gname)
-            if done / total >= next_log:
+            if done / total >= next_log or done == total:
                 log.info("converting: %d%% (%s)", int(100 * done / total), gname)
                 next_log = done / total + 0.1
             if shard_bytes >= SHARD_BYTES:
