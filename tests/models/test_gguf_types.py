@@ -126,3 +126,12 @@ def test_each_type_serves_like_mlx_lm(qtype: str, llama: Path, tmp_path: Path) -
         # kept bfloat16 (faithful); the engine's bf16 path on CPU drifts from mlx-lm's, with or
         # without GGUF: issue 18's "every quantization to float32 on the CPU backend" item
         pytest.xfail("bfloat16 weights on the CPU engine (issue 18, loader dtype item)")
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
+def test_packing_is_mlx_layout(bits: int) -> None:
+    codes = np.random.default_rng(bits).integers(0, 2 ** bits, size=(3, 64))
+    packed = tx.pack_codes(codes, bits)
+    ones, zeros = mx.ones((3, 2)), mx.zeros((3, 2))
+    assert np.array_equal(np.array(mx.dequantize(mx.array(packed), ones, zeros, group_size=32, bits=bits)),
+                          codes.astype(np.float32))

@@ -43,7 +43,7 @@ from .tokenizer import build_tokenizer_files
 log = logging.getLogger("frink_mlx.gguf")
 
 CHUNK_ELEMENTS = 1 << 24  # weights dequantized at once (64 MiB as float32)
-SHARD_BYTES = 1 << 30
+SHARD_BYTES = 1 << 29  # 512 MiB: the bound on converted weights held at once
 
 
 @dataclass(slots=True)

@@ -149,10 +149,17 @@ def _block_affine(raw: np.ndarray, name: str, groups: int) -> tuple[np.ndarray, 
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Rule 4: (rows, n) codes < 2**bits -> (rows, n * bits / 32) uint32, MLX's layout."""
+    """Rule 4: (rows, n) codes < 2**bits -> (rows, n * bits / 32) uint32, MLX's layout.
+
+    Widths dividing 32 shift whole codes into words; 3/5/6 bits go through a bit stream."""
+    rows = codes.shape[0]
+    if 32 % bits == 0:
+        per_word = 32 // bits
+        shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
+        words = codes.astype(np.uint32).reshape(rows, -1, per_word) << shifts
+        return np.bitwise_or.reduce(words, axis=-1)
     planes = np.unpackbits(codes.astype(np.uint8)[..., None], axis=-1, bitorder="little")[..., :bits]
-    packed = np.packbits(planes.reshape(codes.shape[0], -1), axis=-1, bitorder="little")
-    return packed.view(np.uint32)
+    return np.packbits(planes.reshape(rows, -1), axis=-1, bitorder="little").view(np.uint32)
 
 
 def _scale_dtype(*arrays: np.ndarray) -> Any:
