@@ -151,14 +151,18 @@ def _block_affine(raw: np.ndarray, name: str, groups: int) -> tuple[np.ndarray, 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Rule 4: (rows, n) codes < 2**bits -> (rows, n * bits / 32) uint32, MLX's layout.
 
-    Widths dividing 32 shift whole codes into words; 3/5/6 bits go through a bit stream."""
+    Widths dividing 8 shift whole codes into bytes (read as little-endian words);
+    3/5/6 bits go through a bit stream."""
     rows = codes.shape[0]
-    if 32 % bits == 0:
-        per_word = 32 // bits
-        shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
-        words = codes.astype(np.uint32).reshape(rows, -1, per_word) << shifts
-        return np.bitwise_or.reduce(words, axis=-1)
-    planes = np.unpackbits(codes.astype(np.uint8)[..., None], axis=-1, bitorder="little")[..., :bits]
+    codes = codes.astype(np.uint8, copy=False)
+    if 8 % bits == 0:
+        per_byte = 8 // bits
+        grouped = codes.reshape(rows, -1, per_byte)
+        packed = grouped[..., 0].copy()
+        for j in range(1, per_byte):
+            packed |= grouped[..., j] << np.uint8(j * bits)
+        return np.ascontiguousarray(packed).view(np.uint32)
+    planes = np.unpackbits(codes[..., None], axis=-1, bitorder="little")[..., :bits]
     return np.packbits(planes.reshape(rows, -1), axis=-1, bitorder="little").view(np.uint32)
 
 
@@ -173,10 +177,11 @@ def exact_affine(raw: np.ndarray, ggml_type: int, row_elements: int,
     """Rule 1: (packed weight, scales, biases) reproducing `reference` on MLX's grid."""
     groups = row_elements // GROUP_SIZE
     scale, bias = _block_affine(raw, type_name(ggml_type), groups)
-    grouped = reference.reshape(raw.shape[0], groups, GROUP_SIZE)
-    safe = np.where(scale == 0, 1.0, scale)[..., None]
-    codes = np.rint((grouped - bias[..., None]) / safe)
-    codes = np.clip(np.where(scale[..., None] == 0, 0, codes), 0, (1 << bits) - 1)
+    inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)  # s = 0: code 0
+    codes = reference.reshape(raw.shape[0], groups, GROUP_SIZE) - bias[..., None]
+    codes *= inverse[..., None]
+    np.rint(codes, out=codes)
+    np.clip(codes, 0, (1 << bits) - 1, out=codes)
     dtype = _scale_dtype(scale, bias)
     return (pack_codes(codes.reshape(raw.shape[0], row_elements), bits),
             scale.astype(dtype), bias.astype(dtype))
