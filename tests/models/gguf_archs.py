@@ -11,7 +11,8 @@ tests then compare against the package's own dequantization of those blocks.
 Converter quirks reproduced here (llama.cpp `convert_hf_to_gguf.py`): llama Q/K
 rows permuted into the interleaved rotary layout; gemma norms stored plus 1;
 qwen3moe experts under HF's merged `mlp.experts.*` names; phi3's fused tensors
-kept fused; Llama-3.1 rope scaling as a `rope_freqs` tensor.
+kept fused; Llama-3.1 rope scaling as a `rope_freqs` tensor, phi3's longrope as
+`rope_factors_long/short` tensors, YaRN as `rope.scaling.*` metadata.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "mistral": ("mistral", dict(model_type="llama", tie_word_embeddings=False)),
     "qwen2": ("qwen2", dict(model_type="qwen2")),
     "qwen3": ("qwen3", dict(model_type="qwen3")),
+    "qwen3yarn": ("qwen3", dict(model_type="qwen3", rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})),
     "qwen3moe": ("qwen3moe", dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
                                   moe_intermediate_size=256, decoder_sparse_step=1, mlp_only_layers=[],
                                   norm_topk_prob=True, tie_word_embeddings=False)),
@@ -50,6 +53,10 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
                               sliding_window_pattern=6, rope_local_base_freq=10000.0, rope_theta=1e6)),
     "phi3": ("phi3", dict(model_type="phi3", tie_word_embeddings=False, partial_rotary_factor=1.0,
                           original_max_position_embeddings=512)),
+    "phi3long": ("phi3", dict(model_type="phi3", tie_word_embeddings=False, partial_rotary_factor=1.0,
+                              original_max_position_embeddings=128, rope_scaling={
+                                  "type": "longrope", "long_factor": [1.0 + i / 4 for i in range(32)],
+                                  "short_factor": [1.0 + i / 16 for i in range(32)]})),
 }
 NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 
@@ -154,8 +161,12 @@ def gguf_tensors_for(name: str, ckpt: Path) -> dict[str, np.ndarray]:
         if hf.endswith("norm.weight"):
             array = array + NORM_SHIFT.get(arch, 0.0)
         out[_gguf_tensor_name(tmap, hf)] = array
-    if "rope_scaling" in config:
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
         out["rope_freqs.weight"] = llama3_rope_factors(config)
+    if scaling.get("type") == "longrope":
+        out["rope_factors_long.weight"] = np.array(scaling["long_factor"], dtype=np.float32)
+        out["rope_factors_short.weight"] = np.array(scaling["short_factor"], dtype=np.float32)
     return out
 
 
@@ -181,6 +192,15 @@ def _arch_metadata(writer: Any, arch: str, config: dict[str, Any]) -> None:
         writer.add_sliding_window(4096)
     if arch == "gemma3":
         writer.add_sliding_window(config["sliding_window"])
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") == "yarn":
+        import gguf
+
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if scaling.get("type") == "longrope":
+        writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
 
 
 def _tokenizer_metadata(writer: Any, ckpt: Path) -> None:

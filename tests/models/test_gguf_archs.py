@@ -102,6 +102,15 @@ def test_f32_gguf_serves_the_original_model(name: str, checkpoints: dict[str, Pa
             assert mx.allclose(imported[key], original[key], rtol=0, atol=1e-6).item(), key
         else:
             assert mx.array_equal(imported[key], original[key]).item(), key
+    scaling = json.loads((ckpt / "config.json").read_text()).get("rope_scaling")
+    got_scaling = loaded.config.get("rope_scaling")
+    if scaling is None:
+        assert got_scaling is None
+    elif scaling.get("rope_type") == "llama3":  # rope_freqs -> longrope factors (arch.py rule 6)
+        assert got_scaling["type"] == "longrope" and len(got_scaling["long_factor"]) == 32
+    else:
+        assert got_scaling == {**scaling, **({"original_max_position_embeddings": 128}
+                                             if scaling["type"] == "longrope" else {})}
     want_model, _ = mlx_lm.load(str(ckpt))
     check_parity(name, loaded, want_model)
 
