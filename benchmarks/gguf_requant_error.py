@@ -37,7 +37,7 @@ def main() -> None:
         if name in ("F32", "F16", "BF16"):
             continue
         qtype = gguf.GGMLQuantizationType[name]
-        if name in SCALE_FIELDS or name == "IQ1_M":
+        if name in SCALE_FIELDS or name in ("IQ1_M", "NVFP4"):
             raw = random_blocks(name, shape, rng)
         else:
             try:

@@ -8,7 +8,7 @@ backend when memory allows.
 
 Rules:
 1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
-   is imported first (cached by content hash, see gguf.py).
+   is imported first (cached by content hash, see models/gguf/).
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `settings.dequantize`, else `spec.dequantize`, decides

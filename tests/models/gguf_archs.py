@@ -112,6 +112,12 @@ SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2)
 
 
 def _set_scales(blocks: np.ndarray, qname: str, value: float) -> None:
+    if qname == "NVFP4":  # four UE4M3 sub-block scales open each block
+        import gguf
+
+        code = np.asarray(gguf.quants.NVFP4.fp32_to_ue4m3(np.full(4, value, dtype=np.float32)))
+        blocks[:, 0:4] = code.astype(np.uint8)
+        return
     bits = np.array([value], dtype=np.float16).view(np.uint16)[0]
     if qname == "IQ1_M":  # its f16 scale is spread over the top nibbles of four u16s at byte 48
         words = blocks[:, 48:56].copy().view(np.uint16)
@@ -237,7 +243,7 @@ def write_arch_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32",
             reference[gname] = array
             continue
         kind = gguf.GGMLQuantizationType[qtype]
-        if qtype in SCALE_FIELDS or qtype == "IQ1_M":
+        if qtype in SCALE_FIELDS or qtype in ("IQ1_M", "NVFP4"):
             packed = random_blocks(qtype, array.shape, rng)
         else:
             packed = gguf.quants.quantize(array, kind)
