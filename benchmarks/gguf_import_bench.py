@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPE = dict(hidden=2048, ffn=8192, heads=32, kv_heads=8, vocab=128256)
+SHAPE = {"hidden": 2048, "ffn": 8192, "heads": 32, "kv_heads": 8, "vocab": 128256}
 SCALE_OFFSETS = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the f16 d (and dmin) fields
 
 

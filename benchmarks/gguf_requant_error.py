@@ -20,15 +20,17 @@ import mlx.core as mx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "models")]
-
-from gguf_archs import SCALE_FIELDS, random_blocks  # noqa: E402
-
-from frink_mlx.models.gguf import tensors as tx  # noqa: E402
 
 
 def main() -> None:
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "models")]
     import gguf
+    from gguf_archs import (  # the test suite's random-block writer
+        SCALE_FIELDS,
+        random_blocks,
+    )
+
+    from frink_mlx.models.gguf import tensors as tx
 
     rng = np.random.default_rng(0)
     shape = (64, 512)

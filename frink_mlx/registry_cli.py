@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from .errors import ConfigError
 from .registry import ModelSpec, Registry, load_registry, resolve_source
@@ -76,7 +76,7 @@ class ProgressBar:
     """`hash [#####.....] 48%  1.2/2.5 GB  3.1 s` on one terminal line, redrawn <= 10x a second."""
 
     WIDTH = 30
-    LABELS = {"hash": "hashing   ", "convert": "converting"}
+    LABELS: ClassVar[dict[str, str]] = {"hash": "hashing   ", "convert": "converting"}
 
     def __init__(self, stream: TextIO) -> None:
         import time

@@ -16,6 +16,7 @@ llama.cpp's `llama-vocab.cpp` steps literally:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class ReferenceBPE:
 
     @classmethod
     def from_gguf(cls, path: Path, splits: list[str] | None = None,
-                  ignore_merges: bool = False) -> "ReferenceBPE":
+                  ignore_merges: bool = False) -> ReferenceBPE:
         """`splits`: llama.cpp's regex list; None = by `tokenizer.ggml.pre` (gpt2 / digits)."""
         import gguf  # type: ignore[import-untyped]
 
@@ -108,7 +109,7 @@ class ReferenceBPE:
             return [mapped]
         parts = list(mapped)
         while len(parts) > 1:
-            pairs = [(self.ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            pairs = [(self.ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(itertools.pairwise(parts))]
             rank, i = min(pairs)
             if rank == 1 << 60:
                 break

@@ -29,34 +29,34 @@ from conftest import CHATML_TEMPLATE, make_tiny_llama
 from gguf_helpers import gguf_metadata, permute
 from mlx.utils import tree_flatten
 
-BASE = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-            max_position_embeddings=512, tie_word_embeddings=True)
+BASE = {"hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "max_position_embeddings": 512, "tie_word_embeddings": True}
 # test name -> (GGUF architecture, mlx-lm config overrides)
 ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("llama", dict(model_type="llama")),
-    "llama31": ("llama", dict(model_type="llama", tie_word_embeddings=False, rope_scaling={
+    "llama": ("llama", {"model_type": "llama"}),
+    "llama31": ("llama", {"model_type": "llama", "tie_word_embeddings": False, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64})),
-    "mistral": ("mistral", dict(model_type="llama", tie_word_embeddings=False)),
-    "qwen2": ("qwen2", dict(model_type="qwen2")),
-    "qwen3": ("qwen3", dict(model_type="qwen3")),
-    "qwen3yarn": ("qwen3", dict(model_type="qwen3", rope_scaling={
-        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128})),
-    "qwen3moe": ("qwen3moe", dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-                                  moe_intermediate_size=256, decoder_sparse_step=1, mlp_only_layers=[],
-                                  norm_topk_prob=True, tie_word_embeddings=False)),
-    "gemma2": ("gemma2", dict(model_type="gemma2", query_pre_attn_scalar=64,
-                              attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rms_norm_eps=1e-6)),
-    "gemma3": ("gemma3", dict(model_type="gemma3_text", query_pre_attn_scalar=64, sliding_window=8,
-                              num_hidden_layers=6,  # mlx-lm indexes the 6th (global) layer
-                              sliding_window_pattern=6, rope_local_base_freq=10000.0, rope_theta=1e6)),
-    "phi3": ("phi3", dict(model_type="phi3", tie_word_embeddings=False, partial_rotary_factor=1.0,
-                          original_max_position_embeddings=512)),
-    "phi3long": ("phi3", dict(model_type="phi3", tie_word_embeddings=False, partial_rotary_factor=1.0,
-                              original_max_position_embeddings=128, rope_scaling={
+        "original_max_position_embeddings": 64}}),
+    "mistral": ("mistral", {"model_type": "llama", "tie_word_embeddings": False}),
+    "qwen2": ("qwen2", {"model_type": "qwen2"}),
+    "qwen3": ("qwen3", {"model_type": "qwen3"}),
+    "qwen3yarn": ("qwen3", {"model_type": "qwen3", "rope_scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
+    "qwen3moe": ("qwen3moe", {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 256, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                                  "norm_topk_prob": True, "tie_word_embeddings": False}),
+    "gemma2": ("gemma2", {"model_type": "gemma2", "query_pre_attn_scalar": 64,
+                              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
+    "gemma3": ("gemma3", {"model_type": "gemma3_text", "query_pre_attn_scalar": 64, "sliding_window": 8,
+                              "num_hidden_layers": 6,  # mlx-lm indexes the 6th (global) layer
+                              "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0, "rope_theta": 1e6}),
+    "phi3": ("phi3", {"model_type": "phi3", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
+                          "original_max_position_embeddings": 512}),
+    "phi3long": ("phi3", {"model_type": "phi3", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
+                              "original_max_position_embeddings": 128, "rope_scaling": {
                                   "type": "longrope", "long_factor": [1.0 + i / 4 for i in range(32)],
-                                  "short_factor": [1.0 + i / 16 for i in range(32)]})),
+                                  "short_factor": [1.0 + i / 16 for i in range(32)]}}),
 }
 NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 

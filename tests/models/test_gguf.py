@@ -3,6 +3,7 @@ and the real SmolLM2 file (config, tokenizer parity with an independent BPE)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -331,4 +332,4 @@ def test_import_logs_progress_and_time(tiny_llama_dir: Path, tmp_path: Path,
     assert phases[0] == "hash" and phases[-1] == "convert"
     last = reports[-1]
     assert last.done_bytes == last.total_bytes > 0
-    assert all(a.done_bytes <= b.done_bytes for a, b in zip(reports, reports[1:]) if a.phase == b.phase)
+    assert all(a.done_bytes <= b.done_bytes for a, b in itertools.pairwise(reports) if a.phase == b.phase)

@@ -81,7 +81,15 @@ FAMILIES = {
 
 
 def train_reference(pre: str):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     split, digits, nfc, ignore_merges = FAMILIES[pre][:4]
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))

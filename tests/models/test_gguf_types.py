@@ -53,9 +53,8 @@ def _imported(ckpt: Path) -> dict[str, mx.array]:
 
 
 def _module_for(gname: str, weights: dict[str, mx.array]) -> str:
-    from gguf_archs import _gguf_tensor_name
-
     import gguf
+    from gguf_archs import _gguf_tensor_name
 
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
     for key in weights:

@@ -33,8 +33,9 @@ matters past 4096 tokens), phi3's sliding window (likewise ignored by mlx-lm).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

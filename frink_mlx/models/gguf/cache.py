@@ -10,8 +10,9 @@ imports. Kept free of numpy/MLX imports so `frink-mlx models` stays instant.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 IMPORTER_VERSION = 2  # bump when the checkpoint the importer writes changes
 _CHUNK = 1 << 22
