@@ -158,11 +158,25 @@ class _Import:
                  "float32" if self.as_float else "MLX affine", time.perf_counter() - started)
 
     def _convert_all(self, tmp: Path, mx: Any) -> int:
-        """Step 4, flushing shards of SHARD_BYTES; returns the number of shards written."""
+        """Step 4, flushing shards of about SHARD_BYTES; returns the number of shards written.
+
+        A shard is flushed before a tensor that would push it past the limit (its
+        converted size estimated at twice its GGUF bytes), so at most one shard's worth
+        of converted weights and one tensor in conversion are held at once."""
         total = sum(self.header.tensors[n].nbytes for n in self.names) or 1
         done, shard, shard_bytes, num_shards, next_log = 0, {}, 0, 0, 0.1
+
+        def flush() -> None:
+            nonlocal shard, shard_bytes, num_shards
+            num_shards += 1
+            mx.save_safetensors(str(tmp / f"model-{num_shards:05d}.safetensors"), shard,
+                                metadata={"format": "mlx"})
+            shard, shard_bytes = {}, 0
+
         for gname, hf in self.names.items():
             info = self.header.tensors[gname]
+            if shard and shard_bytes + 2 * info.nbytes > SHARD_BYTES:
+                flush()
             for key, value in self._convert(info, hf, mx).items():
                 shard[key] = value
                 shard_bytes += value.nbytes
@@ -171,15 +185,8 @@ class _Import:
             if done / total >= next_log or done == total:
                 log.info("converting: %d%% (%s)", int(100 * done / total), gname)
                 next_log = done / total + 0.1
-            if shard_bytes >= SHARD_BYTES:
-                num_shards += 1
-                mx.save_safetensors(str(tmp / f"model-{num_shards:05d}.safetensors"), shard,
-                                    metadata={"format": "mlx"})
-                shard, shard_bytes = {}, 0
         if shard or not num_shards:
-            num_shards += 1
-            mx.save_safetensors(str(tmp / f"model-{num_shards:05d}.safetensors"), shard,
-                                metadata={"format": "mlx"})
+            flush()
         if num_shards == 1:
             os.rename(tmp / "model-00001.safetensors", tmp / "model.safetensors")
         return num_shards
@@ -198,10 +205,14 @@ class _Import:
         quantizable = leaf == "weight" and module in self.layout.quantizable and len(expected) >= 2
         target = tx.target_for(info.ggml_type, quantizable=quantizable, as_float=self.as_float or shifted)
         step = max(1, CHUNK_ELEMENTS // info.row_elements)
-        parts = [self._convert_rows(info, target, start, min(start + step, info.rows), mx)
-                 for start in range(0, info.rows, step)]
-        arrays = [np.concatenate([p[i] for p in parts]) if len(parts) > 1 else parts[0][i]
-                  for i in range(len(parts[0]))]
+        arrays: list[np.ndarray] = []
+        for start in range(0, info.rows, step):  # slices fill preallocated outputs: no concatenation
+            stop = min(start + step, info.rows)
+            part = self._convert_rows(info, target, start, stop, mx)
+            if not arrays:
+                arrays = [np.empty((info.rows, *p.shape[1:]), dtype=p.dtype) for p in part]
+            for out, piece in zip(arrays, part):
+                out[start:stop] = piece
         order = self._row_order(hf)
         if order is not None:  # per-row arrays, or a 1-D bias held as one row
             arrays = [a[order] if a.shape[0] == order.size else a.reshape(-1)[order].reshape(a.shape)
