@@ -52,10 +52,12 @@ def main() -> None:
         errors = []
         for bits in (4, 5, 6, 8):
             w, s, b = mx.quantize(mx.array(ref), group_size=32, bits=bits)
-            back = np.array(mx.dequantize(w, s.astype(mx.float16), b.astype(mx.float16), group_size=32, bits=bits))
+            s, b = s.astype(mx.float16), b.astype(mx.float16)  # stored as float16, like the importer
+            back = np.array(mx.dequantize(w, s, b, group_size=32, bits=bits))
             errors.append(float(np.sqrt(((back - ref) ** 2).mean())) / rms)
         levels = np.mean([len(np.unique(g)) for g in ref.reshape(-1, 32)[:256]])
-        chosen = f"exact {tx.EXACT_BITS[name]}" if name in tx.EXACT_BITS else f"{tx.REQUANT_BITS.get(name, 6)}"
+        exact = name in tx.EXACT_BITS
+        chosen = f"exact {tx.EXACT_BITS[name]}" if exact else f"{tx.REQUANT_BITS.get(name, 6)}"
         print(f"{name:8s} {levels:9.1f}  " + "  ".join(f"{e:5.3f}" for e in errors) + f"   {chosen}")
 
 

@@ -109,7 +109,7 @@ class ReferenceBPE:
             return [mapped]
         parts = list(mapped)
         while len(parts) > 1:
-            pairs = [(self.ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(itertools.pairwise(parts))]
+            pairs = [(self.ranks.get(pair, 1 << 60), i) for i, pair in enumerate(itertools.pairwise(parts))]
             rank, i = min(pairs)
             if rank == 1 << 60:
                 break

@@ -43,20 +43,24 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("qwen3", {"model_type": "qwen3"}),
     "qwen3yarn": ("qwen3", {"model_type": "qwen3", "rope_scaling": {
         "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
-    "qwen3moe": ("qwen3moe", {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
-                                  "moe_intermediate_size": 256, "decoder_sparse_step": 1, "mlp_only_layers": [],
-                                  "norm_topk_prob": True, "tie_word_embeddings": False}),
-    "gemma2": ("gemma2", {"model_type": "gemma2", "query_pre_attn_scalar": 64,
-                              "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
-    "gemma3": ("gemma3", {"model_type": "gemma3_text", "query_pre_attn_scalar": 64, "sliding_window": 8,
-                              "num_hidden_layers": 6,  # mlx-lm indexes the 6th (global) layer
-                              "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0, "rope_theta": 1e6}),
+    "qwen3moe": ("qwen3moe", {
+        "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 256, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "norm_topk_prob": True, "tie_word_embeddings": False}),
+    "gemma2": ("gemma2", {
+        "model_type": "gemma2", "query_pre_attn_scalar": 64, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
+    "gemma3": ("gemma3", {
+        "model_type": "gemma3_text", "query_pre_attn_scalar": 64, "sliding_window": 8,
+        "num_hidden_layers": 6,  # mlx-lm indexes the 6th (global) layer
+        "sliding_window_pattern": 6, "rope_local_base_freq": 10000.0, "rope_theta": 1e6}),
     "phi3": ("phi3", {"model_type": "phi3", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
-                          "original_max_position_embeddings": 512}),
-    "phi3long": ("phi3", {"model_type": "phi3", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
-                              "original_max_position_embeddings": 128, "rope_scaling": {
-                                  "type": "longrope", "long_factor": [1.0 + i / 4 for i in range(32)],
-                                  "short_factor": [1.0 + i / 16 for i in range(32)]}}),
+                      "original_max_position_embeddings": 512}),
+    "phi3long": ("phi3", {
+        "model_type": "phi3", "tie_word_embeddings": False, "partial_rotary_factor": 1.0,
+        "original_max_position_embeddings": 128, "rope_scaling": {
+            "type": "longrope", "long_factor": [1.0 + i / 4 for i in range(32)],
+            "short_factor": [1.0 + i / 16 for i in range(32)]}}),
 }
 NORM_SHIFT = {"gemma2": 1.0, "gemma3": 1.0}
 

@@ -12,8 +12,8 @@ import mlx.core as mx
 import pytest
 from gguf_helpers import patch_tensor_type, write_float_gguf, write_quantized_gguf
 
-from frink_mlx.models.gguf import IMPORTER_VERSION, content_hash, import_gguf
 from frink_mlx.errors import ModelFormatError
+from frink_mlx.models.gguf import IMPORTER_VERSION, content_hash, import_gguf
 
 TOKENS = [[1, 5, 20, 100, 7, 300, 42, 2, 11]]
 TEXTS = [
@@ -46,7 +46,8 @@ def test_f32_round_trip_matches_original_logits(tiny_llama_dir: Path, tmp_path: 
     assert not config.get("rope_traditional") and config["tie_word_embeddings"] is True
     assert "quantization" not in config and config["gguf"]["tensor_types"] == ["F32"]
     assert mx.allclose(logits(ckpt), original, atol=1e-4).item()
-    imported, source = mx.load(str(ckpt / "model.safetensors")), mx.load(str(tiny_llama_dir / "model.safetensors"))
+    imported = mx.load(str(ckpt / "model.safetensors"))
+    source = mx.load(str(tiny_llama_dir / "model.safetensors"))
     assert imported.keys() == source.keys()
     assert all(mx.array_equal(imported[k], source[k]).item() for k in source)
 

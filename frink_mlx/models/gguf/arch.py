@@ -214,7 +214,8 @@ def model_layout(config: dict[str, Any]) -> ModelLayout:
     try:
         model = module.Model(module.ModelArgs.from_dict(config))
     except (TypeError, ValueError, KeyError, AssertionError) as exc:
-        raise ModelFormatError(f"GGUF metadata does not make a valid {config['model_type']} model: {exc}") from None
+        raise ModelFormatError(
+            f"GGUF metadata does not make a valid {config['model_type']} model: {exc}") from None
     flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     return ModelLayout(shapes={name: tuple(v.shape) for name, v in flat},
                        quantizable={name for name, m in model.named_modules() if hasattr(m, "to_quantized")})
@@ -227,7 +228,7 @@ def map_names(spec: ArchSpec, num_layers: int, gguf_names: list[str], layout: Mo
     but gemma2's pre_feedforward_layernorm); candidates are narrowed to the model's own
     parameters, then names another tensor claims outright are struck (repeat until stable).
     """
-    import gguf  # type: ignore[import-untyped]
+    import gguf
 
     arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[spec.gguf_arch]
     inverted: dict[str, set[str]] = {}

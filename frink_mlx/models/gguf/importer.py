@@ -83,7 +83,8 @@ def import_gguf(path: str | Path, cache_dir: str | Path, *, as_float: bool = Fal
         job.write(target)
     except ModelFormatError as exc:
         prefix = f"{path}: "
-        raise ModelFormatError(exc.message if exc.message.startswith(prefix) else prefix + exc.message) from None
+        message = exc.message if exc.message.startswith(prefix) else prefix + exc.message
+        raise ModelFormatError(message) from None
     log.info("imported %s in %.1f s -> %s", path.name, time.perf_counter() - started, target)
     return target
 
@@ -103,7 +104,8 @@ def _refuse_unsupported(header: GGUFHeader) -> None:
         return
     listed = "; ".join(f"{t} ({len(names)} tensors, e.g. {names[0]})" for t, names in sorted(bad.items()))
     raise ModelFormatError(
-        f"unsupported GGUF tensor types: {listed}. frink-mlx imports {', '.join(sorted(supported.values()))}; "
+        f"unsupported GGUF tensor types: {listed}. "
+        f"frink-mlx imports {', '.join(sorted(supported.values()))}; "
         "re-quantize the original model to one of these (e.g. llama.cpp's llama-quantize ... Q4_K_M) "
         "or use an MLX checkpoint")
 
@@ -164,7 +166,8 @@ class _Import:
         converted size estimated at twice its GGUF bytes), so at most one shard's worth
         of converted weights and one tensor in conversion are held at once."""
         total = sum(self.header.tensors[n].nbytes for n in self.names) or 1
-        done, shard, shard_bytes, num_shards, next_log = 0, {}, 0, 0, 0.1
+        done, shard_bytes, num_shards, next_log = 0, 0, 0, 0.1
+        shard: dict[str, Any] = {}
 
         def flush() -> None:
             nonlocal shard, shard_bytes, num_shards

@@ -55,7 +55,7 @@ _F16_MAX = 65504.0
 
 
 def _gguf() -> Any:
-    import gguf  # type: ignore[import-untyped]
+    import gguf
 
     return gguf
 
