@@ -264,6 +264,20 @@ def test_rope_scaling_eot_yarn_and_rope_freqs(tiny_llama_dir: Path, tmp_path: Pa
     assert config["rope_scaling"]["long_factor"] == factors.tolist() == config["rope_scaling"]["short_factor"]
 
 
+def test_vision_tensors_are_skipped(tiny_llama_dir: Path, tmp_path: Path, original: mx.array,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Ollama's gemma3 blobs carry the vision tower beside the text model (v.*, mm.*)."""
+    from gguf_helpers import gguf_metadata, gguf_tensors
+
+    extra = {"v.blk.0.attn_q.weight": mx.zeros((32, 32)), "mm.input_projection.weight": mx.zeros((64, 32))}
+    mx.save_gguf(str(tmp_path / "mm.gguf"), {**gguf_tensors(tiny_llama_dir), **extra},
+                 gguf_metadata(tiny_llama_dir))
+    with caplog.at_level("INFO", logger="frink_mlx.gguf"):
+        ckpt = import_gguf(tmp_path / "mm.gguf", tmp_path / "cache")
+    assert "ignoring 2 vision/projector tensors" in caplog.text
+    assert mx.allclose(logits(ckpt), original, atol=1e-4).item()
+
+
 def test_mistral_arch_is_accepted(tiny_llama_dir: Path, tmp_path: Path, original: mx.array) -> None:
     path = write_float_gguf(tiny_llama_dir, tmp_path / "m.gguf", arch="mistral")
     assert mx.allclose(logits(import_gguf(path, tmp_path / "cache")), original, atol=1e-4).item()

@@ -26,6 +26,8 @@ Rules (llama.cpp's `convert_hf_to_gguf.py` quirks, undone):
 7. gemma2/3 attention scale: llama.cpp uses 1/sqrt(head_dim), except the 27B
    models (46 / 62 layers) use 1/sqrt(hidden / heads); `query_pre_attn_scalar` says so.
    gemma3's local layers use base 10000 and every 6th layer is global, as in llama.cpp.
+8. Vision-tower and projector tensors (`v.*`, `mm.*`, as in Ollama's gemma3 blobs)
+   are skipped: the text model is served on its own.
 Left out: gemma2's 4096 sliding window (mlx-lm's gemma2 file has none; it only
 matters past 4096 tokens), phi3's sliding window (likewise ignored by mlx-lm).
 """
@@ -42,6 +44,8 @@ import numpy as np
 from ...errors import ModelFormatError
 
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# Vision towers and projectors some GGUFs carry beside the text model (Ollama's gemma3): skipped.
+MULTIMODAL_PREFIXES = ("v.", "mm.")
 
 
 @dataclass(slots=True, frozen=True)

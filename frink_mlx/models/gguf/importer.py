@@ -49,7 +49,7 @@ SHARD_BYTES = 1 << 29  # 512 MiB: the bound on converted weights held at once
 
 @dataclass(slots=True)
 class ImportProgress:
-    """One progress report: `phase` is "hash", "convert" or "done"; bytes of that phase."""
+    """One progress report: `phase` is "hash" or "convert"; bytes of that phase so far."""
 
     phase: str
     done_bytes: int
@@ -123,7 +123,11 @@ class _Import:
                 for n in archs.ROPE_TENSORS if n in names}
         self.config = archs.build_config(meta, self.arch, self.spec, names, embed.shape[0], rope)
         self.layout = archs.model_layout(self.config)
-        weight_names = [n for n in header.tensors if n not in archs.ROPE_TENSORS]
+        weight_names = [n for n in header.tensors
+                        if n not in archs.ROPE_TENSORS and not n.startswith(archs.MULTIMODAL_PREFIXES)]
+        if len(weight_names) + len(rope) < len(header.tensors):
+            log.info("ignoring %d vision/projector tensors (text only)",
+                     len(header.tensors) - len(weight_names) - len(rope))
         self.names = archs.map_names(self.spec, self.config["num_hidden_layers"], weight_names, self.layout)
         missing = archs.missing_params(self.names, self.layout, self.config["tie_word_embeddings"])
         if missing:
