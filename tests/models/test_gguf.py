@@ -247,7 +247,7 @@ def test_rope_scaling_eot_yarn_and_rope_freqs(tiny_llama_dir: Path, tmp_path: Pa
     mx.save_gguf(str(tmp_path / "lin.gguf"), tensors, meta)
     config = json.loads((import_gguf(tmp_path / "lin.gguf", tmp_path / "c1") / "config.json").read_text())
     assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}
-    assert config["eos_token_id"] == [2, 1]
+    assert config["eos_token_id"] == [2, 1, 0]  # + <|endoftext|>: llama.cpp's end-of-generation set
     meta.update({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": mx.array(4.0),
                  "llama.rope.scaling.original_context_length": mx.array(512, dtype=mx.uint32)})
     mx.save_gguf(str(tmp_path / "yarn.gguf"), tensors, meta)

@@ -28,6 +28,10 @@ Rules (llama.cpp's `convert_hf_to_gguf.py` quirks, undone):
    gemma3's local layers use base 10000 and every 6th layer is global, as in llama.cpp.
 8. Vision-tower and projector tensors (`v.*`, `mm.*`, as in Ollama's gemma3 blobs)
    are skipped: the text model is served on its own.
+9. Stop tokens are llama.cpp's end-of-generation set: EOS, EOT, EOM, plus any
+   token spelled like a known turn end (`<|im_end|>`, `<end_of_turn>`, phi3's
+   `<|end|>`, ...), which GGUFs often leave out of the metadata (phi3's EOS is
+   `<|endoftext|>` while its turns end with `<|end|>`).
 Left out: gemma2's 4096 sliding window (mlx-lm's gemma2 file has none; it only
 matters past 4096 tokens), phi3's sliding window (likewise ignored by mlx-lm).
 """
@@ -105,13 +109,27 @@ def _common(meta: dict[str, Any], p: str, spec: ArchSpec, vocab_size: int, tied:
     }
     if meta.get("tokenizer.ggml.bos_token_id") is not None:
         config["bos_token_id"] = int(meta["tokenizer.ggml.bos_token_id"])
+    stops = end_of_generation_ids(meta)
+    if stops:  # mlx-lm stops on any of them
+        config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+    return config
+
+
+# Token texts llama.cpp treats as end of generation whatever the metadata says (llama-vocab.cpp)
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                       "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+                       "<end_of_utterance>"})
+
+
+def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
+    """Rule 9: EOS, EOT, EOM ids from the metadata, then every EOG_TEXTS token in the vocab."""
     stops: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         if meta.get("tokenizer.ggml." + key) is not None and int(meta["tokenizer.ggml." + key]) not in stops:
             stops.append(int(meta["tokenizer.ggml." + key]))
-    if stops:  # chat models end turns with EOT (llama3's <|eot_id|>); mlx-lm stops on any
-        config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
-    return config
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    stops += [i for i, text in enumerate(tokens) if text in EOG_TEXTS and i not in stops]
+    return stops
 
 
 def _rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
