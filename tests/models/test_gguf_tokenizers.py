@@ -195,3 +195,19 @@ def test_sentencepiece_matches_sentencepiece(space_prefix: bool, tmp_path: Path)
         assert ours.decode(want) == text
     turn = sp.piece_to_id("<start_of_turn>")
     assert ours.encode("<start_of_turn>user", add_special_tokens=False).ids[0] == turn
+
+
+def test_stop_tokens_and_bos_defaults_follow_llama_cpp() -> None:
+    """A phi3-style vocabulary ends turns with <|end|> while its EOS is <|endoftext|>; the llama3
+    family adds BOS when the metadata does not say."""
+    from frink_mlx.models.gguf.arch import end_of_generation_ids
+
+    tokens = ["<unk>", "<s>", "<|endoftext|>", "hello", "<|end|>", "<|user|>", "<end_of_turn>"]
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.eos_token_id": 2}
+    assert end_of_generation_ids(meta) == [2, 4, 6]
+    meta["tokenizer.ggml.eot_token_id"] = 4
+    assert end_of_generation_ids(meta) == [2, 4, 6]
+    bpe = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": [],
+           "tokenizer.ggml.bos_token_id": 0}
+    for pre, add_bos in (("llama-bpe", True), ("qwen2", False), ("gpt2", False)):
+        assert build_tokenizer_files({**bpe, "tokenizer.ggml.pre": pre})[1]["add_bos_token"] is add_bos

@@ -17,8 +17,9 @@ Rules (mirroring llama.cpp's `llama-vocab.cpp`):
    llama.cpp rewrote a regex for std::regex (llama3, tekken, gpt-4o) we keep the
    original from the model's tokenizer.json, which `tokenizers` runs natively.
    An unknown name is refused rather than guessed.
-4. `add_bos_token` prepends the BOS id through a post-processor (default: off
-   for gpt2, on for SentencePiece, as in llama.cpp).
+4. `add_bos_token` prepends the BOS id through a post-processor (default when
+   the key is absent, as in llama.cpp: on for SentencePiece and the llama3
+   family, off for other byte-level BPEs).
 5. `tokenizer.ggml.model = llama` is SentencePiece BPE: merges are derived from
    the piece scores, unknown bytes fall back to <0xXX> pieces, spaces become
    U+2581 with one prepended per text run (`add_space_prefix`); UNKNOWN (2) is
@@ -240,7 +241,8 @@ def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
     spm = model == "llama"
     added = _added_tokens(tokens, types, unknown_is_special=spm)
-    config = _tokenizer_config(meta, tokens, added, add_bos_default=spm)
+    pre = PRE_TOKENIZERS.get(str(meta.get("tokenizer.ggml.pre") or "default"))
+    config = _tokenizer_config(meta, tokens, added, add_bos_default=spm or pre is _LLAMA3)
     parts = _sentencepiece_parts(meta, tokens) if spm else _byte_level_parts(meta, tokens)
     bos_id = _int(meta, "tokenizer.ggml.bos_token_id")
     post = _post_processor(config["bos_token"] if config["add_bos_token"] else None, bos_id)
