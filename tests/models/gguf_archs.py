@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from conftest import CHATML_TEMPLATE, make_tiny_llama
-from gguf_helpers import gguf_metadata, permute
+from gguf_helpers import add_packed, close_writer, gguf_metadata, permute, write_metadata
 from mlx.utils import tree_flatten
 
 BASE = {"hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512, "num_attention_heads": 4,
@@ -213,20 +213,6 @@ def _arch_metadata(writer: Any, arch: str, config: dict[str, Any]) -> None:
         writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
 
 
-def _tokenizer_metadata(writer: Any, ckpt: Path) -> None:
-    for key, value in gguf_metadata(ckpt).items():
-        if not key.startswith("tokenizer."):
-            continue
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        elif value.ndim == 1:
-            writer.add_array(key, [int(x) for x in value.tolist()])
-        else:
-            writer.add_uint32(key, int(value.item()))
-
-
 def write_arch_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32",
                     seed: int = 1) -> tuple[Path, dict[str, np.ndarray]]:
     """Write `ckpt` as a GGUF whose matrices are `qtype`; returns (path, {GGUF name: the gguf
@@ -237,7 +223,7 @@ def write_arch_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32",
     config = json.loads((ckpt / "config.json").read_text())
     writer = gguf.GGUFWriter(str(out), arch=arch)
     _arch_metadata(writer, arch, config)
-    _tokenizer_metadata(writer, ckpt)
+    write_metadata(writer, {k: v for k, v in gguf_metadata(ckpt).items() if k.startswith("tokenizer.")})
     rng = np.random.default_rng(seed)
     reference = {}
     for gname, array in gguf_tensors_for(name, ckpt).items():
@@ -251,12 +237,8 @@ def write_arch_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32",
             packed = random_blocks(qtype, array.shape, rng)
         else:
             packed = gguf.quants.quantize(array, kind)
-        writer.add_tensor(gname, packed, raw_dtype=kind)
-        reference[gname] = gguf.quants.dequantize(packed, kind).reshape(array.shape)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        reference[gname] = add_packed(writer, gname, packed, kind, array.shape)
+    close_writer(writer)
     return out, reference
 
 

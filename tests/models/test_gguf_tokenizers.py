@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from bpe_reference import ReferenceBPE
+from gguf_helpers import close_writer
 
 from frink_mlx.models.gguf.reader import read_header
 from frink_mlx.models.gguf.tensors import type_sizes
@@ -124,10 +125,7 @@ def write_tokenizer_gguf(path: Path, tokens: list[str], merges: list[str], pre: 
     writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(2)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     return path
 
 
@@ -182,10 +180,7 @@ def test_sentencepiece_matches_sentencepiece(space_prefix: bool, tmp_path: Path)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_add_space_prefix(space_prefix)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    close_writer(writer)
     meta = read_header(tmp_path / "spm.gguf", type_sizes()).metadata
     ours = Tokenizer.from_str(build_tokenizer_files(meta)[0])
     for text in SPM_TEXTS:
