@@ -111,11 +111,7 @@ def target_for(ggml_type: int, *, quantizable: bool, as_float: bool) -> Target:
 def dequantize(raw: np.ndarray, ggml_type: int, row_elements: int) -> np.ndarray:
     """The package's reference dequantization of raw rows -> float32 (rows, row_elements)."""
     g = _gguf()
-    qtype = g.GGMLQuantizationType(ggml_type)
-    if ggml_type == BF16:  # the package's BF16 path wants a uint16 view
-        bits = raw.view(np.uint16).astype(np.uint32) << 16
-        return bits.view(np.float32).reshape(raw.shape[0], row_elements)
-    out = g.quants.dequantize(raw, qtype)
+    out = g.quants.dequantize(raw, g.GGMLQuantizationType(ggml_type))
     return np.asarray(out, dtype=np.float32).reshape(raw.shape[0], row_elements)
 
 
