@@ -91,7 +91,18 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fakes:
     return f
 
 
+def unused_port() -> int:
+    """A port nothing listens on (bound once, then closed): status probes it and finds no
+    daemon, whatever runs on this machine's default port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def settings_for(tmp_path: Path, **kw: object) -> Settings:
+    kw.setdefault("port", unused_port())
     return Settings(config_dir=str(tmp_path / "home" / "cfg"),  # type: ignore[arg-type]
                     cache_dir=str(tmp_path / "home" / "cache"), **kw)
 

@@ -29,6 +29,10 @@ Rules:
 4. One JSON object per line on the `frink_mlx.access` logger at INFO:
    id, method, route, path, status, model, generation, prompt_tokens,
    completion_tokens, cached_tokens, ttft_ms, duration_ms.
+5. A response from a generating route says the token budget its runs got
+   (serving/handles.py rule 3): `frink-max-tokens: N` (the largest of its
+   runs), and `frink-max-tokens-requested: M` when the client's max_tokens
+   was more than the context left room for and was clamped to N.
 """
 
 from __future__ import annotations
@@ -76,6 +80,20 @@ def runs_tally(runs: list[Any]) -> dict[str, Any]:
             **{name: sum(t[name] for t in tallies)
                for name in ("prompt_tokens", "completion_tokens", "cached_tokens")},
             "ttft_s": min(ttfts) if ttfts else None}
+
+
+def budget_headers(runs: list[Any]) -> list[tuple[bytes, bytes]]:
+    """Rule 5: the token budget the request's runs got, and what was asked when clamped."""
+    budgets = [b for b in (getattr(r, "max_tokens", None) for r in runs) if isinstance(b, int)]
+    if not budgets:
+        return []
+    headers = [(b"frink-max-tokens", str(max(budgets)).encode())]
+    clamped = [r.max_tokens_requested for r in runs
+               if isinstance(getattr(r, "max_tokens_requested", None), int)
+               and r.max_tokens_requested > r.max_tokens]
+    if clamped:
+        headers.append((b"frink-max-tokens-requested", str(max(clamped)).encode()))
+    return headers
 
 
 def new_request_id() -> str:
@@ -136,6 +154,7 @@ class AccessLogMiddleware:
         state["request_id"] = request_id
         id_headers = [(b"request-id", request_id.encode()), (b"x-request-id", request_id.encode())]
         status = 500  # if the app raises before starting a response
+        runs: list[Any] = []
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -144,10 +163,9 @@ class AccessLogMiddleware:
                 kept = [(k, v) for k, v in message.get("headers", [])
                         if k.lower() not in (b"request-id", b"x-request-id")]
                 message = dict(message)
-                message["headers"] = kept + id_headers
+                message["headers"] = kept + id_headers + budget_headers(runs)
             await send(message)
 
-        runs: list[Any] = []
         token = _request_runs.set(runs)
         try:
             await self.app(scope, receive, send_with_id)

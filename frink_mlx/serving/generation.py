@@ -63,6 +63,7 @@ GenerationFactory = Callable[[ModelSpec, HubConfig, int, Gate], Generation]
 def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate) -> Generation:
     """Load `spec` and start its engine (the production factory)."""
     loaded = load_model(spec, config.load)
+    spec = loaded.spec  # with the checkpoint's sampling defaults (loader rule 7)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     plan = plan_kv(loaded, config.budget)
