@@ -86,7 +86,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
-    startup: "asyncio.Task[Generation] | None" = None  # rule 1
+    startup: "asyncio.Task[None] | None" = None  # rule 1
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
     _runs: list[Run] = field(default_factory=list)  # in flight, for the drain (rule 2)
@@ -108,8 +108,8 @@ class AppState:
             lease.release()
             raise
         track_run(run)  # the access log and metrics report it, whichever protocol asked
-        self._runs = [r for r in self._runs if not r.finished]
         self._runs.append(run)
+        run.on_close = self._forget_run  # a finished Run must not keep its generation alive
         await run.admitted()  # a queue timeout is a real 503 + Retry-After (handles rule 8)
         return run
 
@@ -200,8 +200,16 @@ class AppState:
         return len(cut)
 
     def _live_runs(self) -> list[Run]:
-        self._runs = [r for r in self._runs if not r.finished]
-        return list(self._runs)
+        return [r for r in self._runs if not r.finished]
+
+    def _forget_run(self, run: Run) -> None:
+        self._runs = [r for r in self._runs if r is not run]
+
+    def forget_generations(self, keep: int) -> None:
+        """On each load: grammar compilers and turn memories of older generations go (their
+        in-flight rows already hold what they need), so nothing here keeps a tokenizer."""
+        self._compilers = {n: c for n, c in self._compilers.items() if n == keep}
+        self._memories = {n: m for n, m in self._memories.items() if n == keep}
 
     # --- status ----------------------------------------------------------------
     def engine_stats(self) -> EngineStats | None:
@@ -224,8 +232,15 @@ def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:
 
 
 def _on_load(state: AppState, gen: Generation) -> None:
+    state.forget_generations(keep=gen.number)
     if state.metrics is not None:
         state.metrics.observe_model_load(gen.name, gen.number, float(gen.loaded.load_time_s))
+
+
+async def _load_default(hub: Hub) -> None:
+    """Rule 1's start-up load; returns nothing, so the task kept in AppState.startup does not
+    keep the first generation alive after a swap (hub rule 4)."""
+    await hub.load(None)
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
@@ -243,7 +258,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:
-            state.startup = hub.begin_load(None)
+            state.startup = asyncio.get_running_loop().create_task(_load_default(hub))
             if not background_load:
                 await asyncio.shield(state.startup)
         reaper = asyncio.get_running_loop().create_task(hub.reap_idle())

@@ -10,14 +10,12 @@ threads (docs/ARCHITECTURE.md, "Threads").
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-import mlx.core as mx
-
+from ..backend.memory import release_freed_memory
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
 from ..models.budget import KVPlan, plan_kv
@@ -88,5 +86,8 @@ def free_generation(gen: Generation, timeout_s: float) -> None:
             gen.engine.shutdown(timeout_s)
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("engine shutdown failed for generation %d", gen.number)
-    gc.collect()
-    mx.clear_cache()
+
+
+def release_memory() -> None:
+    """After a generation's last reference is gone: back to the OS (backend/memory.py)."""
+    release_freed_memory()

@@ -56,7 +56,7 @@ import uuid
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -311,6 +311,7 @@ class Run:
     _memory: TurnMemory | None = None
     _finished: bool = False
     _cut: FrinkError | None = None
+    on_close: Callable[["Run"], None] | None = None  # AppState forgets it (hub rule 4)
 
     @property
     def finished(self) -> bool:
@@ -392,6 +393,8 @@ class Run:
             self._stream.abort()  # no-op after a normal end; frees rows ended by stop strings
             if self._memory is not None and self._pipeline.all_done:
                 self._memory.remember(self.prompt_ids, self._pipeline.choices[0].ids)
+            if self.on_close is not None:
+                self.on_close(self)
         if self._lease is not None:
             self._lease.release()
 

@@ -30,6 +30,10 @@ Rules:
    the log gets a line every LOAD_LOG_INTERVAL_S.
 4. A replaced (or unloaded) generation is retired: its engine is shut down
    and memory released when its last lease ends. Nothing in flight migrates.
+   Memory goes back to the OS only after the hub's last reference is dropped
+   (backend/memory.py: MLX's cache, then glibc's free heap); whoever else
+   keeps a Generation (a finished Run, a start-up task's result) keeps its
+   weights, so nothing does.
 5. After an explicit unload the hub is parked: every request gets 503 until
    an admin load; just-in-time swaps do not wake it.
 6. Idle unload (`config.keep_alive_s`): a generation with no lease for that
@@ -54,7 +58,8 @@ from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded, Unavailable
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
-from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
+from .generation import (Gate, Generation, GenerationFactory, build_generation, free_generation,
+                         release_memory)
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -348,9 +353,18 @@ class Hub:
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
+        """Rule 4: shut the engine down, drop the hub's reference, then hand the memory
+        back -- only once nothing here holds the generation (release_memory)."""
         loop = asyncio.get_running_loop()
+        number = gen.number
         future = loop.run_in_executor(None, free_generation, gen, self.config.drain_timeout_s)
-        future.add_done_callback(lambda _f: self._retired.pop(gen.number, None))
+        del gen  # the callback below must not keep it alive
+
+        def forget(_f: object) -> None:
+            self._retired.pop(number, None)
+            self._frees.append(loop.run_in_executor(None, release_memory))
+
+        future.add_done_callback(forget)
         self._frees.append(future)
 
     async def wait_freed(self) -> None:
