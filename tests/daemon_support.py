@@ -247,7 +247,8 @@ class DaemonProcess:
         return out[0]
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def log_lines_at(self, level: str) -> list[str]:
