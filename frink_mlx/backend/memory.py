@@ -4,11 +4,9 @@ Why: a swapped-out generation's weights and KV pool are freed by MLX, but on
 Linux most of them were allocated through glibc's malloc, whose dynamic mmap
 threshold climbs to 32 MiB after the first large free: later tensors under
 that size come from the heap, and a freed heap is kept by the process, not
-returned. Measured on the CPU backend (SmolLM2-135M twice, fp32 weights plus
-a 2 GiB KV pool each): RSS 2.76 GB after the first load, 3.32 GB after one
-swap pair and rising, while MLX's own active memory stayed at 2.56 GB --
-the difference was glibc's free heap. `malloc_trim(0)` after each free keeps
-RSS at one generation's worth (2.75 GB after four pairs).
+returned. So RSS grew by about a model's weights with every swap while MLX's
+own active memory stayed flat; `malloc_trim(0)` after each free keeps RSS at
+one generation's worth (benchmarks/results/swap-rss-2026-12-01.txt).
 
 Rules:
 1. `release_freed_memory()` runs after a generation's last reference is
@@ -50,14 +48,3 @@ def release_freed_memory() -> None:
     if trim is not None:
         trim(0)
 
-
-def resident_bytes() -> int | None:
-    """This process's resident set size (VmRSS) in bytes; None where /proc is absent."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
