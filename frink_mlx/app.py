@@ -2,7 +2,8 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
+(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
 This is the composition root: the only place below the CLI that reads
@@ -40,8 +41,9 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
-from .adapters import admin, anthropic, llamacpp, openai
+from .adapters import admin, anthropic, llamacpp, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
+from .backend import Backend, select_backend
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
@@ -50,7 +52,7 @@ from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
 from .errors import InvalidRequest, Unavailable
 from .http import security
-from .http.access import track_run
+from .http.access import RecentRequests, track_run
 from .metrics import Metrics
 from .models.encoder import Encoder
 from .registry import Registry, load_registry
@@ -65,7 +67,7 @@ log = logging.getLogger("frink_mlx.app")
 
 # Modules whose `routes` are mounted, in order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
-    openai, anthropic, llamacpp, openai_embeddings, admin, metrics_module,
+    openai, anthropic, llamacpp, openai_embeddings, admin, status, page, metrics_module,
 )
 
 
@@ -87,6 +89,7 @@ class AppState:
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
     startup: "asyncio.Task[None] | None" = None  # rule 1
+    recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
     _runs: list[Run] = field(default_factory=list)  # in flight, for the drain (rule 2)
@@ -148,14 +151,16 @@ class AppState:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":  # an active encoder tokenizes with its own tokenizer
-                return list(gen.embedder.tokenize_plain(text, add_special=add_special))
+            encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer
+            if encoder is not None:
+                return list(encoder.tokenize_plain(text, add_special=add_special))
             return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return list(gen.embedder.token_pieces(_encoder_ids(gen.embedder, ids)))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return list(encoder.token_pieces(_encoder_ids(encoder, ids)))
             handles = DecodeHandles.take(gen)
             check_token_ids(handles.tokenizer, ids, param="tokens")
             piece = handles.text.piece or (lambda i: handles.text.decode([i]))
@@ -163,8 +168,9 @@ class AppState:
 
     async def detokenize(self, model: str | None, ids: list[int]) -> str:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return gen.embedder.detokenize(_encoder_ids(gen.embedder, ids))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return encoder.detokenize(_encoder_ids(encoder, ids))
             handles = DecodeHandles.take(gen)
             return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
 
@@ -221,6 +227,11 @@ class AppState:
         return time.monotonic() - self.started_at
 
 
+def _active_encoder(gen: Generation) -> Encoder | None:
+    """The encoder when `gen` is an encoder entry (not a chat model's side-car)."""
+    return gen.embedder if gen.spec.kind == "encoder" else None
+
+
 def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:
     """Token ids checked against an active encoder's vocabulary (param `tokens`)."""
     vocab = encoder.tokenizer.vocab_size
@@ -244,15 +255,17 @@ async def _load_default(hub: Hub) -> None:
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
-               factory: GenerationFactory | None = None, background_load: bool = False
-               ) -> Starlette:
-    """The daemon app. `factory` replaces model loading (tests only); `background_load`:
-    rule 1 (the lifespan does not wait for the default model)."""
+               factory: GenerationFactory | None = None, backend: Backend | None = None,
+               background_load: bool = False) -> Starlette:
+    """The daemon app. `factory` replaces model loading (tests only); `backend` is
+    the entry point's choice (server.py), else chosen here, once per app;
+    `background_load`: rule 1 (the lifespan does not wait for the default model)."""
+    chosen = backend if backend is not None else select_backend(settings.backend_config())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
-        hub = Hub(settings.hub_config(), reg, factory=factory or build_generation)
+        hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)

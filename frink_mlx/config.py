@@ -11,6 +11,7 @@ the slice they need without a whole daemon's configuration.
                                             │    └─ encoder: EncoderConfig  models/encoder/
                                             ├─ budget: BudgetConfig   models/budget.py
                                             └─ engine: EngineLimits   engine/engine.py (EngineConfig)
+    Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
 
 The slices hold no defaults of their own: Settings is the one source of
 defaults, so a default can never differ between two layers. They import
@@ -26,14 +27,13 @@ class _Slice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """A frozen, keyword-only config slice (no defaults: see the module docstring)."""
 
 
-class EncoderConfig(_Slice):
+class EncoderConfig(_Slice, frozen=True):
     """Embedding encoders (models/encoder/)."""
 
     embed_batch_size: int
-    cpu_matmul_parts: int | None
 
 
-class LoadConfig(_Slice):
+class LoadConfig(_Slice, frozen=True):
     """How checkpoints are found, imported and loaded (models/loader.py)."""
 
     cache_dir: str                 # converted checkpoints (GGUF imports) live here
@@ -41,7 +41,7 @@ class LoadConfig(_Slice):
     encoder: EncoderConfig         # an encoder entry loads with these
 
 
-class BudgetConfig(_Slice):
+class BudgetConfig(_Slice, frozen=True):
     """How the KV pool and the context ceiling are priced (models/budget.py)."""
 
     block_size: int                # tokens per KV block
@@ -51,7 +51,7 @@ class BudgetConfig(_Slice):
     max_kv_pool_bytes: int         # cap on one model's KV pool
 
 
-class EngineLimits(_Slice):
+class EngineLimits(_Slice, frozen=True):
     """The engine loop's knobs that do not depend on the loaded model."""
 
     max_batch: int
@@ -60,12 +60,11 @@ class EngineLimits(_Slice):
     idle_prefill_tokens: int       # ... and in a step that decodes nothing
     admission_window_ms: float     # an idle engine gathers a burst this long
     pipeline: bool | None          # None = the backend decides
-    cpu_matmul_parts: int | None   # CPU backend only; None = one part per usable core
     max_queue: int
     queue_timeout_s: float
 
 
-class HubConfig(_Slice):
+class HubConfig(_Slice, frozen=True):
     """Generations, leases and swaps (serving/hub.py), with the slices it hands down."""
 
     auto_swap: bool
@@ -75,3 +74,10 @@ class HubConfig(_Slice):
     load: LoadConfig
     budget: BudgetConfig
     engine: EngineLimits
+
+
+class BackendConfig(_Slice, frozen=True):
+    """The device backend (backend/), chosen once at start-up by `select_backend`."""
+
+    use_openblas: bool             # CPU backend on Linux: re-exec with OpenBLAS preloaded
+    cpu_matmul_parts: int | None   # CPU backend: parts per matmul; None = one per usable core

@@ -1,7 +1,8 @@
 """`frink-mlx serve`: bind, serve at once, load the default model, drain on signals.
 
 Rules:
-1. OpenBLAS re-exec first (engine/blas.py), before anything imports MLX.
+1. The backend is selected first, before anything imports MLX: on the CPU
+   backend that may re-exec with OpenBLAS (backend/select.py rule 3).
 2. Start-up refusals are one `frink-mlx: error: ...` line with a hint and
    exit 2, checked before anything loads: a non-loopback bind without an API
    key (http/security.py `check_bind`), a bad models.toml, a default model
@@ -45,7 +46,7 @@ from typing import Any, Iterator, NoReturn
 
 from . import __version__
 from .errors import ConfigError, ModelUnavailable
-from .settings import Settings
+from .settings import Settings, environ_snapshot
 
 log = logging.getLogger("frink_mlx.server")
 
@@ -194,9 +195,9 @@ def configure_logging(settings: Settings) -> None:
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
-    from .backend.cpu.blas import maybe_reexec_with_openblas
+    from .backend import select_backend
 
-    maybe_reexec_with_openblas(settings, sys.argv)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
     from .http.security import check_bind
 
@@ -212,7 +213,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .app import create_app
     from .http.timeouts import guarded_protocol
 
-    app = create_app(settings, registry=registry, background_load=True)
+    app = create_app(settings, registry=registry, background_load=True, backend=backend)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),

@@ -53,13 +53,13 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
 
+from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded, Unavailable
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
-from .generation import (Gate, Generation, GenerationFactory, build_generation, free_generation,
-                         release_memory)
+from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -113,14 +113,16 @@ class Lease:
 class Hub:
     """Owns the active generation pointer (see module rules)."""
 
-    def __init__(self, config: HubConfig, registry: Registry, *,
+    def __init__(self, config: HubConfig, registry: Registry, *, backend: Backend,
                  factory: GenerationFactory = build_generation, gate: Gate | None = None,
                  on_load: Callable[[Generation], None] | None = None) -> None:
         self.config, self.registry, self.factory = config, registry, factory
+        self.backend = backend  # chosen once at start-up (backend/select.py)
         self.gate: Gate = gate if gate is not None else DecodeGate()
         self.on_load = on_load
         self.current: Generation | None = None
         self.loading: str | None = None
+        self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.load_progress: LoadProgress | None = None
         self.draining = False
         self.last_error: dict[str, Any] | None = None
@@ -255,7 +257,7 @@ class Hub:
         if self.loading is not None or self._swap_lock.locked():
             raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
                            "try again when it finishes.", param="model")
-        self.loading = spec.name
+        self.loading, self.loading_since = spec.name, time.monotonic()
         task = asyncio.get_running_loop().create_task(self._reserved_load(spec))
         self._tasks.add(task)
         task.add_done_callback(self._load_done)
@@ -282,10 +284,12 @@ class Hub:
                 self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
-        self.loading = spec.name
-        self.load_progress = progress = LoadProgress(spec.name)
         number = self._numbers + 1
         started = time.monotonic()
+        if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
+            self.loading_since = started
+        self.loading = spec.name
+        self.load_progress = progress = LoadProgress(spec.name)
         ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
         try:
             gen = await anyio.to_thread.run_sync(
@@ -309,9 +313,9 @@ class Hub:
 
     def _build(self, spec: ModelSpec, number: int) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.config, number, self.gate)
+        gen = self.factory(spec, self.config, number, self.gate, self.backend)
         try:
-            return attach_embedder(gen, self.registry, self.config.load)
+            return attach_embedder(gen, self.registry, self.config.load, self.backend)
         except BaseException:
             free_generation(gen, self.config.drain_timeout_s)
             raise
@@ -354,7 +358,7 @@ class Hub:
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
         """Rule 4: shut the engine down, drop the hub's reference, then hand the memory
-        back -- only once nothing here holds the generation (release_memory)."""
+        back -- only once nothing here holds the generation (Backend.release_freed_memory)."""
         loop = asyncio.get_running_loop()
         number = gen.number
         future = loop.run_in_executor(None, free_generation, gen, self.config.drain_timeout_s)
@@ -362,7 +366,7 @@ class Hub:
 
         def forget(_f: object) -> None:
             self._retired.pop(number, None)
-            self._frees.append(loop.run_in_executor(None, release_memory))
+            self._frees.append(loop.run_in_executor(None, self.backend.release_freed_memory))
 
         future.add_done_callback(forget)
         self._frees.append(future)

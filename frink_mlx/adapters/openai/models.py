@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...http.errors import endpoint, openai_error
 from ...registry import source_problem
-from .chat import json_response
+from ..endpoint import json_response
 
 
 def context_length_of(gen: Any) -> int | None:
