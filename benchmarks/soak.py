@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import random
 import signal
 import sys

@@ -43,7 +43,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import msgspec
 
@@ -92,6 +92,9 @@ class Registry:
     entries: dict[str, ModelSpec]
     default: str
     path: str
+    # rule 5's check; a registry parsed from a models.toml checks its files, one built in
+    # code (tests with stand-in factories) names no files and checks nothing
+    source_check: Callable[[ModelSpec], str | None] | None = None
 
     def resolve(self, name: str | None) -> ModelSpec:
         """None / "default" -> the default entry; else a name or an alias."""
@@ -107,11 +110,15 @@ class Registry:
     def names(self) -> list[str]:
         return list(self.entries)
 
+    def problem(self, spec: ModelSpec) -> str | None:
+        """Why `spec` cannot be loaded from here (rule 5), or None."""
+        return self.source_check(spec) if self.source_check is not None else None
+
     def available(self, name: str | None) -> ModelSpec:
         """`resolve`, refusing an entry whose source is unavailable (rule 5; checked now,
         so a source installed after start-up is served without a restart)."""
         spec = self.resolve(name)
-        problem = source_problem(spec)
+        problem = self.problem(spec)
         if problem is not None:
             raise ModelUnavailable(spec.name, problem)
         return spec
@@ -177,7 +184,8 @@ def parse_registry(data: dict[str, Any], path: Path) -> Registry:
     default = data.get("default")
     if not isinstance(default, str) or not default:
         raise _refuse(path, "default", "missing (name the model to serve by default)")
-    registry = Registry(entries=entries, default=default, path=str(path))
+    registry = Registry(entries=entries, default=default, path=str(path),
+                        source_check=source_problem)
     _check_namespace(registry, path)
     try:
         registry.default = registry.resolve(default).name

@@ -84,7 +84,7 @@ async def list_admin_models(request: Request) -> Response:
     hub = state.hub
     entries = [{"name": s.name, "kind": s.kind, "aliases": list(s.aliases), "source": s.source,
                 "loaded": hub.current is not None and hub.current.spec.name == s.name,
-                "description": s.description, **availability(s)}
+                "description": s.description, **availability(state.registry, s)}
                for s in state.registry.entries.values()]
     return json_response({
         "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,

@@ -37,13 +37,20 @@ def ask(url: str, model: str) -> None:
 
 
 def settle(daemon: DaemonProcess) -> int:
-    """RSS once the retired generation is freed (nothing left in /admin/models' retired)."""
-    deadline = time.monotonic() + 30
+    """RSS once the retired generation is freed (nothing left in /admin/models' retired)
+    and the memory release that follows has run: RSS steady for a second."""
+    deadline = time.monotonic() + 60
     while httpx.get(daemon.url + "/admin/models", timeout=10).json()["retired"]:
         assert time.monotonic() < deadline, "a retired generation was never freed"
         time.sleep(0.05)
-    time.sleep(0.3)  # the memory release runs right after the engine's shutdown
-    return daemon.rss_bytes()
+    last, steady_since = daemon.rss_bytes(), time.monotonic()
+    while time.monotonic() - steady_since < 1.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = daemon.rss_bytes()
+        if abs(now - last) > 2 * 2**20:
+            steady_since = time.monotonic()
+        last = now
+    return last
 
 
 def test_rss_after_many_swaps_stays_within_one_swap(tmp_path: Path) -> None:

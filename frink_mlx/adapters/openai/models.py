@@ -20,7 +20,6 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...http.errors import endpoint, openai_error
-from ...registry import source_problem
 from ..endpoint import json_response
 
 
@@ -32,9 +31,9 @@ def context_length_of(gen: Any) -> int | None:
     return int(getattr(gen.loaded, "context_length", 0)) or None
 
 
-def availability(spec: Any) -> dict[str, Any]:
+def availability(registry: Any, spec: Any) -> dict[str, Any]:
     """{"status": "available"} or {"status": "unavailable", "reason": why} (registry rule 5)."""
-    problem = source_problem(spec)
+    problem = registry.problem(spec)
     return {"status": "available"} if problem is None else \
         {"status": "unavailable", "reason": problem}
 
@@ -48,7 +47,7 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"], **availability(spec)}
+            "max_input_tokens": facts["max_input_tokens"], **availability(state.registry, spec)}
 
 
 @endpoint(openai_error)
