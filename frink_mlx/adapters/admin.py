@@ -7,7 +7,8 @@
                                first model loads and while draining. Answers at once, even
                                while a model loads (the load runs in a worker thread).
     GET  /admin/models         active generation, load in progress (and its progress), last
-                               load error, retired generations still draining, the registry
+                               load error, retired generations still draining, how many freed
+                               ones are still handing memory back (`releasing`), the registry
                                (each entry `available`, or its `unavailable` reason)
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs
@@ -91,6 +92,7 @@ async def list_admin_models(request: Request) -> Response:
         "active": generation_info(hub, hub.current) if hub.current else None,
         "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
+        "releasing": hub.releasing,
         "default": state.registry.default, "models": entries,
     })
 

@@ -219,7 +219,7 @@ class DecodeHandles:
             raise ContextLengthExceeded(num_prompt, self.context_ceiling, param=param)
         room = self.context_ceiling - num_prompt
         if request.max_tokens is None:
-            cap = self.generation.spec.max_tokens
+            cap = self.generation.spec.max_tokens if self.generation is not None else None
             return min(cap, room) if cap else room
         if request.max_tokens < 1:
             raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")

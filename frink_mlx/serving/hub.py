@@ -125,6 +125,7 @@ class Hub:
         self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.load_progress: LoadProgress | None = None
         self.draining = False
+        self.releasing = 0  # rule 4: freed generations whose memory is still being handed back
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -366,7 +367,10 @@ class Hub:
 
         def forget(_f: object) -> None:
             self._retired.pop(number, None)
-            self._frees.append(loop.run_in_executor(None, self.backend.release_freed_memory))
+            self.releasing += 1
+            release = loop.run_in_executor(None, self.backend.release_freed_memory)
+            release.add_done_callback(lambda _r: setattr(self, "releasing", self.releasing - 1))
+            self._frees.append(release)
 
         future.add_done_callback(forget)
         self._frees.append(future)

@@ -37,20 +37,15 @@ def ask(url: str, model: str) -> None:
 
 
 def settle(daemon: DaemonProcess) -> int:
-    """RSS once the retired generation is freed (nothing left in /admin/models' retired)
-    and the memory release that follows has run: RSS steady for a second."""
+    """RSS once the retired generation is freed and its memory handed back (/admin/models:
+    nothing `retired`, nothing `releasing`)."""
     deadline = time.monotonic() + 60
-    while httpx.get(daemon.url + "/admin/models", timeout=10).json()["retired"]:
-        assert time.monotonic() < deadline, "a retired generation was never freed"
+    while True:
+        info = httpx.get(daemon.url + "/admin/models", timeout=10).json()
+        if not info["retired"] and not info["releasing"]:
+            return daemon.rss_bytes()
+        assert time.monotonic() < deadline, f"a retired generation was never freed: {info}"
         time.sleep(0.05)
-    last, steady_since = daemon.rss_bytes(), time.monotonic()
-    while time.monotonic() - steady_since < 1.0 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        now = daemon.rss_bytes()
-        if abs(now - last) > 2 * 2**20:
-            steady_since = time.monotonic()
-        last = now
-    return last
 
 
 def test_rss_after_many_swaps_stays_within_one_swap(tmp_path: Path) -> None:
