@@ -56,7 +56,7 @@ from .http.access import RecentRequests, track_run
 from .metrics import Metrics
 from .models.encoder import Encoder
 from .registry import Registry, load_registry
-from .serving import embeddings
+from .serving import embeddings, room
 from .serving.embeddings import EmbedResult
 from .serving.generation import Generation, GenerationFactory, build_generation
 from .serving.handles import DecodeHandles, Prepared, Run, TurnMemory
@@ -121,13 +121,17 @@ class AppState:
         memory = self._memories.get(gen.number)
         if memory is None:
             memory = TurnMemory()
-            self._memories = {gen.number: memory}
+            self._memories = {**self._keep(self._memories), gen.number: memory}
         return memory
 
+    def _keep(self, per_generation: dict[int, Any]) -> dict[int, Any]:
+        """Only resident generations keep a grammar compiler and a turn memory."""
+        resident = {g.number for g in self.hub.resident}
+        return {n: v for n, v in per_generation.items() if n in resident}
+
     def _refuse_encoder_target(self, name: str | None) -> None:
-        """Do not swap the generative model out just to refuse the request."""
-        current = self.hub.current
-        if current is not None and current.answers_to(name):
+        """Do not load or evict anything just to refuse the request."""
+        if any(gen.answers_to(name) for gen in self.hub.resident):
             return
         spec = self.registry.resolve(name)
         if spec.kind != "generative":
@@ -142,7 +146,7 @@ class AppState:
         if compiler is None:
             vocab = int(gen.loaded.config.get("vocab_size") or len(handles.tokenizer))
             compiler = GrammarCompiler.for_tokenizer(handles.tokenizer, vocab_size=vocab)
-            self._compilers = {gen.number: compiler}  # one per live generation
+            self._compilers = {**self._keep(self._compilers), gen.number: compiler}
         return await constraints.build_constraints(prepared.request, prepared.markup, compiler)
 
     async def count_tokens(self, req: GenRequest) -> int:
@@ -183,7 +187,16 @@ class AppState:
 
     def model_facts(self, name: str) -> dict[str, Any]:
         """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
-        return embeddings.describe(self.registry.resolve(name), self.registry, self.hub.current)
+        spec = self.registry.resolve(name)
+        gen = next((g for g in self.hub.resident if g.spec.name == spec.name), None)
+        return embeddings.describe(spec, self.registry, gen)
+
+    def model_states(self) -> dict[str, dict[str, Any]]:
+        """Each registry entry's residency (serving/room.py), for the status routes."""
+        return room.model_states(self.hub)
+
+    def memory_report(self) -> dict[str, int]:
+        return room.memory_report(self.hub)
 
     # --- shutdown ----------------------------------------------------------------
     async def drain(self, timeout_s: float, *, flush_s: float = 2.0) -> int:
@@ -211,11 +224,12 @@ class AppState:
     def _forget_run(self, run: Run) -> None:
         self._runs = [r for r in self._runs if r is not run]
 
-    def forget_generations(self, keep: int) -> None:
-        """On each load: grammar compilers and turn memories of older generations go (their
-        in-flight rows already hold what they need), so nothing here keeps a tokenizer."""
-        self._compilers = {n: c for n, c in self._compilers.items() if n == keep}
-        self._memories = {n: m for n, m in self._memories.items() if n == keep}
+    def forget_generations(self) -> None:
+        """On each load: grammar compilers and turn memories of generations no longer
+        resident go (their in-flight rows already hold what they need), so nothing here
+        keeps an evicted model's tokenizer."""
+        self._compilers = self._keep(self._compilers)
+        self._memories = self._keep(self._memories)
 
     # --- status ----------------------------------------------------------------
     def engine_stats(self) -> EngineStats | None:
@@ -243,15 +257,24 @@ def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:
 
 
 def _on_load(state: AppState, gen: Generation) -> None:
-    state.forget_generations(keep=gen.number)
+    state.forget_generations()
     if state.metrics is not None:
         state.metrics.observe_model_load(gen.name, gen.number, float(gen.loaded.load_time_s))
 
 
 async def _load_default(hub: Hub) -> None:
-    """Rule 1's start-up load; returns nothing, so the task kept in AppState.startup does not
-    keep the first generation alive after a swap (hub rule 4)."""
+    """Rule 1's start-up load, then each `preload = true` entry next to it (registry rule
+    8); returns nothing, so the task kept in AppState.startup does not keep the first
+    generation alive after a swap (hub rule 4). A preload that fails is logged and kept in
+    the hub's `last_error`; the default model serves on."""
     await hub.load(None)
+    default = hub.registry.resolve(None).name
+    for spec in hub.registry.entries.values():
+        if spec.preload and spec.name != default:
+            try:
+                await hub.load(spec.name)
+            except Exception as exc:  # noqa: BLE001 - rule 1: the default serves regardless
+                log.warning("preloading %s failed: %s", spec.name, exc)
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,

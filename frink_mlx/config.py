@@ -49,6 +49,7 @@ class BudgetConfig(_Slice, frozen=True):
     kv_budget_bytes: int | None    # explicit device budget; None = measured
     memory_headroom_fraction: float
     max_kv_pool_bytes: int         # cap on one model's KV pool
+    reserved_bytes: int            # held by other resident models (serving/residency.py)
 
 
 class EngineLimits(_Slice, frozen=True):
@@ -70,6 +71,8 @@ class HubConfig(_Slice, frozen=True):
     auto_swap: bool
     min_generation_s: float        # a generation lives at least this long before a swap
     keep_alive_s: float | None     # idle unload; None = never
+    max_resident_models: int       # 0 = as many as the memory budget holds
+    evict_wait_s: float            # how long a load waits for a busy model's leases to end
     drain_timeout_s: float         # how long a retired engine may finish its rows
     load: LoadConfig
     budget: BudgetConfig

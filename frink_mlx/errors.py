@@ -24,6 +24,7 @@ CLI prints as one line and exits non-zero.
     ├── Unavailable (503 unavailable; retry_after_s)
     │   ├── NoModelLoaded (503 model_not_loaded)
     │   └── Overloaded (503 overloaded)
+    ├── InsufficientMemory (507 model_too_large)  the model cannot fit even alone
     ├── EngineFailure (500 engine_error)
     └── ConfigError (start-up; never reaches a client)
         ├── RegistryError
@@ -167,6 +168,16 @@ class NoModelLoaded(Unavailable):
 
 class Overloaded(Unavailable):
     code = "overloaded"
+
+
+class InsufficientMemory(FrinkError):
+    """A model whose weights and smallest KV pool exceed the whole memory budget: no
+    eviction can help, so retrying is pointless (hence 507, not 503; the message
+    carries the numbers). serving/residency.py rule 4."""
+
+    status = 507
+    code = "model_too_large"
+    type = "server_error"
 
 
 class EngineFailure(FrinkError):

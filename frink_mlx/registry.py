@@ -32,6 +32,11 @@ Rules:
 7. `max_tokens` caps generation for requests that name no limit (OpenAI's
    "up to the context" when absent); a client's own limit is still honoured
    up to the context ceiling.
+8. Residency (serving/residency.py): `keep_alive` seconds idle before the
+   model is evicted (absent = the daemon's --keep-alive; `-1` = pinned, never
+   evicted (any negative, as Ollama reads it); `0` = evicted as soon as its last request ends); `preload = true`
+   loads it at start-up next to the default; `max_kv_bytes` caps its KV pool
+   below the daemon-wide `max_kv_pool_bytes`.
 """
 
 from __future__ import annotations
@@ -84,6 +89,9 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dequantize: bool | None = None
     kv_budget_bytes: Positive | None = None
     max_tokens: Positive | None = None  # rule 7: cap when a request names no limit
+    keep_alive: float | None = None     # rule 8: idle seconds before eviction; -1 = pinned
+    preload: bool = False               # rule 8: load at start-up, next to the default
+    max_kv_bytes: Positive | None = None  # rule 8: cap on this model's KV pool
     description: str = ""
 
 

@@ -59,6 +59,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     auto_swap: bool = True
     min_generation_s: float = 2.0                # a generation lives at least this long before a swap
     keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
+    max_resident_models: int = 0                 # models resident at once; 0 = as memory allows
+    evict_wait_s: float = 10.0                   # a load waits this long for busy models to go idle
     dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
     use_openblas: bool = True
     # --- engine ---
@@ -116,7 +118,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
                             kv_budget_bytes=self.kv_budget_bytes,
                             memory_headroom_fraction=self.memory_headroom_fraction,
-                            max_kv_pool_bytes=self.max_kv_pool_bytes)
+                            max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
 
     def engine_limits(self) -> EngineLimits:
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
@@ -136,6 +138,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
                          keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
+                         max_resident_models=self.max_resident_models,
+                         evict_wait_s=self.evict_wait_s,
                          load=self.load_config(), budget=self.budget_config(),
                          engine=self.engine_limits())
 

@@ -32,8 +32,10 @@ def live(tmp_path_factory):
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "no_such_architecture"}')
     path = write_registry(root, a, b, BROKEN.format(broken=broken, missing=root / "missing"))
+    # the single-model swap (residency rule 5); tests/serving/test_residency_http.py covers
+    # several resident models
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                             cache_dir=str(root / "cache"))
+                             cache_dir=str(root / "cache"), max_resident_models=1)
     app = create_app(settings, registry=load_registry(settings), factory=generation_factory())
     server = start_server(app)
     yield server

@@ -6,13 +6,18 @@
                                loaded and no request would load one (idle -> 200), while the
                                first model loads and while draining. Answers at once, even
                                while a model loads (the load runs in a worker thread).
-    GET  /admin/models         active generation, load in progress (and its progress), last
+    GET  /admin/models         resident generations, the default one (`active`), load in progress (and its progress), last
                                load error, retired generations still draining, how many freed
                                ones are still handing memory back (`releasing`), the registry
                                (each entry `available`, or its `unavailable` reason)
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs
-    POST /admin/models/unload  retire the active generation; requests get 503 until a load
+    POST /admin/models/unload  {"model": NAME} retires that model (the hub stays open); no
+                               body (or no model) retires every resident one and parks:
+                               requests get 503 until a load
+    Every model is listed with its residency (serving/room.py `model_states`): state
+    resident/loading/available/unavailable, bytes, KV blocks, last used, leases,
+    keep-alive; `memory` gives the budget, the bytes held (the sum) and free.
 
 Health numbers follow the honest-null rule: absent means not measured.
 """
@@ -28,7 +33,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from ..http.body import decode_body
+from ..http.body import decode_body, decode_struct, read_body
 from ..http.errors import endpoint, openai_error
 from .endpoint import json_response
 from .openai.models import availability, context_length_of
@@ -37,6 +42,10 @@ from .openai.models import availability, context_length_of
 class LoadBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str
     wait: bool = False
+
+
+class UnloadBody(msgspec.Struct, forbid_unknown_fields=True):
+    model: str | None = None  # None: every resident model, and the hub parks
 
 
 def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
@@ -70,6 +79,7 @@ async def health(request: Request) -> Response:
         "context_ceiling": context_length_of(gen),
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
+        "models": state.model_states(), "memory": state.memory_report(),
     }
     serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
     if hub.sleeping is not None:
@@ -83,13 +93,16 @@ async def health(request: Request) -> Response:
 async def list_admin_models(request: Request) -> Response:
     state = request.app.state.frink
     hub = state.hub
+    states = state.model_states()
     entries = [{"name": s.name, "kind": s.kind, "aliases": list(s.aliases), "source": s.source,
-                "loaded": hub.current is not None and hub.current.spec.name == s.name,
+                "loaded": states[s.name]["state"] == "resident", "residency": states[s.name],
                 "description": s.description, **availability(state.registry, s)}
                for s in state.registry.entries.values()]
     return json_response({
         "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,
         "active": generation_info(hub, hub.current) if hub.current else None,
+        "resident": [generation_info(hub, g) for g in hub.resident],
+        "memory": state.memory_report(),
         "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
         "releasing": hub.releasing,
@@ -112,7 +125,9 @@ async def load_model(request: Request) -> Response:
 @endpoint(openai_error)
 async def unload_model(request: Request) -> Response:
     state = request.app.state.frink
-    old = await state.hub.unload()
+    raw = await read_body(request)
+    body = decode_struct(raw, UnloadBody) if raw.strip() else UnloadBody()
+    old = await state.hub.unload(body.model)
     return json_response({"status": "unloaded", "model": old.spec.name if old else None,
                           "generation": old.number if old else None})
 

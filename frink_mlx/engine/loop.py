@@ -197,6 +197,8 @@ class StepLoop:
 
     def _step(self, pending: StepResult | None) -> StepResult | None:
         """Plan and dispatch one step, then read back the previous one."""
+        contended = getattr(self.gate, "contended", None)
+        self.scheduler.contended = bool(contended()) if contended is not None else False
         plan = self.scheduler.schedule()
         self._recount_queue()
         self._mark_admitted(plan)

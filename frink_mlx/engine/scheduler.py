@@ -24,7 +24,10 @@ Rules:
    admissions), so a long prompt never stalls running streams. A step that
    decodes nothing has no stream to stall: it may spend `idle_prefill_tokens`
    (a burst of new prompts, or one long prompt, then runs in fewer, larger
-   steps; each step streams every weight once, whatever its token count).
+   steps; each step streams every weight once, whatever its token count) --
+   unless `contended` (another resident model's engine shares the decode
+   gate, engine/gate.py rule 5): then its streams are the ones a large step
+   would stall, and the chunk stays at `prefill_chunk_tokens`.
 3. Decode needs one new slot per row per step; when the pool is out of
    blocks, the newest running seq is preempted (blocks freed, requeued at the
    head of the waiting queue, recomputed later from its prompt + outputs,
@@ -73,6 +76,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.idle_prefill_tokens = max(prefill_chunk_tokens, idle_prefill_tokens or 0)
+        self.contended = False  # rule 2: another engine shares the gate (engine/gate.py rule 5)
         self.generation = generation
         self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
@@ -177,7 +181,8 @@ class Scheduler:
         out = SchedulerOutput(copies=self._pending_copies)
         self._pending_copies = []
         self._plan_decode(out)
-        budget = self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens
+        idle = not out.decode and not self.contended
+        budget = self.idle_prefill_tokens if idle else self.prefill_chunk_tokens
         for seq in list(self.running):
             if budget <= 0:
                 break

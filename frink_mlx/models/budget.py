@@ -8,12 +8,15 @@ The arithmetic, in order:
 1. device budget: an explicit override (config.kv_budget_bytes, else the
    model's models.toml kv_budget_bytes); else what the backend reports
    (`Backend.memory_budget`: Metal's recommended working set, or physical RAM).
-2. KV budget = device budget - weight bytes - headroom * device budget.
+2. KV budget = device budget - weight bytes - headroom * device budget
+   - bytes held by the other resident models (config.reserved_bytes; each
+   newcomer's pool is planned against what is left, serving/residency.py).
 3. bytes per token = 2 (K and V) * layers * kv heads * head dim * dtype size;
    a block holds block_size tokens.
 4. num_blocks = floor(KV budget / block bytes), capped so the pool is no
    larger than max_batch full trained contexts, nor than
-   config.max_kv_pool_bytes (a 135M model must not grab 20 GB).
+   config.max_kv_pool_bytes (a 135M model must not grab 20 GB), nor than the
+   entry's own `max_kv_bytes`.
 5. context ceiling = min(trained context length, num_blocks * block_size).
 """
 
@@ -73,18 +76,22 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget) -> KVPlan:
     budget, source = device_budget_bytes(config, getattr(loaded, "spec", None), device)
     weights = weights_nbytes(loaded.model)
     per_token = kv_bytes_per_token(loaded.model, loaded.dtype)
-    kv_budget = budget - weights - int(config.memory_headroom_fraction * budget)
+    kv_budget = (budget - weights - int(config.memory_headroom_fraction * budget)
+                 - config.reserved_bytes)
+    pool_cap = min(config.max_kv_pool_bytes,
+                   getattr(loaded.spec, "max_kv_bytes", None) or config.max_kv_pool_bytes)
     per_block = per_token * block_size
     num_blocks = kv_budget // per_block
     trained = int(loaded.context_length)
     blocks_per_context = -(-trained // block_size)
     num_blocks = min(num_blocks, max(1, config.max_batch) * blocks_per_context,
-                     config.max_kv_pool_bytes // per_block)
+                     pool_cap // per_block)
     if num_blocks < 1:
         raise ConfigError(
             f"model {getattr(loaded.spec, 'name', '?')!r} leaves no room for its KV cache: "
             f"budget {budget} bytes ({source}), weights {weights} bytes, "
-            f"headroom {config.memory_headroom_fraction:.0%}, one block {per_block} bytes")
+            f"headroom {config.memory_headroom_fraction:.0%}, held by other resident models "
+            f"{config.reserved_bytes} bytes, one block {per_block} bytes")
     return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,

@@ -104,9 +104,9 @@ async def embed(
     *, truncate: bool = False, dimensions: int | None = None,
 ) -> EmbedResult:
     """Lease the generation serving `name`, embed `inputs` in a worker thread."""
-    current = hub.current
-    if current is not None and serves(current, name, registry):
-        lease = await hub.acquire(current.spec.name)  # no await before the lease: no race
+    resident = next((g for g in reversed(hub.resident) if serves(g, name, registry)), None)
+    if resident is not None:  # a resident side-car or encoder: no load (hub rule 1)
+        lease = await hub.acquire(resident.spec.name)  # no await before the lease: no race
     else:
         spec = registry.resolve(name)
         if spec.kind != "encoder" and not spec.embeddings:

@@ -45,6 +45,7 @@ class Generation:
     created_at: float      # time.monotonic()
     created_unix: float = field(default_factory=time.time)
     embedder: Encoder | None = None  # serves /v1/embeddings (embeddings.py)
+    nbytes: int = 0  # what it holds (residency.py rule 1); 0 = measure it when published
 
     @property
     def name(self) -> str:

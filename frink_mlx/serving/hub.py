@@ -1,44 +1,48 @@
-"""Model generations: one immutable pointer, leases, and swaps that never splice.
+"""Model generations: a resident set of immutable generations, leases, no splicing.
 
-The active model is a pointer to an immutable `Generation` (checkpoint,
-tokenizer, engine with its KV pool, context plan, number). A request leases
-the generation once and keeps that lease to its last byte, so a swap can
-never splice two checkpoints into one answer:
+Several models stay loaded at once (the resident set, residency.py, priced
+against memory). Each is an immutable `Generation` (checkpoint, tokenizer,
+engine with its KV pool, context plan, number). A request leases one
+generation and keeps that lease to its last byte, so an eviction can never
+splice two checkpoints into one answer:
 
-    request A ── lease(g1) ──────────────────────────── release ─┐
-    swap               load g2 (worker thread) ── publish g2     │
-    request B                                    lease(g2) ──...  └─ g1 freed
-                                                                    (engine shut down,
-                                                                     mx.clear_cache())
+    request A ── lease(chat g1) ───────────────────────────── release
+    request B ── lease(fim g2) ── release                      (g2 idle)
+    request C    (agent: needs room) evict g2 (LRU, idle) ── load g3 ── lease(g3)
+                                     └─ g2 freed (engine shut down, memory handed back)
 
 Rules:
-1. Resolution: None / "default" / the active model's name or aliases -> the
-   active generation, immediately. Another registry entry -> a just-in-time
-   swap when `config.auto_swap` (else Conflict 409). Names in no entry ->
-   ModelNotFound 404; an entry whose source is missing -> ModelUnavailable 404
-   with the reason (registry rule 5), checked before any swap or admin load.
-   Nothing active -> NoModelLoaded 503 (+ Retry-After); so is every request
-   while the first model loads (start-up), whatever it names.
-2. Swaps are serialised on one FIFO lock: waiting requests are answered in
-   arrival order, and one that finds its model already active after the wait
-   just leases it. A generation lives at least `config.min_generation_s`
-   before a swap may replace it (no thrashing).
+1. Resolution: a name or alias of a resident model -> that generation, at
+   once (never behind another model's load). None / "default" -> the
+   resident generation loaded last (`current`, the "active" one: what a
+   single-model daemon meant, stable while others are leased). A registry entry not resident -> loaded just in time next to
+   the others when `config.auto_swap` (else Conflict 409). Names in no entry
+   -> ModelNotFound 404; an entry whose source is missing -> ModelUnavailable
+   404 (registry rule 5). Nothing resident -> NoModelLoaded 503 (+
+   Retry-After) for "default" and while the first model loads.
+2. Loads are serialised on one FIFO lock: waiting requests are answered in
+   arrival order, and one that finds its model resident after the wait just
+   leases it. Before a load, room is made (residency.py rules 2-5): LRU idle
+   generations are evicted; busy ones are waited for up to evict_wait_s, then
+   503 + Retry-After naming what holds the memory; a model that cannot fit
+   alone is 507. With max_resident_models the count is enforced after the
+   load publishes: the LRU generation is retired even with leases, which
+   finish on it (1 = the classic single-model swap, min_generation_s apart).
 3. Loads run in a worker thread. An admin load while another load runs is
-   Conflict 409. A failed load keeps the old generation serving and is kept
-   in `last_error` for /admin/models. While one runs, `load_progress` says
-   how far it is (`snapshot()`: phase, elapsed seconds; /health shows it) and
-   the log gets a line every LOAD_LOG_INTERVAL_S.
-4. A replaced (or unloaded) generation is retired: its engine is shut down
-   and memory released when its last lease ends. Nothing in flight migrates.
-   Memory goes back to the OS only after the hub's last reference is dropped
-   (backend/memory.py: MLX's cache, then glibc's free heap); whoever else
-   keeps a Generation (a finished Run, a start-up task's result) keeps its
-   weights, so nothing does.
-5. After an explicit unload the hub is parked: every request gets 503 until
-   an admin load; just-in-time swaps do not wake it.
-6. Idle unload (`config.keep_alive_s`): a generation with no lease for that
-   long is retired and the hub goes to sleep ("idle"); the next request for it
-   (or for "default") loads it again, even with auto-swap off.
+   Conflict 409. A failed load keeps the resident set serving (minus what was
+   evicted to make room) and is kept in `last_error`. While one runs,
+   `load_progress` says how far it is and the log gets a line every
+   LOAD_LOG_INTERVAL_S.
+4. A retired generation's engine is shut down and memory released when its
+   last lease ends. Nothing in flight migrates. Memory goes back to the OS
+   only after the hub's last reference is dropped (backend/memory.py).
+5. `unload()` retires every resident generation and parks the hub: every
+   request gets 503 until an admin load. `unload(name)` retires one model;
+   the hub stays open and may load it again on demand.
+6. Idle eviction (residency.py rule 6, `reap_idle`): a resident idle past its
+   keep-alive is retired; when it was the last one the hub sleeps ("idle")
+   and the next request for it (or for "default") loads it again, even with
+   auto-swap off. `keep_alive(gen, s)` sets a request's keep-alive (Ollama's).
 7. Drain (`begin_drain`, at SIGTERM): every new lease and load is refused
    with 503 + Retry-After; leases already held run on.
 """
@@ -52,14 +56,18 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
+import msgspec
 
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
-from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded, Unavailable
+from ..errors import (Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded,
+                      Unavailable)
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
+from .residency import Residency
+from .room import keep_alive_of, make_room, memory_budget, over_count, reap_interval_s
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -111,7 +119,7 @@ class Lease:
 
 
 class Hub:
-    """Owns the active generation pointer (see module rules)."""
+    """Owns the resident set and the leases on it (see module rules)."""
 
     def __init__(self, config: HubConfig, registry: Registry, *, backend: Backend,
                  factory: GenerationFactory = build_generation, gate: Gate | None = None,
@@ -120,7 +128,7 @@ class Hub:
         self.backend = backend  # chosen once at start-up (backend/select.py)
         self.gate: Gate = gate if gate is not None else DecodeGate()
         self.on_load = on_load
-        self.current: Generation | None = None
+        self.residency = Residency(memory_budget(config, backend), config.max_resident_models)
         self.loading: str | None = None
         self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.load_progress: LoadProgress | None = None
@@ -139,10 +147,20 @@ class Hub:
 
     # --- state -----------------------------------------------------------------
     @property
+    def current(self) -> Generation | None:
+        """Rule 1's "default": the resident generation loaded last (the active one)."""
+        return max(self.residency.generations(), key=lambda g: g.number, default=None)
+
+    @property
+    def resident(self) -> list[Generation]:
+        """Every resident generation, least recently used first."""
+        return self.residency.generations()
+
+    @property
     def state(self) -> HubState:
         if self.draining:
             return "draining"
-        if self.current is not None:
+        if self.residency.residents:
             return "ready"
         if self.loading is not None:
             return "loading"
@@ -152,6 +170,9 @@ class Hub:
         gen = gen or self.current
         return 0 if gen is None else self._leases.get(gen.number, 0)
 
+    def busy(self, gen: Generation) -> bool:
+        return self._leases.get(gen.number, 0) > 0
+
     @property
     def retired(self) -> list[Generation]:
         return list(self._retired.values())
@@ -160,12 +181,12 @@ class Hub:
     async def acquire(self, name: str | None) -> Lease:
         """Lease the generation that serves `name` (rules 1-2, 7)."""
         self._refuse_while_draining()
-        gen = self._active_for(name)
+        gen = self._resident_for(name)
         if gen is not None:
             return self._pin(gen)
         wake = self._wakes(name)
         spec = self.sleeping if wake and self.sleeping else self.registry.available(name)
-        return await self._swap_for(spec, wake=wake)
+        return await self._load_for(spec, wake=wake)
 
     def begin_drain(self) -> None:
         """Rule 7: from now on every lease and load is refused; held leases run on."""
@@ -177,15 +198,19 @@ class Hub:
                               code="shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
 
     def _pin(self, gen: Generation) -> Lease:
-        """Count a lease; never separated from the pointer read by an await."""
+        """Count a lease; never separated from the resolution by an await."""
         self._leases[gen.number] = self._leases.get(gen.number, 0) + 1
         self.last_used = time.monotonic()
+        self.residency.touch(gen)
         return Lease(self, gen)
 
     def _wakes(self, name: str | None) -> bool:
         sleeping = self.sleeping
-        return sleeping is not None and self.current is None and not self.parked and \
-            (name in (None, "default", sleeping.name) or name in sleeping.aliases)
+        if sleeping is None or self.parked:
+            return False
+        if name in (None, "default"):
+            return not self.residency.residents
+        return name == sleeping.name or name in sleeping.aliases
 
     @asynccontextmanager
     async def lease(self, name: str | None) -> AsyncIterator[Generation]:
@@ -195,17 +220,16 @@ class Hub:
         finally:
             held.release()
 
-    def _active_for(self, name: str | None) -> Generation | None:
-        gen = self.current
-        if gen is not None and gen.answers_to(name):
+    def _resident_for(self, name: str | None) -> Generation | None:
+        default = name is None or name == "default"
+        gen = self.current if default else self.residency.find(name)
+        if gen is not None:
             return gen
         if self._wakes(name):
             return None
-        if gen is None and self.loading is not None:  # rule 1: the first load runs
-            self.registry.resolve(name)
-            raise self._unavailable()
-        if gen is None and (self.parked or name is None or name == "default"
-                            or not self.config.auto_swap):
+        if self.residency.residents:
+            return None
+        if self.loading is not None or self.parked or default or not self.config.auto_swap:
             self.registry.resolve(name)  # unknown names stay 404 even now
             raise self._unavailable()
         return None
@@ -216,26 +240,19 @@ class Hub:
         return NoModelLoaded("No model is loaded; POST /admin/models/load to load one.",
                              retry_after_s=10.0)
 
-    async def _swap_for(self, spec: ModelSpec, wake: bool = False) -> Lease:
+    async def _load_for(self, spec: ModelSpec, wake: bool = False) -> Lease:
         if not self.config.auto_swap and not wake:
-            active = self.current.name if self.current else "none"
-            raise Conflict(f"The model '{spec.name}' is not loaded (active: '{active}') and "
+            names = ", ".join(f"'{g.name}'" for g in self.resident) or "none"
+            raise Conflict(f"The model '{spec.name}' is not loaded (resident: {names}) and "
                            "automatic swapping is off; POST /admin/models/load first.",
                            param="model")
-        async with self._swap_lock:  # pinned inside the lock: no swap can retire it first
-            if self.current is not None and self.current.spec.name == spec.name:
-                return self._pin(self.current)
+        async with self._swap_lock:  # pinned inside the lock: no load can evict it first
+            gen = self.residency.find(spec.name)
+            if gen is not None:
+                return self._pin(gen)
             if self.parked:
                 raise self._unavailable()
-            await self._wait_min_lifetime()
             return self._pin(await self._load_locked(spec))
-
-    async def _wait_min_lifetime(self) -> None:
-        if self.current is None:
-            return
-        left = self.current.created_at + self.config.min_generation_s - time.monotonic()
-        if left > 0:
-            await anyio.sleep(left)
 
     def _release(self, gen: Generation) -> None:
         count = self._leases.get(gen.number, 0) - 1
@@ -246,6 +263,10 @@ class Hub:
         self.last_used = time.monotonic()
         if gen.number in self._retired:
             self._schedule_free(gen)
+            return
+        resident = self.residency.get(gen)
+        if resident is not None and resident.keep_alive_s == 0:  # residency rule 6
+            self._retire(gen)
 
     # --- load / unload ---------------------------------------------------------
     def begin_load(self, name: str | None) -> "asyncio.Task[Generation]":
@@ -277,8 +298,10 @@ class Hub:
         try:
             async with self._swap_lock:
                 self.parked, self.sleeping = False, None
-                if self.current is not None and self.current.spec.name == spec.name:
-                    return self.current
+                gen = self.residency.find(spec.name)
+                if gen is not None:
+                    self.residency.touch(gen)
+                    return gen
                 return await self._load_locked(spec)
         finally:
             if self.loading == spec.name:
@@ -290,20 +313,25 @@ class Hub:
         if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
             self.loading_since = started
         self.loading = spec.name
-        self.load_progress = progress = LoadProgress(spec.name)
-        ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
         try:
-            gen = await anyio.to_thread.run_sync(
-                self._build, spec, number, abandon_on_cancel=False)
-        except Exception as exc:  # rule 3: keep the old model, remember why
+            await make_room(self, spec)
+            self.load_progress = progress = LoadProgress(spec.name)
+            ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
+            try:
+                gen = await anyio.to_thread.run_sync(
+                    self._build, spec, number, self.residency.held_bytes(),
+                    abandon_on_cancel=False)
+            finally:
+                ticker.cancel()
+        except Exception as exc:  # rule 3: keep the others, remember why
             self.last_error = {"model": spec.name, "message": str(getattr(exc, "message", exc)),
                                "type": type(exc).__name__, "at": time.time()}
             log.error("loading %s failed: %s", spec.name, exc)
-            if isinstance(exc, FrinkError) and exc.status < 500:
+            if isinstance(exc, FrinkError) and exc.status < 500 or \
+                    isinstance(exc, (Unavailable, InsufficientMemory)):
                 raise
             raise EngineFailure(f"Loading the model '{spec.name}' failed: {exc}") from exc
         finally:
-            ticker.cancel()
             self.loading, self.load_progress = None, None
         self._numbers = number
         log.info("generation %d: %s loaded in %.2fs", number, spec.name, time.monotonic() - started)
@@ -312,49 +340,67 @@ class Hub:
             self.on_load(gen)
         return gen
 
-    def _build(self, spec: ModelSpec, number: int) -> Generation:
-        """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.config, number, self.gate, self.backend)
+    def _build(self, spec: ModelSpec, number: int, reserved_bytes: int) -> Generation:
+        """factory + the embedder serving /v1/embeddings (side-car, self or the encoder);
+        the KV pool is planned against what the resident models leave (residency rule 2)."""
+        budget = msgspec.structs.replace(self.config.budget, reserved_bytes=reserved_bytes)
+        config = msgspec.structs.replace(self.config, budget=budget)
+        gen = self.factory(spec, config, number, self.gate, self.backend)
         try:
             return attach_embedder(gen, self.registry, self.config.load, self.backend)
         except BaseException:
             free_generation(gen, self.config.drain_timeout_s)
             raise
 
-    def _publish(self, gen: Generation | None) -> None:
-        old, self.current = self.current, gen
-        if gen is not None:
-            self.sleeping = None
-        if old is not None:
-            self._retired[old.number] = old
-            if self._leases.get(old.number, 0) == 0:
-                self._schedule_free(old)
+    def _publish(self, gen: Generation) -> None:
+        """Rule 2: join the resident set; then the count cap retires the LRU ones."""
+        self.sleeping = None
+        self.residency.add(gen, keep_alive_of(gen.spec, self.config))
+        for old in over_count(self.residency, gen):
+            self._retire(old)
 
-    async def unload(self) -> Generation | None:
-        """Retire the active generation; park the hub (rule 5)."""
+    def _retire(self, gen: Generation) -> None:
+        """Out of the resident set; freed now, or when its last lease ends (rule 4)."""
+        if not self.residency.remove(gen):
+            return
+        self._retired[gen.number] = gen
+        if self._leases.get(gen.number, 0) == 0:
+            self._schedule_free(gen)
+
+    def keep_alive(self, gen: Generation, keep_alive_s: float | None) -> None:
+        """A request's keep-alive for `gen` (rule 6; Ollama's `keep_alive`): seconds idle
+        before eviction, 0 = as soon as idle, negative = pinned; None = the entry's."""
+        resident = self.residency.get(gen)
+        if resident is not None:
+            resident.keep_alive_s = (keep_alive_s if keep_alive_s is not None
+                                     else keep_alive_of(gen.spec, self.config))
+
+    async def unload(self, name: str | None = None) -> Generation | None:
+        """Rule 5: one model by name, or every resident one (and park the hub)."""
         async with self._swap_lock:
+            if name is not None:
+                gen = self.residency.find(self.registry.resolve(name).name)
+                if gen is not None:
+                    self._retire(gen)
+                return gen
             old = self.current
             self.parked, self.sleeping = True, None
-            self._publish(None)
+            for gen in self.resident:
+                self._retire(gen)
             return old
 
     async def reap_idle(self) -> None:
-        """Rule 6, run for the app's lifetime when keep_alive_s is set."""
-        keep_alive_s = self.config.keep_alive_s
-        if not keep_alive_s:
-            return
+        """Rule 6, run for the app's lifetime."""
         while True:
-            await anyio.sleep(min(1.0, keep_alive_s / 4))
-            gen = self.current
-            if gen is None or self.num_leases(gen) or self._swap_lock.locked():
+            await anyio.sleep(reap_interval_s(self.residency, self.config))
+            if self._swap_lock.locked():
                 continue
-            if time.monotonic() - max(self.last_used, gen.created_at) >= keep_alive_s:
-                async with self._swap_lock:
-                    if self.current is gen and not self.num_leases(gen):
-                        log.info("generation %d: %s idle for %.0fs, unloading", gen.number,
-                                 gen.name, keep_alive_s)
-                        self._publish(None)
-                        self.sleeping = gen.spec
+            for gen in self.residency.expired(self.busy):
+                log.info("generation %d: %s idle past its keep-alive, unloading", gen.number,
+                         gen.name)
+                self._retire(gen)
+                if not self.residency.residents:
+                    self.sleeping = gen.spec
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
@@ -385,7 +431,8 @@ class Hub:
         """Retire everything; engines finish their in-flight rows first."""
         for task in list(self._tasks):
             task.cancel()
-        self._publish(None)
+        for gen in self.resident:
+            self._retire(gen)
         for gen in list(self._retired.values()):
             if self._leases.get(gen.number, 0) > 0:
                 self._leases.pop(gen.number, None)

@@ -47,7 +47,9 @@ def make_hub(load_s: float = 0.0, **settings) -> tuple[Hub, list[str]]:
         loads.append(spec.name)
         return Generation(number, spec, object(), FakeEngine(), None, time.monotonic())
 
-    s = Settings.load(**{"min_generation_s": 0.0, **settings})
+    # these tests pin the single-model swap (max_resident_models = 1, residency rule 5);
+    # tests/serving/test_residency.py covers several resident models
+    s = Settings.load(**{"min_generation_s": 0.0, "max_resident_models": 1, **settings})
     return Hub(s.hub_config(), registry(), backend=select_backend(s.backend_config()), factory=factory,
                gate=threading.Lock()), loads
 

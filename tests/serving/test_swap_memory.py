@@ -56,7 +56,7 @@ def test_rss_after_many_swaps_stays_within_one_swap(tmp_path: Path) -> None:
     model_bytes = weights_bytes(a)
     assert model_bytes > 40e6
     daemon = DaemonProcess(tmp_path, "--models", str(write_registry(tmp_path, a, b)),
-                           min_generation_s=0, access_log="false")
+                           min_generation_s=0, access_log="false", max_resident_models=1)
     try:
         daemon.ready()
         ask(daemon.url, "tiny-b")

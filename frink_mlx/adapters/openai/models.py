@@ -38,12 +38,19 @@ def availability(registry: Any, spec: Any) -> dict[str, Any]:
         {"status": "unavailable", "reason": problem}
 
 
-def model_object(state: Any, spec: Any) -> dict[str, Any]:
-    gen = state.hub.current
-    loaded = gen is not None and gen.spec.name == spec.name
+def resident_generation(state: Any, spec: Any) -> Any:
+    """The resident generation of `spec`, or None (serving/hub.py rule 1)."""
+    return next((g for g in state.hub.resident if g.spec.name == spec.name), None)
+
+
+def model_object(state: Any, spec: Any, residency: dict[str, Any] | None = None) -> dict[str, Any]:
+    gen = resident_generation(state, spec)
+    loaded = gen is not None
     created = int(gen.created_unix) if loaded else 0
     facts = state.model_facts(spec.name)
+    residency = residency if residency is not None else state.model_states()[spec.name]
     return {"id": spec.name, "object": "model", "created": created, "owned_by": "frink-mlx",
+            "residency": residency,
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
@@ -53,7 +60,9 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
 @endpoint(openai_error)
 async def list_models(request: Request) -> Response:
     state = request.app.state.frink
-    data = [model_object(state, spec) for spec in state.registry.entries.values()]
+    states = state.model_states()
+    data = [model_object(state, spec, states[spec.name])
+            for spec in state.registry.entries.values()]
     return json_response({"object": "list", "data": data})
 
 

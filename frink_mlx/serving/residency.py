@@ -1,0 +1,202 @@
+"""The resident set: which generations stay loaded, priced against memory.
+
+Why: an editor alternates a completion model, a chat model and an encoder on
+every keystroke pause; with one resident model each alternation is a reload
+(10-30 s here). Residency is decided by measured bytes, not by a count: every
+resident generation reports what it holds (weights + the KV pool it
+reserved + a side-car encoder, `measure_nbytes`), and the sum stays within
+the device budget less the headroom. This module is the policy only (plain
+numbers and generations, no awaits); the hub (hub.py) loads, leases and frees.
+
+    device budget (override, else Backend.memory_budget())
+    ├── headroom (memory_headroom_fraction)           never priced out
+    └── residents: [ chat 1.1 GB | fim 0.4 GB | enc 0.1 GB | free ... ]
+                      LRU order: least recently used first -> eviction order
+
+Rules:
+1. Price: a resident generation costs `measure_nbytes(gen)`; the set holds
+   their sum (`held_bytes`), which is what /admin/models reports as the
+   total. A factory that sets `Generation.nbytes` (tests) is taken at its word.
+2. A newcomer is priced before loading from its files on disk
+   (`estimate_nbytes`: weights, plus a side-car encoder's) times
+   ESTIMATE_MARGIN; its KV pool is then planned at load time against what the
+   others leave (models/budget.py, `reserved_bytes`), so a resident model's
+   pool is never shrunk for a newcomer -- each newcomer gets what is left,
+   capped by max_kv_pool_bytes and its entry's `max_kv_bytes`.
+3. Eviction (`victims`): least recently used first, only idle generations
+   (no lease), never a pinned one (keep_alive < 0), never one younger than
+   min_generation_s; the fewest LRU victims that free enough. None when the
+   idle ones cannot free enough (the hub then waits for leases, bounded by
+   evict_wait_s, then answers 503 + Retry-After with the reason).
+4. A model that cannot fit even alone (estimate > the whole budget less
+   headroom) is refused with 507 `model_too_large` and the numbers: no
+   eviction or retry can help, unlike a 503.
+5. max_resident_models > 0 caps the count as well (1 = the old single-model
+   swap); 0 = memory alone decides.
+6. Idle eviction (`expired`): a resident idle for its keep_alive (the
+   request's, else its entry's, else the daemon's) is evicted; keep_alive 0
+   evicts as soon as the last lease ends; negative = pinned.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import FrinkError, InsufficientMemory
+from ..registry import ModelSpec, Registry, resolve_source
+from .generation import Generation
+
+ESTIMATE_MARGIN = 1.1  # rule 2: a newcomer's weights estimate, plus a minimal KV pool
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz", ".bin")
+
+
+def measure_nbytes(gen: Generation) -> int:
+    """Rule 1: weights + reserved KV pool + a side-car encoder's weights, in bytes."""
+    if gen.nbytes:
+        return gen.nbytes
+    from ..models.budget import weights_nbytes
+
+    plan, loaded = gen.plan, gen.loaded
+    model = getattr(loaded, "model", None)
+    total = plan.weights_bytes if plan is not None else 0
+    if plan is None and model is not None:
+        total = weights_nbytes(model)
+    total += plan.pool_bytes if plan is not None else 0
+    embedder = gen.embedder
+    own_encoder = getattr(loaded, "encoder", None)
+    if embedder is not None and embedder is not own_encoder and gen.spec.embeddings != "self":
+        total += weights_nbytes(embedder.model)  # type: ignore[arg-type]
+    return int(total)
+
+
+def files_nbytes(spec: ModelSpec) -> int:
+    """Bytes of a checkpoint's weight files on disk; 0 when unknown."""
+    try:
+        path = resolve_source(spec)
+    except FrinkError:
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in Path(path).iterdir()
+               if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+
+
+def estimate_nbytes(spec: ModelSpec, registry: Registry) -> int:
+    """Rule 2: what loading `spec` will cost, before loading it."""
+    total = files_nbytes(spec)
+    if spec.embeddings and spec.embeddings != "self":
+        try:
+            total += files_nbytes(registry.resolve(spec.embeddings))
+        except FrinkError:
+            pass
+    return int(total * ESTIMATE_MARGIN)
+
+
+@dataclass(slots=True)
+class Resident:
+    """One resident generation and what the policy needs to know about it."""
+
+    gen: Generation
+    nbytes: int
+    last_used: float                  # time.monotonic()
+    keep_alive_s: float | None        # None = never idle-evicted; < 0 = pinned
+
+    @property
+    def pinned(self) -> bool:
+        return self.keep_alive_s is not None and self.keep_alive_s < 0
+
+
+class Residency:
+    """The resident set (rules 1-6); the hub is its only writer."""
+
+    def __init__(self, budget_bytes: int, max_models: int = 0) -> None:
+        self.budget_bytes = budget_bytes   # device budget less headroom
+        self.max_models = max_models
+        self.residents: dict[str, Resident] = {}   # by entry name, LRU first
+
+    # --- reading -----------------------------------------------------------------
+    def held_bytes(self) -> int:
+        return sum(r.nbytes for r in self.residents.values())
+
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.held_bytes()
+
+    def generations(self) -> list[Generation]:
+        """Least recently used first."""
+        return [r.gen for r in self.residents.values()]
+
+    def find(self, name: str | None) -> Generation | None:
+        for resident in reversed(self.residents.values()):  # most recent first
+            if resident.gen.answers_to(name) and name not in (None, "default"):
+                return resident.gen
+        return None
+
+    def get(self, gen: Generation) -> Resident | None:
+        resident = self.residents.get(gen.name)
+        return resident if resident is not None and resident.gen is gen else None
+
+    # --- writing -----------------------------------------------------------------
+    def add(self, gen: Generation, keep_alive_s: float | None) -> Resident:
+        resident = Resident(gen, measure_nbytes(gen), time.monotonic(), keep_alive_s)
+        self.residents.pop(gen.name, None)
+        self.residents[gen.name] = resident
+        return resident
+
+    def remove(self, gen: Generation) -> bool:
+        if self.get(gen) is None:
+            return False
+        del self.residents[gen.name]
+        return True
+
+    def touch(self, gen: Generation) -> None:
+        """Most recently used now (moves it to the end of the LRU order)."""
+        resident = self.residents.pop(gen.name, None)
+        if resident is None:
+            return
+        resident.last_used = time.monotonic()
+        self.residents[gen.name] = resident
+
+    # --- the policy --------------------------------------------------------------
+    def check_fits_alone(self, spec: ModelSpec, need_bytes: int) -> None:
+        """Rule 4."""
+        if need_bytes > self.budget_bytes:
+            raise InsufficientMemory(
+                f"The model '{spec.name}' needs about {need_bytes} bytes (weights and a minimal "
+                f"KV pool) but the memory budget is {self.budget_bytes} bytes even with nothing "
+                "else loaded; use a smaller or quantized checkpoint, or raise kv_budget_bytes / "
+                "lower memory_headroom_fraction.", param="model")
+
+    def victims(self, need_bytes: int, busy: Callable[[Generation], bool],
+                min_age_s: float = 0.0) -> list[Generation] | None:
+        """Rule 3: the fewest LRU idle generations to evict so `need_bytes` fit; [] when
+        it fits already; None when the idle ones cannot make room. (The count cap, rule
+        5, is applied after a load publishes: hub rule 2.)"""
+        free = self.free_bytes()
+        chosen: list[Generation] = []
+        now = time.monotonic()
+        for resident in self.residents.values():
+            if free >= need_bytes:
+                return chosen
+            gen = resident.gen
+            if resident.pinned or busy(gen) or now - gen.created_at < min_age_s:
+                continue
+            chosen.append(gen)
+            free += resident.nbytes
+        return chosen if free >= need_bytes else None
+
+    def blockers(self, busy: Callable[[Generation], bool]) -> str:
+        """Why `victims` found no room: the models holding it, for the 503's message."""
+        held = [f"'{r.gen.name}' ({r.nbytes} bytes, "
+                + ("pinned" if r.pinned else "in use" if busy(r.gen) else "just loaded") + ")"
+                for r in self.residents.values()]
+        return ", ".join(held) or "nothing"
+
+    def expired(self, busy: Callable[[Generation], bool]) -> list[Generation]:
+        """Rule 6: idle residents past their keep-alive."""
+        now = time.monotonic()
+        return [r.gen for r in self.residents.values()
+                if r.keep_alive_s is not None and r.keep_alive_s >= 0 and not busy(r.gen)
+                and now - max(r.last_used, r.gen.created_at) >= r.keep_alive_s]

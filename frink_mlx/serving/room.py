@@ -1,0 +1,147 @@
+"""The hub's side of residency: the budget, keep-alives, and making room for a load.
+
+Why a module of its own: the resident-set policy (residency.py) is plain
+numbers; the hub (hub.py) owns leases and loads. What joins them -- waiting,
+with a bound, for a busy model to go idle before evicting it, and the
+figures each needs from the config -- lives here so neither grows past a
+readable size.
+
+Rules:
+1. The budget is the device budget (the `kv_budget_bytes` override, else
+   `Backend.memory_budget()`) less `memory_headroom_fraction` of it: the same
+   arithmetic as models/budget.py, so the resident set and each KV plan agree.
+2. `make_room` (called under the hub's load lock, before a load): refuse a
+   model that cannot fit alone (507); evict the LRU idle victims at once and
+   wait for their memory to be handed back; if no set of idle ones frees
+   enough, poll every ROOM_POLL_S until leases end, for at most
+   `evict_wait_s`, then 503 + Retry-After naming what holds the memory.
+3. keep-alive: the entry's `keep_alive` (models.toml), else the daemon's
+   `keep_alive_s`; None = never idle-evicted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..backend import Backend
+from ..config import HubConfig
+from ..errors import Unavailable
+from ..registry import ModelSpec
+from .generation import Generation
+from .residency import Residency, estimate_nbytes
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+ROOM_POLL_S = 0.05
+ROOM_RETRY_AFTER_S = 5.0
+
+
+def memory_budget(config: HubConfig, backend: Backend) -> int:
+    """Rule 1, in bytes."""
+    budget = config.budget
+    total = budget.kv_budget_bytes or backend.memory_budget().nbytes
+    return int(total - budget.memory_headroom_fraction * total)
+
+
+def keep_alive_of(spec: ModelSpec, config: HubConfig) -> float | None:
+    """Rule 3."""
+    return spec.keep_alive if spec.keep_alive is not None else config.keep_alive_s
+
+
+def over_count(residency: Residency, newcomer: Generation) -> list[Generation]:
+    """residency rule 5 / hub rule 2: the LRU generations beyond max_resident_models
+    (never the newcomer, never a pinned one), retired whether or not they are busy."""
+    if not residency.max_models:
+        return []
+    extra = len(residency.residents) - residency.max_models
+    old = [r.gen for r in residency.residents.values()
+           if r.gen is not newcomer and not r.pinned]
+    return old[:max(0, extra)]
+
+
+async def _wait_min_lifetime(residency: Residency, min_generation_s: float) -> None:
+    """Hub rule 2: the generations the count cap will replace live min_generation_s."""
+    if not residency.max_models:
+        return
+    extra = len(residency.residents) + 1 - residency.max_models
+    doomed = [r.gen for r in residency.residents.values() if not r.pinned][:max(0, extra)]
+    left = max((g.created_at + min_generation_s - time.monotonic() for g in doomed), default=0)
+    if left > 0:
+        await anyio.sleep(left)
+
+
+def reap_interval_s(residency: Residency, config: HubConfig) -> float:
+    """How often the idle reaper looks: a quarter of the shortest keep-alive, in [0.05, 1]."""
+    alives = [r.keep_alive_s for r in residency.residents.values()
+              if r.keep_alive_s is not None and r.keep_alive_s > 0]
+    if config.keep_alive_s:
+        alives.append(config.keep_alive_s)
+    return max(0.05, min([1.0, *(k / 4 for k in alives)]))
+
+
+async def make_room(hub: "Hub", spec: ModelSpec) -> None:
+    """Rule 2: evict LRU idle generations until `spec` fits, or raise."""
+    residency, config = hub.residency, hub.config
+    need = estimate_nbytes(spec, hub.registry)
+    residency.check_fits_alone(spec, need)
+    await _wait_min_lifetime(residency, config.min_generation_s)
+    deadline = time.monotonic() + config.evict_wait_s
+    while True:
+        victims = residency.victims(need, hub.busy, config.min_generation_s)
+        if victims is not None:
+            break
+        if time.monotonic() >= deadline:
+            raise Unavailable(
+                f"No room to load '{spec.name}': it needs about {need} bytes, "
+                f"{residency.free_bytes()} of {residency.budget_bytes} are free, and the "
+                f"memory is held by {residency.blockers(hub.busy)}; retry when one is idle.",
+                code="insufficient_memory", retry_after_s=ROOM_RETRY_AFTER_S)
+        await anyio.sleep(ROOM_POLL_S)
+    for gen in victims:
+        hub._retire(gen)
+    if victims:
+        await hub.wait_freed()
+
+
+def model_states(hub: "Hub") -> dict[str, dict[str, Any]]:
+    """For /health, /v1/models and /admin/models: each registry entry's residency.
+
+    state: resident | loading | available | unavailable (its source is missing);
+    bytes held, KV blocks (reserved, in use), last used (unix s), leases, keep-alive
+    -- null where the model is not resident (honest nulls: not measured)."""
+    states: dict[str, dict[str, Any]] = {}
+    now_unix, now = time.time(), time.monotonic()
+    for spec in hub.registry.entries.values():
+        resident = next((r for r in hub.residency.residents.values()
+                         if r.gen.spec.name == spec.name), None)
+        problem = hub.registry.problem(spec)
+        state = ("resident" if resident is not None else
+                 "loading" if hub.loading == spec.name else
+                 "unavailable" if problem is not None else "available")
+        entry: dict[str, Any] = {"state": state, "bytes": None, "kv_blocks": None,
+                                 "kv_blocks_used": None, "last_used": None, "leases": 0,
+                                 "keep_alive_s": keep_alive_of(spec, hub.config),
+                                 "pinned": (keep_alive_of(spec, hub.config) or 0) < 0,
+                                 "generation": None}
+        if resident is not None:
+            gen = resident.gen
+            stats = gen.engine.stats() if getattr(gen.engine, "stats", None) else None
+            entry.update(bytes=resident.nbytes, generation=gen.number,
+                         kv_blocks=gen.plan.num_blocks if gen.plan is not None else None,
+                         kv_blocks_used=getattr(stats, "num_blocks_used", None),
+                         last_used=round(now_unix - (now - resident.last_used), 3),
+                         leases=hub.num_leases(gen), keep_alive_s=resident.keep_alive_s,
+                         pinned=resident.pinned)
+        states[spec.name] = entry
+    return states
+
+
+def memory_report(hub: "Hub") -> dict[str, int]:
+    """The resident set's totals: budget, held (the sum of each generation's bytes), free."""
+    residency = hub.residency
+    return {"budget_bytes": residency.budget_bytes, "held_bytes": residency.held_bytes(),
+            "free_bytes": residency.free_bytes(), "num_resident": len(residency.residents)}
