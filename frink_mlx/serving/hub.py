@@ -14,8 +14,9 @@ splice two checkpoints into one answer:
 Rules:
 1. Resolution: a name or alias of a resident model -> that generation, at
    once (never behind another model's load). None / "default" -> the
-   resident generation loaded last (`current`, the "active" one: what a
-   single-model daemon meant, stable while others are leased). A registry entry not resident -> loaded just in time next to
+   resident generation loaded last, by a request or an admin load (`current`,
+   the "active" one: what a single-model daemon meant; stable while others
+   are leased). A registry entry not resident -> loaded just in time next to
    the others when `config.auto_swap` (else Conflict 409). Names in no entry
    -> ModelNotFound 404; an entry whose source is missing -> ModelUnavailable
    404 (registry rule 5). Nothing resident -> NoModelLoaded 503 (+
@@ -67,7 +68,8 @@ from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 from .residency import Residency
-from .room import keep_alive_of, make_room, memory_budget, over_count, reap_interval_s
+from .room import (keep_alive_of, make_room, memory_budget, over_budget, over_count,
+                   reap_interval_s)
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -148,8 +150,8 @@ class Hub:
     # --- state -----------------------------------------------------------------
     @property
     def current(self) -> Generation | None:
-        """Rule 1's "default": the resident generation loaded last (the active one)."""
-        return max(self.residency.generations(), key=lambda g: g.number, default=None)
+        """Rule 1's "default": the resident generation loaded (or admin-loaded) last."""
+        return self.residency.active()
 
     @property
     def resident(self) -> list[Generation]:
@@ -300,7 +302,7 @@ class Hub:
                 self.parked, self.sleeping = False, None
                 gen = self.residency.find(spec.name)
                 if gen is not None:
-                    self.residency.touch(gen)
+                    self.residency.activate(gen)
                     return gen
                 return await self._load_locked(spec)
         finally:
@@ -353,10 +355,11 @@ class Hub:
             raise
 
     def _publish(self, gen: Generation) -> None:
-        """Rule 2: join the resident set; then the count cap retires the LRU ones."""
+        """Rule 2: join the resident set; then the count cap retires the LRU ones, and so
+        does a newcomer that turned out larger than its estimate (room.py rule 4)."""
         self.sleeping = None
         self.residency.add(gen, keep_alive_of(gen.spec, self.config))
-        for old in over_count(self.residency, gen):
+        for old in over_count(self.residency, gen) + over_budget(self, gen):
             self._retire(old)
 
     def _retire(self, gen: Generation) -> None:

@@ -116,6 +116,7 @@ class Residency:
         self.budget_bytes = budget_bytes   # device budget less headroom
         self.max_models = max_models
         self.residents: dict[str, Resident] = {}   # by entry name, LRU first
+        self._active: str | None = None             # hub rule 1's "default"
 
     # --- reading -----------------------------------------------------------------
     def held_bytes(self) -> int:
@@ -134,6 +135,13 @@ class Residency:
                 return resident.gen
         return None
 
+    def active(self) -> Generation | None:
+        """The one activated last (or, once it is gone, the one loaded last)."""
+        resident = self.residents.get(self._active or "")
+        if resident is not None:
+            return resident.gen
+        return max(self.generations(), key=lambda g: g.number, default=None)
+
     def get(self, gen: Generation) -> Resident | None:
         resident = self.residents.get(gen.name)
         return resident if resident is not None and resident.gen is gen else None
@@ -143,7 +151,13 @@ class Residency:
         resident = Resident(gen, measure_nbytes(gen), time.monotonic(), keep_alive_s)
         self.residents.pop(gen.name, None)
         self.residents[gen.name] = resident
+        self._active = gen.name
         return resident
+
+    def activate(self, gen: Generation) -> None:
+        self.touch(gen)
+        if self.get(gen) is not None:
+            self._active = gen.name
 
     def remove(self, gen: Generation) -> bool:
         if self.get(gen) is None:

@@ -17,10 +17,15 @@ Rules:
    `evict_wait_s`, then 503 + Retry-After naming what holds the memory.
 3. keep-alive: the entry's `keep_alive` (models.toml), else the daemon's
    `keep_alive_s`; None = never idle-evicted.
+4. After a load publishes, a newcomer that measured larger than its estimate
+   (`over_budget`) pushes out LRU idle generations until the sum fits again;
+   when only busy or pinned ones are left, the set stays over budget (a
+   warning) rather than cut a stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +40,8 @@ from .residency import Residency, estimate_nbytes
 
 if TYPE_CHECKING:
     from .hub import Hub
+
+log = logging.getLogger("frink_mlx.hub")
 
 ROOM_POLL_S = 0.05
 ROOM_RETRY_AFTER_S = 5.0
@@ -74,13 +81,27 @@ async def _wait_min_lifetime(residency: Residency, min_generation_s: float) -> N
         await anyio.sleep(left)
 
 
+def over_budget(hub: "Hub", newcomer: Generation) -> list[Generation]:
+    """Rule 4: idle LRU generations to retire so the resident set fits its budget again."""
+    residency = hub.residency
+    if residency.free_bytes() >= 0:
+        return []
+    victims = residency.victims(0, lambda g: g is newcomer or hub.busy(g))
+    if victims is None:
+        log.warning("resident models hold %d bytes, over the budget of %d: %s",
+                    residency.held_bytes(), residency.budget_bytes, residency.blockers(hub.busy))
+        return []
+    return victims
+
+
 def reap_interval_s(residency: Residency, config: HubConfig) -> float:
-    """How often the idle reaper looks: a quarter of the shortest keep-alive, in [0.05, 1]."""
+    """How often the idle reaper looks: a quarter of the shortest keep-alive, in [0.05,
+    0.25] (a model loaded later may bring a shorter one)."""
     alives = [r.keep_alive_s for r in residency.residents.values()
               if r.keep_alive_s is not None and r.keep_alive_s > 0]
     if config.keep_alive_s:
         alives.append(config.keep_alive_s)
-    return max(0.05, min([1.0, *(k / 4 for k in alives)]))
+    return max(0.05, min([0.25, *(k / 4 for k in alives)]))
 
 
 async def make_room(hub: "Hub", spec: ModelSpec) -> None:
