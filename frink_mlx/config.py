@@ -59,6 +59,7 @@ class EngineLimits(_Slice, frozen=True):
     batching: bool
     prefill_chunk_tokens: int      # prefill tokens per step while streams decode
     idle_prefill_tokens: int       # ... and in a step that decodes nothing
+    shared_prefill_tokens: int     # ... while another resident model's engine runs
     admission_window_ms: float     # an idle engine gathers a burst this long
     pipeline: bool | None          # None = the backend decides
     max_queue: int

@@ -70,6 +70,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # a prompt reuses its shared prefix rounded down to it)
     prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
     idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
+    shared_prefill_tokens: int = 32              # ... while another model's engine runs
+                                                 # (engine/gate.py rule 5: bounds its streams'
+                                                 # inter-token gap to one such chunk)
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
     pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
                                                  # None: on Metal yes, on the CPU backend no
@@ -124,6 +127,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
+                            shared_prefill_tokens=self.shared_prefill_tokens,
                             admission_window_ms=self.admission_window_ms,
                             pipeline=self.pipeline, max_queue=self.max_queue,
                             queue_timeout_s=self.queue_timeout_s)

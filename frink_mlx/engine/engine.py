@@ -86,6 +86,7 @@ class EngineConfig:
     queue_timeout_s: float
     generation: int = 0
     idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
+    shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
 
@@ -108,7 +109,8 @@ class Engine:
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
             one_request_at_a_time=not config.batching,
-            idle_prefill_tokens=config.idle_prefill_tokens)
+            idle_prefill_tokens=config.idle_prefill_tokens,
+            shared_prefill_tokens=config.shared_prefill_tokens)
         self.runner = Runner(model, self._new_store(), backend.prepare_decoder(model),
                              device_masks=backend.device_token_masks())
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()

@@ -20,7 +20,7 @@ Rules:
    steps instead of one re-taking the lock it just released.
 5. `contended(window_s)`: another thread held or asked for the gate within
    the window. An engine's scheduler then bounds its prefill chunk to
-   `prefill_chunk_tokens` even in a step that decodes nothing of its own
+   `shared_prefill_tokens`, even in a step that decodes nothing of its own
    (scheduler rule 2), so a 2,000-token prompt on model B costs model A's
    streams one bounded chunk per step, not one long one.
 """

@@ -26,8 +26,9 @@ Rules:
    (a burst of new prompts, or one long prompt, then runs in fewer, larger
    steps; each step streams every weight once, whatever its token count) --
    unless `contended` (another resident model's engine shares the decode
-   gate, engine/gate.py rule 5): then its streams are the ones a large step
-   would stall, and the chunk stays at `prefill_chunk_tokens`.
+   gate, engine/gate.py rule 5): then the other engine's streams are the ones
+   a large step would stall, and every chunk is cut to `shared_prefill_tokens`
+   (one chunk is what those streams wait between two of their steps).
 3. Decode needs one new slot per row per step; when the pool is out of
    blocks, the newest running seq is preempted (blocks freed, requeued at the
    head of the waiting queue, recomputed later from its prompt + outputs,
@@ -69,6 +70,7 @@ class Scheduler:
         generation: int = 0,
         one_request_at_a_time: bool = False,
         idle_prefill_tokens: int | None = None,
+        shared_prefill_tokens: int | None = None,
     ) -> None:
         if max_batch < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
@@ -77,6 +79,8 @@ class Scheduler:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.idle_prefill_tokens = max(prefill_chunk_tokens, idle_prefill_tokens or 0)
         self.contended = False  # rule 2: another engine shares the gate (engine/gate.py rule 5)
+        self.shared_prefill_tokens = min(prefill_chunk_tokens,
+                                         shared_prefill_tokens or prefill_chunk_tokens)
         self.generation = generation
         self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
@@ -181,8 +185,8 @@ class Scheduler:
         out = SchedulerOutput(copies=self._pending_copies)
         self._pending_copies = []
         self._plan_decode(out)
-        idle = not out.decode and not self.contended
-        budget = self.idle_prefill_tokens if idle else self.prefill_chunk_tokens
+        budget = (self.shared_prefill_tokens if self.contended else
+                  self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
         for seq in list(self.running):
             if budget <= 0:
                 break

@@ -74,6 +74,7 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         context_ceiling=plan.context_ceiling, max_queue=limits.max_queue,
         queue_timeout_s=limits.queue_timeout_s, generation=number,
         idle_prefill_tokens=limits.idle_prefill_tokens,
+        shared_prefill_tokens=limits.shared_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
         pipeline=limits.pipeline)
     engine = Engine(loaded, engine_config, gate, backend)  # type: ignore[arg-type]
