@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from _common import ROOT, Server, chat_body, start_frink, stream_chat
 
 sys.path.insert(0, str(ROOT / "tests"))

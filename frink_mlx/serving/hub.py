@@ -62,14 +62,12 @@ import msgspec
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
-from ..errors import (Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded,
-                      Unavailable)
+from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 from .residency import Residency
-from .room import (keep_alive_of, make_room, memory_budget, over_budget, over_count,
-                   reap_interval_s)
+from .room import keep_alive_of, make_room, memory_budget, over_budget, over_count, reap_interval_s
 
 log = logging.getLogger("frink_mlx.hub")
 

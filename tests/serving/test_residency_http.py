@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pytest
-
 from daemon_support import generation_factory, start_server, write_registry
+
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
