@@ -7,8 +7,9 @@
                                first model loads and while draining. Answers at once, even
                                while a model loads (the load runs in a worker thread).
     GET  /admin/models         resident generations, the default one (`active`), load in
-                               progress (and its progress), last load error, retired generations still draining, how many freed
-                               ones are still handing memory back (`releasing`), the registry
+                               progress (and its progress), last load error, retired
+                               generations still draining, how many freed ones are still
+                               handing memory back (`releasing`), the registry
                                (each entry `available`, or its `unavailable` reason)
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs

@@ -1,34 +1,30 @@
 """Model generations: a resident set of immutable generations, leases, no splicing.
 
 Several models stay loaded at once (the resident set, residency.py, priced
-against memory). Each is an immutable `Generation` (checkpoint, tokenizer,
+against memory), each an immutable `Generation` (checkpoint, tokenizer,
 engine with its KV pool, context plan, number). A request leases one
 generation and keeps that lease to its last byte, so an eviction can never
 splice two checkpoints into one answer:
 
-    request A ── lease(chat g1) ───────────────────────────── release
-    request B ── lease(fim g2) ── release                      (g2 idle)
-    request C    (agent: needs room) evict g2 (LRU, idle) ── load g3 ── lease(g3)
-                                     └─ g2 freed (engine shut down, memory handed back)
+    request A ── lease(chat g1) ─────────────────────────── release
+    request B ── lease(fim g2) ── release   (g2 idle, LRU)
+    request C    (agent: no room) evict g2 ── load g3 ── lease(g3)
+                                    └─ g2 freed: engine shut down, memory handed back
 
 Rules:
-1. Resolution: a name or alias of a resident model -> that generation, at
-   once (never behind another model's load). None / "default" -> the
-   resident generation loaded last, by a request or an admin load (`current`,
-   the "active" one: what a single-model daemon meant; stable while others
-   are leased). A registry entry not resident -> loaded just in time next to
-   the others when `config.auto_swap` (else Conflict 409). Names in no entry
-   -> ModelNotFound 404; an entry whose source is missing -> ModelUnavailable
+1. Resolution: a resident model's name or alias -> that generation, at once
+   (never behind another model's load). None / "default" -> `current`, the
+   one loaded (or admin-loaded) last. A registry entry not resident -> loaded
+   just in time next to the others when `config.auto_swap` (else 409). Names
+   in no entry -> 404; an entry whose source is missing -> ModelUnavailable
    404 (registry rule 5). Nothing resident -> NoModelLoaded 503 (+
    Retry-After) for "default" and while the first model loads.
-2. Loads are serialised on one FIFO lock: waiting requests are answered in
-   arrival order, and one that finds its model resident after the wait just
-   leases it. Before a load, room is made (residency.py rules 2-5): LRU idle
-   generations are evicted; busy ones are waited for up to evict_wait_s, then
-   503 + Retry-After naming what holds the memory; a model that cannot fit
-   alone is 507. With max_resident_models the count is enforced after the
-   load publishes: the LRU generation is retired even with leases, which
-   finish on it (1 = the classic single-model swap, min_generation_s apart).
+2. Loads are serialised on one FIFO lock (arrival order; one that finds its
+   model resident after the wait just leases it). Room is made first
+   (room.py rule 2: LRU idle evictions, 503 or 507 with the numbers). With
+   max_resident_models the count is enforced after the load publishes: the
+   LRU generation is retired even with leases, which finish on it (1 = the
+   classic single-model swap, min_generation_s apart).
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the resident set serving (minus what was
    evicted to make room) and is kept in `last_error`. While one runs,
@@ -57,17 +53,24 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
-import msgspec
 
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
 from ..registry import ModelSpec, Registry
-from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 from .residency import Residency
-from .room import keep_alive_of, make_room, memory_budget, over_budget, over_count, reap_interval_s
+from .room import (
+    build_resident,
+    keep_alive_of,
+    make_room,
+    memory_budget,
+    over_budget,
+    over_count,
+    reap_idle,
+    set_keep_alive,
+)
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -319,8 +322,7 @@ class Hub:
             ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
             try:
                 gen = await anyio.to_thread.run_sync(
-                    self._build, spec, number, self.residency.held_bytes(),
-                    abandon_on_cancel=False)
+                    build_resident, self, spec, number, abandon_on_cancel=False)
             finally:
                 ticker.cancel()
         except Exception as exc:  # rule 3: keep the others, remember why
@@ -340,18 +342,6 @@ class Hub:
             self.on_load(gen)
         return gen
 
-    def _build(self, spec: ModelSpec, number: int, reserved_bytes: int) -> Generation:
-        """factory + the embedder serving /v1/embeddings (side-car, self or the encoder);
-        the KV pool is planned against what the resident models leave (residency rule 2)."""
-        budget = msgspec.structs.replace(self.config.budget, reserved_bytes=reserved_bytes)
-        config = msgspec.structs.replace(self.config, budget=budget)
-        gen = self.factory(spec, config, number, self.gate, self.backend)
-        try:
-            return attach_embedder(gen, self.registry, self.config.load, self.backend)
-        except BaseException:
-            free_generation(gen, self.config.drain_timeout_s)
-            raise
-
     def _publish(self, gen: Generation) -> None:
         """Rule 2: join the resident set; then the count cap retires the LRU ones, and so
         does a newcomer that turned out larger than its estimate (room.py rule 4)."""
@@ -369,12 +359,8 @@ class Hub:
             self._schedule_free(gen)
 
     def keep_alive(self, gen: Generation, keep_alive_s: float | None) -> None:
-        """A request's keep-alive for `gen` (rule 6; Ollama's `keep_alive`): seconds idle
-        before eviction, 0 = as soon as idle, negative = pinned; None = the entry's."""
-        resident = self.residency.get(gen)
-        if resident is not None:
-            resident.keep_alive_s = (keep_alive_s if keep_alive_s is not None
-                                     else keep_alive_of(gen.spec, self.config))
+        """A request's keep-alive for `gen` (rule 6, Ollama's `keep_alive`; room.py)."""
+        set_keep_alive(self, gen, keep_alive_s)
 
     async def unload(self, name: str | None = None) -> Generation | None:
         """Rule 5: one model by name, or every resident one (and park the hub)."""
@@ -391,17 +377,8 @@ class Hub:
             return old
 
     async def reap_idle(self) -> None:
-        """Rule 6, run for the app's lifetime."""
-        while True:
-            await anyio.sleep(reap_interval_s(self.residency, self.config))
-            if self._swap_lock.locked():
-                continue
-            for gen in self.residency.expired(self.busy):
-                log.info("generation %d: %s idle past its keep-alive, unloading", gen.number,
-                         gen.name)
-                self._retire(gen)
-                if not self.residency.residents:
-                    self.sleeping = gen.spec
+        """Rule 6, run for the app's lifetime (room.py)."""
+        await reap_idle(self)
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:

@@ -30,12 +30,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from ..backend import Backend
 from ..config import HubConfig
 from ..errors import Unavailable
 from ..registry import ModelSpec
-from .generation import Generation
+from .embeddings import attach_embedder
+from .generation import Generation, free_generation
 from .residency import Residency, estimate_nbytes
 
 if TYPE_CHECKING:
@@ -126,6 +128,45 @@ async def make_room(hub: "Hub", spec: ModelSpec) -> None:
         hub._retire(gen)
     if victims:
         await hub.wait_freed()
+
+
+def build_resident(hub: "Hub", spec: ModelSpec, number: int) -> Generation:
+    """The hub's factory + the embedder serving /v1/embeddings (side-car, self or the
+    encoder), its KV pool planned against what the resident models hold (residency.py
+    rule 2). Blocking: the hub runs it in a worker thread."""
+    config = hub.config
+    budget = msgspec.structs.replace(config.budget, reserved_bytes=hub.residency.held_bytes())
+    gen = hub.factory(spec, msgspec.structs.replace(config, budget=budget), number, hub.gate,
+                      hub.backend)
+    try:
+        return attach_embedder(gen, hub.registry, config.load, hub.backend)
+    except BaseException:
+        free_generation(gen, config.drain_timeout_s)
+        raise
+
+
+def set_keep_alive(hub: "Hub", gen: Generation, keep_alive_s: float | None) -> None:
+    """A request's keep-alive for `gen`: seconds idle before eviction, 0 = as soon as it
+    is idle, negative = pinned; None = back to the entry's (rule 3)."""
+    resident = hub.residency.get(gen)
+    if resident is not None:
+        resident.keep_alive_s = (keep_alive_s if keep_alive_s is not None
+                                 else keep_alive_of(gen.spec, hub.config))
+
+
+async def reap_idle(hub: "Hub") -> None:
+    """Hub rule 6: retire residents idle past their keep-alive; when the last one goes the
+    hub sleeps (its next request, or "default", loads it again)."""
+    while True:
+        await anyio.sleep(reap_interval_s(hub.residency, hub.config))
+        if hub._swap_lock.locked():
+            continue
+        for gen in hub.residency.expired(hub.busy):
+            log.info("generation %d: %s idle past its keep-alive, unloading", gen.number,
+                     gen.name)
+            hub._retire(gen)
+            if not hub.residency.residents:
+                hub.sleeping = gen.spec
 
 
 def model_states(hub: "Hub") -> dict[str, dict[str, Any]]:

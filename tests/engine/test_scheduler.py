@@ -188,3 +188,20 @@ def test_batching_off_runs_one_request_at_a_time():
     _feed(s, plan)
     plan = s.schedule()
     assert [c.seq_id for c in plan.prefill] == [] and [r.seq_id for r in plan.decode] == [1]
+
+
+def test_contended_engine_cuts_its_prefill_to_shared_chunks():
+    """Rule 2: alone, a step that decodes nothing spends idle_prefill_tokens; while another
+    engine shares the gate (`contended`), every chunk is shared_prefill_tokens."""
+    s = _sched(num_blocks=32, chunk=8, idle_prefill_tokens=32, shared_prefill_tokens=4)
+    s.add(_req("a", 40))
+    plan = s.schedule()
+    assert [len(c.token_ids) for c in plan.prefill] == [32]
+    _feed(s, plan)
+    s.contended = True
+    plan = s.schedule()
+    assert [(c.start, len(c.token_ids)) for c in plan.prefill] == [(32, 4)]
+    _feed(s, plan)
+    s.contended = False
+    plan = s.schedule()
+    assert [(c.start, len(c.token_ids)) for c in plan.prefill] == [(36, 4)]
