@@ -2,7 +2,7 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+(openai incl. responses, anthropic, llamacpp, ollama, embeddings, admin, the status
 page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
@@ -41,7 +41,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
-from .adapters import admin, anthropic, llamacpp, openai, page, status
+from .adapters import admin, anthropic, llamacpp, ollama, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
 from .backend import Backend, select_backend
 from .core.checks import check_request
@@ -67,7 +67,7 @@ log = logging.getLogger("frink_mlx.app")
 
 # Modules whose `routes` are mounted, in order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
-    openai, anthropic, llamacpp, openai_embeddings, admin, status, page, metrics_module,
+    openai, anthropic, llamacpp, ollama, openai_embeddings, admin, status, page, metrics_module,
 )
 
 

@@ -38,8 +38,8 @@ and disconnect detection):
    shell are exempt so a flooded daemon still answers them (and can show why).
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
-Anthropic for /v1/messages*, llama.cpp for its native routes, OpenAI for the
-rest (see http/errors.py).
+Anthropic for /v1/messages*, llama.cpp for its native routes, Ollama for
+/api/*, OpenAI for the rest (see http/errors.py).
 
 `check_bind(settings)` refuses to start on a non-loopback address without a
 key; the server calls it before binding.
@@ -72,7 +72,7 @@ from ..errors import (
 from ..metrics import metrics_of
 from ..settings import Settings
 from .access import AccessLogMiddleware
-from .errors import Envelope, anthropic_error, llamacpp_error, openai_error
+from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
 
 OPEN_PATHS = frozenset({"/health", "/"})           # no key needed
 OPEN_PREFIXES = ("/ui/",)                           # the page's static assets (no data)
@@ -97,6 +97,8 @@ def envelope_for_path(path: str) -> Envelope:
         return anthropic_error
     if path in LLAMACPP_PATHS:
         return llamacpp_error
+    if path.startswith("/api/"):
+        return ollama_error
     return openai_error
 
 
