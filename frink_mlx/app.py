@@ -2,7 +2,8 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
+(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
 This is the composition root: the only place below the CLI that reads
@@ -28,7 +29,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
-from .adapters import admin, anthropic, llamacpp, openai
+from .adapters import admin, anthropic, llamacpp, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
 from .backend import Backend, select_backend
 from .core.checks import check_request
@@ -39,7 +40,7 @@ from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
 from .errors import InvalidRequest
 from .http import security
-from .http.access import track_run
+from .http.access import RecentRequests, track_run
 from .metrics import Metrics
 from .models.encoder import Encoder
 from .registry import Registry, load_registry
@@ -54,7 +55,7 @@ log = logging.getLogger("frink_mlx.app")
 
 # Modules whose `routes` are mounted, in order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
-    openai, anthropic, llamacpp, openai_embeddings, admin, metrics_module,
+    openai, anthropic, llamacpp, openai_embeddings, admin, status, page, metrics_module,
 )
 
 
@@ -75,6 +76,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
+    recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from .backend import Backend, select_backend
+from .local_daemon import daemon_answers, daemon_url
 from .settings import Settings, environ_snapshot
 
 Messages = list[dict[str, str]]
@@ -140,13 +141,6 @@ def generate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 # --- over HTTP -------------------------------------------------------------------
 
-def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
-    if args.url:
-        return args.url.rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    return f"http://{host}:{settings.port}"
-
-
 def _auth_headers(settings: Settings) -> dict[str, str]:
     try:
         from .http.security import resolve_api_key
@@ -155,16 +149,6 @@ def _auth_headers(settings: Settings) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - no key file: talk without one
         key = settings.api_key
     return {"authorization": f"Bearer {key}"} if key else {}
-
-
-def daemon_answers(url: str, headers: dict[str, str]) -> bool:
-    import httpx
-
-    try:
-        r = httpx.get(url + "/health", headers=headers, timeout=2.0)
-    except httpx.HTTPError:
-        return False
-    return r.status_code in (200, 503) and "state" in r.text
 
 
 @dataclass

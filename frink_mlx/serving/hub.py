@@ -79,6 +79,7 @@ class Hub:
         self.on_load = on_load
         self.current: Generation | None = None
         self.loading: str | None = None
+        self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -195,7 +196,7 @@ class Hub:
         if self.loading is not None or self._swap_lock.locked():
             raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
                            "try again when it finishes.", param="model")
-        self.loading = spec.name
+        self.loading, self.loading_since = spec.name, time.monotonic()
         task = asyncio.get_running_loop().create_task(self._reserved_load(spec))
         self._tasks.add(task)
         task.add_done_callback(self._load_done)
@@ -222,9 +223,11 @@ class Hub:
                 self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
-        self.loading = spec.name
         number = self._numbers + 1
         started = time.monotonic()
+        if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
+            self.loading_since = started
+        self.loading = spec.name
         try:
             gen = await anyio.to_thread.run_sync(
                 self._build, spec, number, abandon_on_cancel=False)
