@@ -107,9 +107,9 @@ def test_loading_state_reports_elapsed_seconds(registry_file: Path, tmp_path: Pa
     release = threading.Event()
     real = generation_factory()
 
-    def held_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+    def held_factory(spec: Any, settings: Any, number: int, gate: Any, backend: Any) -> Any:
         release.wait(30)  # the real load, started only once the test has looked
-        return real(spec, settings, number, gate)
+        return real(spec, settings, number, gate, backend)
 
     settings = _settings(registry_file, tmp_path)
     app = create_app(settings, registry=load_registry(settings), factory=held_factory,
