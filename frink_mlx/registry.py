@@ -33,10 +33,11 @@ Rules:
    "up to the context" when absent); a client's own limit is still honoured
    up to the context ceiling.
 8. Residency (serving/residency.py): `keep_alive` seconds idle before the
-   model is evicted (absent = the daemon's --keep-alive; `-1` = pinned, never
-   evicted (any negative, as Ollama reads it); `0` = evicted as soon as its last request ends); `preload = true`
-   loads it at start-up next to the default; `max_kv_bytes` caps its KV pool
-   below the daemon-wide `max_kv_pool_bytes`.
+   model is evicted (absent = the daemon's --keep-alive; `-1`, or any
+   negative as Ollama reads it, = pinned, never evicted; `0` = evicted as soon
+   as its last request ends); `preload = true` loads it at start-up next to
+   the default; `max_kv_bytes` caps its KV pool below the daemon-wide
+   `max_kv_pool_bytes`.
 """
 
 from __future__ import annotations
