@@ -68,7 +68,7 @@ def measure_nbytes(gen: Generation) -> int:
     embedder = gen.embedder
     own_encoder = getattr(loaded, "encoder", None)
     if embedder is not None and embedder is not own_encoder and gen.spec.embeddings != "self":
-        total += weights_nbytes(embedder.model)  # type: ignore[arg-type]
+        total += weights_nbytes(embedder.model)
     return int(total)
 
 

@@ -191,7 +191,8 @@ def model_states(hub: "Hub") -> dict[str, dict[str, Any]]:
                                  "generation": None}
         if resident is not None:
             gen = resident.gen
-            stats = gen.engine.stats() if getattr(gen.engine, "stats", None) else None
+            engine = gen.engine
+            stats = engine.stats() if engine is not None and hasattr(engine, "stats") else None
             entry.update(bytes=resident.nbytes, generation=gen.number,
                          kv_blocks=gen.plan.num_blocks if gen.plan is not None else None,
                          kv_blocks_used=getattr(stats, "num_blocks_used", None),

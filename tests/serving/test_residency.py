@@ -12,6 +12,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -49,7 +50,8 @@ def make_hub(tmp: Path, *, sizes: dict[str, int] | None = None,
 
     def factory(spec, config, number, gate, backend):
         loads.append(spec.name)
-        return Generation(number, spec, object(), FakeEngine(), None, time.monotonic(),
+        loaded = SimpleNamespace(load_time_s=0.0, context_length=64)
+        return Generation(number, spec, loaded, FakeEngine(), None, time.monotonic(),
                           nbytes=files_nbytes(spec))
 
     s = Settings.load(**{"min_generation_s": 0.0, "kv_budget_bytes": BUDGET,
@@ -200,3 +202,26 @@ def test_idle_reaper_honours_each_entrys_keep_alive(tmp_path: Path) -> None:
         await hub.shutdown()
 
     asyncio.run(main())
+
+
+def test_preload_entries_load_at_start_next_to_the_default(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from frink_mlx.app import create_app
+
+    hub, loads = make_hub(tmp_path)  # for its registry and factory
+    entries = dict(hub.registry.entries)
+    entries["c"] = ModelSpec(name="c", source=entries["c"].source, preload=True, keep_alive=-1)
+    registry = Registry(entries=entries, default="a", path="<test>")
+    settings = Settings.load(min_generation_s=0.0, kv_budget_bytes=BUDGET,
+                             memory_headroom_fraction=0.0, access_log=False)
+    app = create_app(settings, registry=registry, factory=hub.factory)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        r = client.get("/admin/models")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        states = {m["name"]: m["residency"] for m in body["models"]}
+        assert states["a"]["state"] == states["c"]["state"] == "resident"
+        assert states["c"]["pinned"] is True and states["b"]["state"] == "available"
+        assert body["memory"]["held_bytes"] == 2 * MODEL_BYTES
+    assert loads == ["a", "c"]
