@@ -12,10 +12,11 @@ Rules:
    ceiling, whether it thinks). `capabilities`: "completion" and "tools" for
    generative models (tools reach any template: core/prompt.py), "thinking"
    when the loaded tokenizer has think markers, "embedding" for encoders.
-3. /api/ps lists the active generation (and retired ones still draining):
+3. /api/ps lists every resident generation (and retired ones still draining):
    `size` the weights' bytes, `size_vram` the same on Metal's unified memory
-   and 0 on the CPU backend, `expires_at` when the idle unload would retire it
-   (null without `keep_alive_s`), `context_length` the context ceiling.
+   and 0 on the CPU backend, `expires_at` when idle eviction would retire it
+   (its keep-alive, serving/room.py; null when it has none or is pinned),
+   `context_length` the context ceiling.
 4. /api/pull downloads nothing (frink-mlx serves what models.toml names): a
    registry entry answers `{"status": "success"}` (one NDJSON line when
    streaming); any other name is a 404 naming models.toml.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -136,11 +136,11 @@ async def show(request: Request) -> Response:
 def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
     """Rule 3."""
     spec = gen.spec
-    keep_alive_s = state.hub.config.keep_alive_s
+    residency = state.model_states().get(spec.name) or {}
+    keep_alive_s, last_used = residency.get("keep_alive_s"), residency.get("last_used")
     expires_at = None
-    if keep_alive_s and gen is state.hub.current:
-        idle_since = max(state.hub.last_used, gen.created_at)
-        expires_at = time.time() + (idle_since + keep_alive_s - time.monotonic())
+    if keep_alive_s is not None and keep_alive_s >= 0 and residency.get("generation") == gen.number:
+        expires_at = max(last_used or 0.0, gen.created_unix) + keep_alive_s
     size = int(gen.plan.weights_bytes) if gen.plan is not None else None
     on_metal = state.hub.backend.name == "metal"
     return {"name": tagged(spec.name), "model": tagged(spec.name), "size": size,
@@ -152,7 +152,7 @@ def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
 @endpoint(ollama_error)
 async def ps(request: Request) -> Response:
     state = request.app.state.frink
-    gens = ([state.hub.current] if state.hub.current is not None else []) + state.hub.retired
+    gens = state.hub.resident + state.hub.retired
     return json_response({"models": [ps_entry(state, g) for g in gens]})
 
 
