@@ -133,12 +133,13 @@ def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
 
 
 def _state_of(hub: Hub, registry: Registry, spec: ModelSpec, now: float) -> dict[str, Any]:
-    current = hub.current
-    if current is not None and current.spec.name == spec.name:
-        return {"state": "resident", "generation": current.number}
-    if current is not None and current.embedder is not None and current.spec.embeddings == spec.name:
-        return {"state": "resident", "generation": current.number,
-                "reason": f"side-car encoder of {current.spec.name}"}
+    for gen in hub.resident:  # several models may be resident (serving/residency.py)
+        if gen.spec.name == spec.name:
+            return {"state": "resident", "generation": gen.number}
+    for gen in hub.resident:
+        if gen.embedder is not None and gen.spec.embeddings == spec.name:
+            return {"state": "resident", "generation": gen.number,
+                    "reason": f"side-car encoder of {gen.spec.name}"}
     if hub.loading == spec.name:
         since = hub.loading_since
         return {"state": "loading", "loading_s": None if since is None else round(now - since, 1)}

@@ -93,8 +93,8 @@ async def tags(request: Request) -> Response:
 
 
 def _loaded(state: Any, spec: Any) -> Any:
-    gen = state.hub.current
-    return gen if gen is not None and gen.spec.name == spec.name else None
+    """The resident generation of `spec` (serving/hub.py rule 1), or None."""
+    return next((g for g in state.hub.resident if g.spec.name == spec.name), None)
 
 
 def _capabilities(spec: Any, gen: Any) -> list[str]:
