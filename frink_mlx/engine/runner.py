@@ -37,7 +37,8 @@ import numpy as np
 
 from ..backend.cpu import kernels as cpu_kernels
 from ..backend.cpu import split as cpu_split
-from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
+from .kv.paged import (BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head,
+                       make_layer_caches)
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .types import TopLogprob
@@ -93,6 +94,7 @@ class Runner:
         self.store = store
         self._side_streams = list(side_streams)  # cpu_split.setup has swapped the layers
         self._split = _split_head(model)
+        self._grouped_mask = groups_queries_per_kv_head(model)  # kv/paged.py rule 5
         cpu_kernels.install(model)  # acts on the engine's CPU float32 calls only
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
@@ -129,6 +131,9 @@ class Runner:
         with cpu_kernels.engine_forward(), cpu_split.split_forward(self._side_streams):
             yield
 
+    def _caches(self, layout: BatchLayout) -> list[Any]:
+        return make_layer_caches(self.store, layout, self._grouped_mask)
+
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""
         self._prev_tokens = None
@@ -139,7 +144,7 @@ class Runner:
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
         inputs = self._decode_inputs(rows)
         with self._forward():
-            logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
+            logits = self.model(inputs[:, None], cache=self._caches(layout))
         return logits[:, -1, :]
 
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
@@ -171,7 +176,7 @@ class Runner:
             inputs[i, :len(c.token_ids)] = c.token_ids
         layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        caches = make_layer_caches(self.store, layout)
+        caches = self._caches(layout)
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
