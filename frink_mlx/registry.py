@@ -15,11 +15,15 @@ Rules:
    may only be an alias of the default entry.
 4. `embeddings` must name a `kind = "encoder"` entry, or be "self" (a
    generative model pooling its own hidden states, asked for explicitly).
-5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
-   to the models.toml that names them; `~` expands), or
-   `package:<module>/<file inside the package>`. Sources are not checked for
-   existence here (the registry must load even when a model is missing);
-   `resolve_source` does that, with a pip hint for packages.
+5. Sources (`source_kind` names them; models/sources.py resolves them): an
+   MLX checkpoint dir or a GGUF file (relative paths are relative to the
+   models.toml that names them; `~` expands),
+   `package:<module>/<file inside the package>`, `ollama:NAME[:TAG]` (the
+   Ollama store), or a Hugging Face repo id `org/name[@revision]`. A bare
+   `org/name` is a path when that path exists next to the models.toml (as
+   mlx_lm.load decides), else a repo id; `./org/name` is always a path.
+   Sources are not checked for existence here (the registry must load even
+   when a model is missing), and nothing here touches the network.
 6. `settings.default_model`, when set, overrides the file's `default`.
 """
 
@@ -39,6 +43,9 @@ from .errors import ConfigError, ModelNotFound, RegistryError
 from .settings import Settings
 
 PACKAGE_PREFIX = "package:"
+OLLAMA_PREFIX = "ollama:"
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+SourceKind = Literal["package", "ollama", "hf", "path"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
@@ -168,10 +175,16 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         raise _refuse(path, *_explain(key, str(exc))) from None
     if not spec.source.strip():
         raise _refuse(path, f"{key}.source", "must not be empty")
-    if spec.source.startswith(PACKAGE_PREFIX):
+    kind = source_kind(spec.source)
+    if kind == "package":
         module, _, rel = spec.source[len(PACKAGE_PREFIX):].partition("/")
         if not module.isidentifier() or not rel:
             raise _refuse(path, f"{key}.source", "package sources look like 'package:<module>/<file>'")
+    elif kind == "ollama":
+        if not spec.source[len(OLLAMA_PREFIX):].strip(" :"):
+            raise _refuse(path, f"{key}.source", "Ollama sources look like 'ollama:NAME[:TAG]'")
+    elif kind == "hf" and not (path.parent / spec.source).exists():
+        pass  # a Hugging Face repo id, kept as written
     else:
         source = Path(spec.source).expanduser()
         if not source.is_absolute():
@@ -181,6 +194,23 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         if not _NAME_RE.match(alias):
             raise _refuse(path, f"{key}.aliases", f"invalid alias {alias!r}")
     return spec
+
+
+def source_kind(source: str) -> SourceKind:
+    """Which kind of source a models.toml `source` string is (rule 5; pure parsing)."""
+    if source.startswith(PACKAGE_PREFIX):
+        return "package"
+    if source.startswith(OLLAMA_PREFIX):
+        return "ollama"
+    if _HF_REPO_RE.match(source) and not source.lower().endswith(".gguf"):
+        return "hf"
+    return "path"
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """'org/name@rev' -> ('org/name', 'rev'); no '@' -> (repo, None)."""
+    repo_id, _, revision = repo.partition("@")
+    return repo_id, revision or None
 
 
 def _explain(key: str, message: str) -> tuple[str, str]:
@@ -236,7 +266,10 @@ def pip_name(module: str) -> str:
 
 
 def resolve_source(spec: ModelSpec) -> Path:
-    """The local file or dir behind `spec.source`; ConfigError (with a fix) if absent."""
+    """The local file or dir behind a path or package source; ConfigError (with a
+    fix) if absent. Hub and Ollama sources resolve in models/sources.py."""
+    if source_kind(spec.source) in ("hf", "ollama"):
+        raise ConfigError(f"model {spec.name!r}: {spec.source} is not a local source")
     if not spec.source.startswith(PACKAGE_PREFIX):
         path = Path(spec.source)
         if not path.exists():
