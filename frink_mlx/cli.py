@@ -4,7 +4,8 @@
     frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--temp T]
     frink-mlx chat      [--model NAME] [--max-tokens N] [--temp T] [--url URL]
     frink-mlx models    [--models FILE]
-    frink-mlx import    PATH.gguf
+    frink-mlx import    PATH.gguf | ollama:NAME[:TAG]
+    frink-mlx pull      ORG/NAME[@REVISION]
     frink-mlx service   install|uninstall|start|stop|status|logs
 
 Each command's implementation lives in its own module and is imported lazily,
@@ -79,9 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the registry and each entry's status")
     _common(models)
 
-    imp = sub.add_parser("import", help="convert a GGUF file to a cached MLX checkpoint")
+    imp = sub.add_parser("import", help="convert a GGUF file (or an Ollama model) to a cached "
+                                        "MLX checkpoint")
     _common(imp)
-    imp.add_argument("path")
+    imp.add_argument("path", help="PATH.gguf, or ollama:NAME[:TAG] from the Ollama store")
+
+    pull = sub.add_parser("pull", help="download a Hugging Face repo into its cache ahead of time")
+    _common(pull)
+    pull.add_argument("repo", help="org/name[@revision]")
 
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     _common(svc)
@@ -112,9 +118,10 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name in ("generate", "chat"):
         from . import chat as chat_mod
         fn = chat_mod.generate_command if name == "generate" else chat_mod.chat_command
-    elif name in ("models", "import"):
+    elif name in ("models", "import", "pull"):
         from . import registry_cli as reg
-        fn = reg.models_command if name == "models" else reg.import_command
+        fn = {"models": reg.models_command, "import": reg.import_command,
+              "pull": reg.pull_command}[name]
     elif name == "service":
         from .service import service_command
         fn = service_command

@@ -1,40 +1,103 @@
-"""`frink-mlx models` and `frink-mlx import PATH.gguf`.
+"""`frink-mlx models`, `frink-mlx import PATH.gguf|ollama:NAME[:TAG]`, `frink-mlx pull REPO[@REV]`.
 
 Why separate from registry.py: these print for humans; the registry stays a
-pure parser. Neither command imports MLX unless a GGUF is actually converted,
-so `frink-mlx models` answers instantly. Errors are `ConfigError`s, which
-cli.main prints as one line (exit 2).
+pure parser. No command imports MLX unless a GGUF is actually converted, and
+`models` touches no network, so it answers instantly. Errors are
+`ConfigError`s, which cli.main prints as one line (exit 2).
+
+Rules:
+1. `models` gives each entry a STATUS: `available ...`, `imported (cached)`,
+   `missing: <why>` (the source is not there) or `refused: <why>` (it is
+   there but loading would fail: a model_type mlx-lm has no file for, a
+   quantization mode MLX does not have, a GGUF tensor type the importer
+   does not take).
+2. `import` and `pull` print the checkpoint dir on stdout; progress (phases,
+   download bars) goes to stderr, only when stderr is a terminal, so scripts
+   and errors stay one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from .errors import ConfigError
-from .registry import ModelSpec, Registry, load_registry, resolve_source
+from .registry import ModelSpec, Registry, load_registry, resolve_source, source_kind
 from .settings import Settings
+
+# mlx-lm serves these model_types with another type's file (mlx_lm.utils.MODEL_REMAPPING).
+_MLX_LM_REMAPPED = {"mistral": "llama", "llava": "mistral3", "phi-msft": "phixtral",
+                    "falcon_mamba": "mamba", "kimi_k2": "deepseek_v3", "xverse": "llama",
+                    "iquestcoder": "llama", "minimax_m2": "minimax", "qwen2_5_vl": "qwen2_vl"}
+_MLX_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 
 
 def entry_status(spec: ModelSpec, settings: Settings) -> str:
-    """available | imported (cached) | not imported yet | missing: why."""
+    """Rule 1."""
+    from .models import sources
+
+    kind = source_kind(spec.source)
     try:
-        source = resolve_source(spec)
+        if kind == "hf":
+            return _hf_status(spec, settings)
+        if kind == "ollama":
+            source = sources.ollama_model(spec.source, settings).blob
+        else:
+            source = resolve_source(spec)
     except ConfigError as exc:
         return "missing: " + exc.message.split(": ", 1)[-1]
     if source.is_dir():
         if not (source / "config.json").is_file():
             return f"missing: {source} has no config.json"
-        return "available"
-    if source.suffix.lower() != ".gguf":
-        return f"missing: {source} is neither a dir nor a .gguf file"
-    from .models.gguf import checkpoint_dir_for
+        refusal = checkpoint_refusal(source)
+        return f"refused: {refusal}" if refusal else "available"
+    if not sources.is_gguf(source):
+        return f"refused: {source} is neither a dir nor a .gguf file (no GGUF magic)"
+    from .models import gguf
 
-    if (checkpoint_dir_for(source, settings.cache_dir) / "config.json").is_file():
+    try:
+        gguf._scan_header(source)
+    except ConfigError as exc:
+        return "refused: " + exc.message.split(": ", 1)[-1]
+    if (gguf.checkpoint_dir_for(source, settings.cache_dir) / "config.json").is_file():
         return "imported (cached)"
     return "available (GGUF, imported on first load)"
+
+
+def _hf_status(spec: ModelSpec, settings: Settings) -> str:
+    from .models.sources import cached_hf_snapshot
+
+    cached = cached_hf_snapshot(spec.source, settings)
+    if cached is not None:
+        refusal = checkpoint_refusal(cached)
+        return f"refused: {refusal}" if refusal else "available (Hugging Face cache)"
+    if settings.hf_offline:
+        return "missing: not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+    return "available (Hugging Face, downloaded on first load)"
+
+
+def checkpoint_refusal(path: Path) -> str | None:
+    """Why mlx-lm would refuse the checkpoint dir at `path`, from its config.json; None if fine."""
+    try:
+        config: dict[str, Any] = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path / 'config.json'} is unreadable ({exc})"
+    model_type = str(config.get("model_type", ""))
+    if model_type:
+        found = importlib.util.find_spec("mlx_lm")
+        where = found.submodule_search_locations if found else None
+        module = _MLX_LM_REMAPPED.get(model_type, model_type).replace("-", "_")
+        if where and not any((Path(d) / "models" / f"{module}.py").is_file() for d in where):
+            return f"model_type {model_type!r} is not supported by mlx-lm"
+    quant = config.get("quantization") or {}
+    mode = quant.get("mode", "affine") if isinstance(quant, dict) else "affine"
+    if mode not in _MLX_MODES:
+        return f"quantization mode {mode!r} is not one MLX has ({', '.join(_MLX_MODES)})"
+    return None
 
 
 def format_table(registry: Registry, settings: Settings) -> list[str]:
@@ -56,9 +119,35 @@ def models_command(settings: Settings, args: argparse.Namespace, out: TextIO = s
     return 0
 
 
-def import_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from .models.gguf import import_gguf
+def _terminal_progress(name: str) -> Any:
+    """Rule 2: a Progress that echoes phases to stderr when it is a terminal."""
+    from .models.progress import Progress
 
-    path = Path(args.path).expanduser()
-    print(import_gguf(path, settings.cache_dir), file=out)
+    tty = sys.stderr.isatty()
+    return Progress(name, echo=(lambda line: print(line, file=sys.stderr)) if tty else None)
+
+
+def import_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from .models import sources
+    from .models.gguf import import_gguf
+    from .models.progress import reporting
+
+    with reporting(_terminal_progress(args.path)) as progress:
+        if source_kind(args.path) == "ollama":
+            blob = sources.ollama_model(args.path, settings).blob
+            progress.phase("convert", f"GGUF {blob.name}")
+            print(import_gguf(blob, settings.cache_dir), file=out)
+            return 0
+        path = Path(args.path).expanduser()
+        progress.phase("convert", path.name)
+        print(import_gguf(path, settings.cache_dir), file=out)
+    return 0
+
+
+def pull_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from .models import sources
+    from .models.progress import reporting
+
+    with reporting(_terminal_progress(args.repo)):
+        print(sources.pull(args.repo, settings), file=out)
     return 0

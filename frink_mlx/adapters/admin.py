@@ -1,10 +1,12 @@
 """GET /health and the model admin routes.
 
     GET  /health               state ready/loading/idle/unavailable, model, generation,
-                               uptime, context ceiling, KV blocks, queue; 503 when nothing is
-                               loaded and no request would load one (idle -> 200)
-    GET  /admin/models         active generation, load in progress, last load error,
-                               retired generations still draining, the registry
+                               uptime, context ceiling, KV blocks, queue, the running load's
+                               progress; 503 when nothing is loaded and no request would load
+                               one (idle -> 200)
+    GET  /admin/models         active generation, load in progress (and its progress: phase,
+                               bytes downloaded of total), last load error, retired
+                               generations still draining, the registry
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs
     POST /admin/models/unload  retire the active generation; requests get 503 until a load
@@ -41,6 +43,12 @@ def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
             "load_time_s": getattr(gen.loaded, "load_time_s", None)}
 
 
+def load_progress(hub: Any) -> dict[str, Any] | None:
+    """The running load's phase and bytes (models/progress.py rule 3); None when none runs."""
+    progress = getattr(hub, "load_progress", None)
+    return progress.snapshot() if progress is not None else None
+
+
 def _kv(stats: Any) -> dict[str, Any] | None:
     if stats is None:
         return None
@@ -55,7 +63,8 @@ async def health(request: Request) -> Response:
     body: dict[str, Any] = {
         "state": hub.state, "version": __version__, "uptime_s": round(state.uptime_s, 3),
         "model": gen.spec.name if gen else None, "generation": gen.number if gen else None,
-        "loading": hub.loading, "context_ceiling": context_length_of(gen),
+        "loading": hub.loading, "progress": load_progress(hub),
+        "context_ceiling": context_length_of(gen),
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
     }
@@ -78,7 +87,7 @@ async def list_admin_models(request: Request) -> Response:
     return json_response({
         "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,
         "active": generation_info(hub, hub.current) if hub.current else None,
-        "loading": hub.loading, "last_error": hub.last_error,
+        "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
         "default": state.registry.default, "models": entries,
     })

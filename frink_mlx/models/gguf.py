@@ -270,7 +270,7 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
 
     try:
         raw, meta = cast("tuple[dict[str, Any], dict[str, Any]]",
-                         mx.load(str(path), return_metadata=True))
+                         mx.load(str(path), format="gguf", return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise ModelFormatError(f"{path}: {str(exc).splitlines()[0]}") from None
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -144,6 +145,8 @@ def hf_tqdm_class(progress: Progress) -> type:
     class ProgressTqdm(hf_tqdm):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._frink_counts = kwargs.get("name") == "huggingface_hub.snapshot_download"
+            if not kwargs.get("disable") and not sys.stderr.isatty():
+                kwargs["disable"] = True  # bars on a terminal only; the log gets lines
             super().__init__(*args, **kwargs)
 
         def __setattr__(self, key: str, value: Any) -> None:

@@ -22,7 +22,9 @@ Rules:
    before a swap may replace it (no thrashing).
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the old generation serving and is kept
-   in `last_error` for /admin/models.
+   in `last_error` for /admin/models. While one runs, `load_progress` is its
+   `models.progress.Progress` (download bytes, phase), which the worker
+   reports into; /health and /admin/models show its snapshot.
 4. A replaced (or unloaded) generation is retired: its engine is shut down
    and memory released when its last lease ends. Nothing in flight migrates.
 5. After an explicit unload the hub is parked: every request gets 503 until
@@ -83,6 +85,7 @@ def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any
     from ..models.loader import load_model
 
     loaded = load_model(spec, settings)
+    spec = loaded.spec  # with the defaults its source brought (loader rule 1)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     from ..models.budget import plan_kv
@@ -151,6 +154,7 @@ class Hub:
         self.on_load = on_load
         self.current: Generation | None = None
         self.loading: str | None = None
+        self.load_progress: Any = None      # models.progress.Progress of the running load
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -294,12 +298,15 @@ class Hub:
                 self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
+        from ..models.progress import Progress
+
         self.loading = spec.name
+        self.load_progress = progress = Progress(spec.name)
         number = self._numbers + 1
         started = time.monotonic()
         try:
             gen = await anyio.to_thread.run_sync(
-                self._build, spec, number, abandon_on_cancel=False)
+                self._build, spec, number, progress, abandon_on_cancel=False)
         except Exception as exc:  # rule 3: keep the old model, remember why
             self.last_error = {"model": spec.name, "message": str(getattr(exc, "message", exc)),
                                "type": type(exc).__name__, "at": time.time()}
@@ -309,6 +316,7 @@ class Hub:
             raise EngineFailure(f"Loading the model '{spec.name}' failed: {exc}") from exc
         finally:
             self.loading = None
+            self.load_progress = None
         self._numbers = number
         log.info("generation %d: %s loaded in %.2fs", number, spec.name, time.monotonic() - started)
         self._publish(gen)
@@ -316,16 +324,19 @@ class Hub:
             self.on_load(gen)
         return gen
 
-    def _build(self, spec: ModelSpec, number: int) -> Generation:
+    def _build(self, spec: ModelSpec, number: int, progress: Any) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.settings, number, self.gate)
-        try:
-            from .embeddings import attach_embedder
+        from ..models.progress import reporting
 
-            return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
-        except BaseException:
-            free_generation(gen, self.settings.drain_timeout_s)
-            raise
+        from .embeddings import attach_embedder
+
+        with reporting(progress):  # rule 3: the loaders report into it from this thread
+            gen = self.factory(spec, self.settings, number, self.gate)
+            try:
+                return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
+            except BaseException:
+                free_generation(gen, self.settings.drain_timeout_s)
+                raise
 
     def _publish(self, gen: Generation | None) -> None:
         old, self.current = self.current, gen
