@@ -37,8 +37,7 @@ import numpy as np
 
 from ..backend.cpu import kernels as cpu_kernels
 from ..backend.cpu import split as cpu_split
-from .kv.paged import (BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head,
-                       make_layer_caches)
+from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .types import TopLogprob

@@ -32,12 +32,13 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 log = logging.getLogger("frink_mlx.models")
 
 LOG_INTERVAL_S = 5.0
-_current: contextvars.ContextVar["Progress | None"] = contextvars.ContextVar(
+_current: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
     "frink_mlx_progress", default=None)
 
 

@@ -41,7 +41,13 @@ from typing import Any
 import msgspec
 
 from ..errors import ConfigError, ModelFormatError
-from ..registry import ModelSpec, SamplingDefaults, resolve_source, source_kind, split_revision
+from ..registry import (
+    ModelSpec,
+    SamplingDefaults,
+    resolve_source,
+    source_kind,
+    split_revision,
+)
 from ..settings import Settings
 from . import progress as progress_mod
 
@@ -155,9 +161,8 @@ def hf_snapshot(repo: str, settings: Settings, *, model: str | None = None) -> P
 
 
 def _download(repo: str, settings: Settings, progress: progress_mod.Progress, who: str) -> Path:
-    import httpx
-    from huggingface_hub import snapshot_download
     from huggingface_hub import errors as hf_errors
+    from huggingface_hub import snapshot_download
 
     repo_id, revision = split_revision(repo)
     login = "log in with `hf auth login` or set HF_TOKEN"
@@ -173,14 +178,33 @@ def _download(repo: str, settings: Settings, progress: progress_mod.Progress, wh
                           f"if it is private, {login})") from None
     except hf_errors.RevisionNotFoundError:
         raise ConfigError(f"{who}revision {revision!r} not found in {repo_id}") from None
+    except hf_errors.HFValidationError as exc:
+        raise ConfigError(f"{who}{repo!r} is not a valid Hugging Face repo id "
+                          f"({_first_line(exc)})") from None
     except hf_errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status in (401, 403):
             raise ConfigError(f"{who}the Hub refused access to {repo_id} ({status}): {login}") from None
         raise ConfigError(f"{who}downloading {repo_id} failed: {_first_line(exc)}") from None
-    except (hf_errors.LocalEntryNotFoundError, httpx.HTTPError, OSError) as exc:
+    except _transport_errors() as exc:
         raise ConfigError(f"{who}cannot download {repo_id} and it is not cached "
                           f"({_first_line(exc)}); check the network or HF_ENDPOINT") from None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """Connection failures, whichever HTTP client this huggingface_hub uses (requests'
+    errors are OSErrors; httpx's and httpx2's are not)."""
+    import importlib
+
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    found: list[type[BaseException]] = [LocalEntryNotFoundError, OSError]
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).HTTPError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 def _first_line(exc: BaseException) -> str:

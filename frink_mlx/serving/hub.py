@@ -327,7 +327,6 @@ class Hub:
     def _build(self, spec: ModelSpec, number: int, progress: Any) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
         from ..models.progress import reporting
-
         from .embeddings import attach_embedder
 
         with reporting(progress):  # rule 3: the loaders report into it from this thread

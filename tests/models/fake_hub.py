@@ -56,7 +56,7 @@ class FakeHub:
         repo.refs[branch] = digest
         return digest
 
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(_Handler):

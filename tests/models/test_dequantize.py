@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx import nn
 from mlx.utils import tree_flatten
 
 from frink_mlx.models.loader import load_model
