@@ -92,8 +92,12 @@ def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
 
 
 def load_model(spec: ModelSpec, settings: Settings) -> LoadedModel:
+    with progress_mod.ensure(spec.name) as progress:  # rule 7
+        return _load(spec, settings, progress)
+
+
+def _load(spec: ModelSpec, settings: Settings, progress: progress_mod.Progress) -> LoadedModel:
     started = time.perf_counter()
-    progress = progress_mod.current(spec.name)
     source = resolve(spec, settings)
     spec, path = with_source_defaults(spec, source), source.checkpoint
     progress.phase("load", str(path))
@@ -113,7 +117,6 @@ def load_model(spec: ModelSpec, settings: Settings) -> LoadedModel:
         dequantize_to_float32(model)
     progress.phase("warm-up")
     _warm_up(model, tokenizer)
-    progress.done()
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=config,
         path=path, context_length=context_length(config, spec),
@@ -141,7 +144,6 @@ def _load_encoder(spec: ModelSpec, settings: Settings, path: Path, started: floa
     except ImportError as exc:
         raise ConfigError(f"model {spec.name!r}: encoder support is unavailable ({exc})") from None
     encoder = load_encoder(path, spec, settings)
-    progress_mod.current(spec.name).done()
     config = json.loads((path / "config.json").read_text())
     model = getattr(encoder, "model", None)
     return LoadedModel(

@@ -128,6 +128,17 @@ def reporting(progress: Progress) -> Iterator[Progress]:
         _current.reset(token)
 
 
+@contextlib.contextmanager
+def ensure(model: str) -> Iterator[Progress]:
+    """The progress in force, or a log-only one for `model` made current for this block."""
+    existing = _current.get()
+    if existing is not None:
+        yield existing
+        return
+    with reporting(Progress(model)) as progress:
+        yield progress
+
+
 def current(model: str = "") -> Progress:
     """The progress in force (rule 1), or a log-only one for `model`."""
     return _current.get() or Progress(model)
