@@ -43,7 +43,7 @@ class MlxLmBaseline:
         from frink_mlx.settings import Settings
 
         settings = Settings.load(models_path=models_path)
-        self.loaded = load_model(load_registry(settings).resolve(model_name), settings)
+        self.loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config())
         self.tok = self.loaded.tokenizer
         self.tok.eos_token_ids = set()  # decode exactly `tokens` tokens, like ignore_eos
         self.ids = self.tok.apply_chat_template(PROMPT, add_generation_prompt=True)
@@ -69,7 +69,7 @@ class EngineInProcess:
         from frink_mlx.settings import Settings
 
         settings = Settings.load()
-        plan = plan_kv(baseline.loaded, settings)
+        plan = plan_kv(baseline.loaded, settings.budget_config())
         config = EngineConfig(block_size=plan.block_size, num_blocks=plan.num_blocks,
                               max_batch=settings.max_batch,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,

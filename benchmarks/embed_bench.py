@@ -46,7 +46,7 @@ def frink_embedder(model_dir: Path):  # type: ignore[no-untyped-def]
     from frink_mlx.models.encoder import load_encoder
     from frink_mlx.settings import Settings
 
-    encoder = load_encoder(model_dir, None, Settings.load(embed_batch_size=max(BATCHES)))  # FRINK_MLX_* apply
+    encoder = load_encoder(model_dir, None, Settings.load(embed_batch_size=max(BATCHES)).encoder_config())  # FRINK_MLX_* apply
     return lambda texts: encoder.embed(encoder.check_lengths(encoder.tokenize(texts)))
 
 

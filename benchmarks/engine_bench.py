@@ -107,7 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    loaded = load_model(spec, settings)
+    loaded = load_model(spec, settings.load_config())
     model, vocab = loaded.model, loaded.model.args.vocab_size
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     print(f"model {spec.name} dtype {loaded.dtype} tokens/row {args.tokens} prompt {args.prompt_len}")

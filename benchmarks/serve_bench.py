@@ -326,7 +326,7 @@ def make_fp32_dir(model_name: str | None, out: Path) -> None:
     from frink_mlx.settings import Settings
 
     settings = Settings.load(dequantize=True)
-    loaded = load_model(load_registry(settings).resolve(model_name), settings)
+    loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config())
     if str(loaded.dtype) != "mlx.core.float32":
         raise SystemExit(f"expected float32 weights after dequantize, got {loaded.dtype}")
     out.mkdir(parents=True, exist_ok=True)

@@ -128,7 +128,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    loaded = load_model(spec, settings)
+    loaded = load_model(spec, settings.load_config())
     tok = loaded.tokenizer
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
                                          add_generation_prompt=True)

@@ -1,10 +1,12 @@
 """create_app(settings) -> the Starlette app: routes, middleware, lifespan, AppState.
 
 One route list serves the real server and the tests: every adapter module
-exports `routes`, and `route_list()` concatenates the ones present
+exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
 (openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
+This is the composition root: the only place below the CLI that reads
+`Settings`; every layer beneath gets its slice (config.py).
 
 `AppState` is the one thing adapters call: `generate()` leases a generation,
 takes its decode handles, renders and tokenizes, compiles any grammar, and
@@ -14,62 +16,53 @@ submits, raising `FrinkError`s before a single byte of the answer is sent.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
+from . import metrics as metrics_module
+from .adapters import admin, anthropic, llamacpp, openai
+from .adapters.openai import embeddings as openai_embeddings
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
-from .serving.handles import DecodeHandles, Run, TurnMemory
-from .serving.hub import Generation, GenerationFactory, Hub, build_generation
-from .errors import InvalidRequest, UnsupportedField
+from .engine import constraints
+from .engine.constraints import GrammarCompiler
+from .engine.types import EngineStats
+from .errors import InvalidRequest
+from .http import security
 from .http.access import track_run
+from .metrics import Metrics
+from .models.encoder import Encoder
 from .registry import Registry, load_registry
+from .serving import embeddings
+from .serving.embeddings import EmbedResult
+from .serving.generation import Generation, GenerationFactory, build_generation
+from .serving.handles import DecodeHandles, Prepared, Run, TurnMemory
+from .serving.hub import Hub
 from .settings import Settings
 
 log = logging.getLogger("frink_mlx.app")
 
-# Adapter modules whose `routes` are mounted, in order (absent ones are skipped).
-ROUTE_MODULES = (
-    "frink_mlx.adapters.openai",
-    "frink_mlx.adapters.anthropic",
-    "frink_mlx.adapters.llamacpp",
-    "frink_mlx.adapters.openai.embeddings",
-    "frink_mlx.adapters.admin",
-    "frink_mlx.metrics",
+# Modules whose `routes` are mounted, in order.
+ROUTE_MODULES: tuple[ModuleType, ...] = (
+    openai, anthropic, llamacpp, openai_embeddings, admin, metrics_module,
 )
 
 
-def _module_if_present(name: str) -> Any | None:
-    try:
-        if importlib.util.find_spec(name) is None:
-            return None
-    except ModuleNotFoundError:
-        return None
-    return importlib.import_module(name)
-
-
 def route_list() -> list[BaseRoute]:
-    routes: list[BaseRoute] = []
-    for name in ROUTE_MODULES:
-        module = _module_if_present(name)
-        if module is not None:
-            routes.extend(getattr(module, "routes", []))
-    return routes
+    return [route for module in ROUTE_MODULES for route in module.routes]
 
 
 def middleware_list(settings: Settings) -> list[Middleware]:
-    security = _module_if_present("frink_mlx.http.security")
-    return list(security.build_middleware(settings)) if security is not None else []
+    return list(security.build_middleware(settings))
 
 
 @dataclass
@@ -80,8 +73,8 @@ class AppState:
     registry: Registry
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
-    metrics: Any = None
-    _compilers: dict[int, Any] = field(default_factory=dict)
+    metrics: Metrics | None = None
+    _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
 
     # --- generation ------------------------------------------------------------
@@ -124,19 +117,14 @@ class AppState:
                 "cannot generate text; use /v1/embeddings with it.", param="model",
                 code="model_not_generative")
 
-    async def _constraints(self, gen: Generation, handles: DecodeHandles, prepared: Any) -> Any:
-        req = prepared.request
-        module = _module_if_present("frink_mlx.engine.constraints")
-        if module is None:
-            if req.response_format is not None:
-                raise UnsupportedField("response_format", "needs the structured-output engine")
-            return None
+    async def _constraints(self, gen: Generation, handles: DecodeHandles, prepared: Prepared
+                           ) -> Any:
         compiler = self._compilers.get(gen.number)
         if compiler is None:
             vocab = int(gen.loaded.config.get("vocab_size") or len(handles.tokenizer))
-            compiler = module.GrammarCompiler.for_tokenizer(handles.tokenizer, vocab_size=vocab)
+            compiler = GrammarCompiler.for_tokenizer(handles.tokenizer, vocab_size=vocab)
             self._compilers = {gen.number: compiler}  # one per live generation
-        return await module.build_constraints(req, prepared.markup, compiler)
+        return await constraints.build_constraints(prepared.request, prepared.markup, compiler)
 
     async def count_tokens(self, req: GenRequest) -> int:
         async with self.hub.lease(req.model) as gen:
@@ -144,14 +132,16 @@ class AppState:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":  # an active encoder tokenizes with its own tokenizer
-                return list(gen.embedder.tokenize_plain(text, add_special=add_special))
+            encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer
+            if encoder is not None:
+                return list(encoder.tokenize_plain(text, add_special=add_special))
             return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return list(gen.embedder.token_pieces(_encoder_ids(gen.embedder, ids)))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return list(encoder.token_pieces(_encoder_ids(encoder, ids)))
             handles = DecodeHandles.take(gen)
             check_token_ids(handles.tokenizer, ids, param="tokens")
             piece = handles.text.piece or (lambda i: handles.text.decode([i]))
@@ -159,28 +149,25 @@ class AppState:
 
     async def detokenize(self, model: str | None, ids: list[int]) -> str:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return gen.embedder.detokenize(_encoder_ids(gen.embedder, ids))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return encoder.detokenize(_encoder_ids(encoder, ids))
             handles = DecodeHandles.take(gen)
             return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
 
-    # --- embeddings (engine/encoder/service.py) --------------------------------
+    # --- embeddings (serving/embeddings.py) -------------------------------------
     async def embed(self, model: str | None, inputs: list[str] | list[list[int]], *,
-                    truncate: bool = False, dimensions: int | None = None) -> Any:
-        """Vectors for `inputs` from the encoder serving `model` -> EmbedResult."""
-        from .serving.embeddings import embed
-
-        return await embed(self.hub, self.registry, model, inputs, truncate=truncate,
-                           dimensions=dimensions)
+                    truncate: bool = False, dimensions: int | None = None) -> EmbedResult:
+        """Vectors for `inputs` from the encoder serving `model`."""
+        return await embeddings.embed(self.hub, self.registry, model, inputs, truncate=truncate,
+                                      dimensions=dimensions)
 
     def model_facts(self, name: str) -> dict[str, Any]:
         """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
-        from .serving.embeddings import describe
-
-        return describe(self.registry.resolve(name), self.registry, self.hub.current)
+        return embeddings.describe(self.registry.resolve(name), self.registry, self.hub.current)
 
     # --- status ----------------------------------------------------------------
-    def engine_stats(self) -> Any:
+    def engine_stats(self) -> EngineStats | None:
         gen = self.hub.current
         return gen.engine.stats() if gen is not None and gen.engine is not None else None
 
@@ -189,7 +176,12 @@ class AppState:
         return time.monotonic() - self.started_at
 
 
-def _encoder_ids(encoder: Any, ids: list[int]) -> list[int]:
+def _active_encoder(gen: Generation) -> Encoder | None:
+    """The encoder when `gen` is an encoder entry (not a chat model's side-car)."""
+    return gen.embedder if gen.spec.kind == "encoder" else None
+
+
+def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:
     """Token ids checked against an active encoder's vocabulary (param `tokens`)."""
     vocab = encoder.tokenizer.vocab_size
     bad = next((i for i in ids if not 0 <= i < vocab), None)
@@ -199,15 +191,9 @@ def _encoder_ids(encoder: Any, ids: list[int]) -> list[int]:
     return ids
 
 
-def _metrics_for(state: AppState) -> Any:
-    module = _module_if_present("frink_mlx.metrics")
-    return module.Metrics(stats_fn=state.engine_stats) if module is not None else None
-
-
 def _on_load(state: AppState, gen: Generation) -> None:
-    if state.metrics is not None and hasattr(state.metrics, "observe_model_load"):
-        state.metrics.observe_model_load(gen.name, gen.number,
-                                         float(getattr(gen.loaded, "load_time_s", 0.0)))
+    if state.metrics is not None:
+        state.metrics.observe_model_load(gen.name, gen.number, float(gen.loaded.load_time_s))
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
@@ -217,9 +203,9 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
-        hub = Hub(settings, reg, factory=factory or build_generation)
+        hub = Hub(settings.hub_config(), reg, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
-        state.metrics = _metrics_for(state)
+        state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:

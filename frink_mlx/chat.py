@@ -70,11 +70,11 @@ class LocalModel:
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .serving.hub import build_generation
+        from .serving.generation import build_generation
         from .registry import load_registry
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings, 1, DecodeGate())
+        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate())
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:

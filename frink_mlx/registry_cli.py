@@ -25,7 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from .config import LoadConfig
 from .errors import ConfigError
+from .models import gguf, sources
+from .models.progress import Progress, reporting
 from .registry import ModelSpec, Registry, load_registry, resolve_source, source_kind
 from .settings import Settings
 
@@ -36,16 +39,14 @@ _MLX_LM_REMAPPED = {"mistral": "llama", "llava": "mistral3", "phi-msft": "phixtr
 _MLX_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 
 
-def entry_status(spec: ModelSpec, settings: Settings) -> str:
+def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
     """Rule 1."""
-    from .models import sources
-
     kind = source_kind(spec.source)
     try:
         if kind == "hf":
-            return _hf_status(spec, settings)
+            return _hf_status(spec, config)
         if kind == "ollama":
-            source = sources.ollama_model(spec.source, settings).blob
+            source = sources.ollama_model(spec.source, config).blob
         else:
             source = resolve_source(spec)
     except ConfigError as exc:
@@ -57,25 +58,21 @@ def entry_status(spec: ModelSpec, settings: Settings) -> str:
         return f"refused: {refusal}" if refusal else "available"
     if not sources.is_gguf(source):
         return f"refused: {source} is neither a dir nor a .gguf file (no GGUF magic)"
-    from .models import gguf
-
     try:
         gguf._scan_header(source)
     except ConfigError as exc:
         return "refused: " + exc.message.split(": ", 1)[-1]
-    if (gguf.checkpoint_dir_for(source, settings.cache_dir) / "config.json").is_file():
+    if (gguf.checkpoint_dir_for(source, config.cache_dir) / "config.json").is_file():
         return "imported (cached)"
     return "available (GGUF, imported on first load)"
 
 
-def _hf_status(spec: ModelSpec, settings: Settings) -> str:
-    from .models.sources import cached_hf_snapshot
-
-    cached = cached_hf_snapshot(spec.source, settings)
+def _hf_status(spec: ModelSpec, config: LoadConfig) -> str:
+    cached = sources.cached_hf_snapshot(spec.source, config)
     if cached is not None:
         refusal = checkpoint_refusal(cached)
         return f"refused: {refusal}" if refusal else "available (Hugging Face cache)"
-    if settings.hf_offline:
+    if config.hf_offline:
         return "missing: not in the Hugging Face cache and HF_HUB_OFFLINE is set"
     return "available (Hugging Face, downloaded on first load)"
 
@@ -100,13 +97,13 @@ def checkpoint_refusal(path: Path) -> str | None:
     return None
 
 
-def format_table(registry: Registry, settings: Settings) -> list[str]:
+def format_table(registry: Registry, config: LoadConfig) -> list[str]:
     header = ("NAME", "KIND", "ALIASES", "SOURCE", "STATUS")
     rows = [header]
     for spec in registry.entries.values():
         name = spec.name + (" *" if spec.name == registry.default else "")
         rows.append((name, spec.kind, ", ".join(spec.aliases) or "-", spec.source,
-                     entry_status(spec, settings)))
+                     entry_status(spec, config)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows]
 
@@ -114,40 +111,30 @@ def format_table(registry: Registry, settings: Settings) -> list[str]:
 def models_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     registry = load_registry(settings)
     print(f"registry: {registry.path}   (* = default)", file=out)
-    for line in format_table(registry, settings):
+    for line in format_table(registry, settings.load_config()):
         print(line, file=out)
     return 0
 
 
-def _terminal_progress(name: str) -> Any:
+def _terminal_progress(name: str) -> Progress:
     """Rule 2: a Progress that echoes phases to stderr when it is a terminal."""
-    from .models.progress import Progress
-
     tty = sys.stderr.isatty()
     return Progress(name, echo=(lambda line: print(line, file=sys.stderr)) if tty else None)
 
 
 def import_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from .models import sources
-    from .models.gguf import import_gguf
-    from .models.progress import reporting
-
+    config = settings.load_config()
     with reporting(_terminal_progress(args.path)) as progress:
         if source_kind(args.path) == "ollama":
-            blob = sources.ollama_model(args.path, settings).blob
-            progress.phase("convert", f"GGUF {blob.name}")
-            print(import_gguf(blob, settings.cache_dir), file=out)
-            return 0
-        path = Path(args.path).expanduser()
+            path = sources.ollama_model(args.path, config).blob
+        else:
+            path = Path(args.path).expanduser()
         progress.phase("convert", path.name)
-        print(import_gguf(path, settings.cache_dir), file=out)
+        print(gguf.import_gguf(path, config.cache_dir), file=out)
     return 0
 
 
 def pull_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    from .models import sources
-    from .models.progress import reporting
-
     with reporting(_terminal_progress(args.repo)):
-        print(sources.pull(args.repo, settings), file=out)
+        print(sources.pull(args.repo, settings.load_config()), file=out)
     return 0

@@ -22,6 +22,9 @@ from typing import Any
 
 import msgspec
 
+from .errors import ConfigError
+from .config import BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+
 DEFAULT_PORT = 8177
 ENV_PREFIX = "FRINK_MLX_"
 
@@ -111,14 +114,44 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         try:
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
-            from .errors import ConfigError
-
             raise ConfigError(f"invalid setting: {exc}") from None
+
+    # --- slices for the layers below the composition root (config.py) ----------
+    def load_config(self) -> LoadConfig:
+        return LoadConfig(cache_dir=self.cache_dir, dequantize=self.dequantize,
+                          encoder=self.encoder_config(), hf_offline=self.hf_offline,
+                          hf_endpoint=self.hf_endpoint, hf_cache_dir=self.hf_cache_dir,
+                          ollama_models=self.ollama_models)
+
+    def budget_config(self) -> BudgetConfig:
+        return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
+                            kv_budget_bytes=self.kv_budget_bytes,
+                            memory_headroom_fraction=self.memory_headroom_fraction,
+                            max_kv_pool_bytes=self.max_kv_pool_bytes)
+
+    def engine_limits(self) -> EngineLimits:
+        return EngineLimits(max_batch=self.max_batch, batching=self.batching,
+                            prefill_chunk_tokens=self.prefill_chunk_tokens,
+                            idle_prefill_tokens=self.idle_prefill_tokens,
+                            admission_window_ms=self.admission_window_ms,
+                            pipeline=self.pipeline, cpu_matmul_parts=self.cpu_matmul_parts,
+                            max_queue=self.max_queue, queue_timeout_s=self.queue_timeout_s)
+
+    def encoder_config(self) -> EncoderConfig:
+        return EncoderConfig(embed_batch_size=self.embed_batch_size,
+                             cpu_matmul_parts=self.cpu_matmul_parts)
+
+    def hub_config(self) -> HubConfig:
+        return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
+                         keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
+                         load=self.load_config(), budget=self.budget_config(),
+                         engine=self.engine_limits())
 
 
 def _foreign_stores() -> dict[str, Any]:
     """Settings defaults from the Hugging Face and Ollama variables (module docstring)."""
-    env, found = os.environ, {}
+    env = os.environ
+    found: dict[str, Any] = {}
     offline = env.get("HF_HUB_OFFLINE", "").strip().upper()
     if offline:
         found["hf_offline"] = offline in ("1", "ON", "YES", "TRUE")

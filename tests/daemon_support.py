@@ -143,16 +143,16 @@ class ThreadEngine:
 
 def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
     """A Generation factory: the real loader, ThreadEngine (test-only fallback)."""
-    from frink_mlx.serving.hub import Generation
+    from frink_mlx.serving.generation import Generation
     from frink_mlx.models.loader import load_model
 
-    loaded = load_model(spec, settings)
+    loaded = load_model(spec, settings.load)
     return Generation(number, spec, loaded, ThreadEngine(loaded, None, gate), None, time.monotonic())
 
 
 def generation_factory() -> Any:
     if real_engine_available():
-        from frink_mlx.serving.hub import build_generation
+        from frink_mlx.serving.generation import build_generation
 
         return build_generation
     return thread_engine_factory

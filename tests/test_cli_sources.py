@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "models"))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 from fake_hub import FakeHub, checkpoint_files
 from test_sources import write_hf_cache, write_ollama_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(tmp_path: Path, *args: str, **env_kw: str) -> subprocess.CompletedProcess[str]:

@@ -1,15 +1,21 @@
-"""The layering STYLE.md promises, pinned: imports run `app -> adapters -> core <- engine`.
+"""The layering docs/ARCHITECTURE.md promises, pinned (its "Layers" rules 1-5).
 
 - core/ and the KV accounting / scheduler modules import neither MLX nor Starlette;
 - every adapter module imports no MLX (it translates wire formats, nothing more).
 Each group is imported in a fresh interpreter and its sys.modules inspected.
+- The static import graph (every `import` in every module, in-function ones
+  included, read with `ast`): engine/ imports nothing above it, backend/cpu is
+  reached only through backend/, the registry imports no engine, model or
+  backend code, and nothing below serving/ imports Settings.
 """
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +32,7 @@ def _modules(package: object) -> list[str]:
 
 ACCOUNTING = ["frink_mlx.engine.scheduler", "frink_mlx.engine.kv.block_pool",
               "frink_mlx.engine.kv.manager", "frink_mlx.engine.kv.hashing",
-              "frink_mlx.engine.admission"]
+              "frink_mlx.engine.admission", "frink_mlx.engine.plan"]
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:
@@ -51,3 +57,72 @@ def test_core_and_accounting_import_no_mlx_nor_starlette(group: str) -> None:
 def test_adapters_import_no_mlx() -> None:
     bad = _roots(_loaded_after_import(_modules(frink_mlx.adapters)), ("mlx", "mlx_lm"))
     assert bad == [], f"adapters pulled in {bad[:5]}"
+
+
+# --- the static import graph -------------------------------------------------------
+
+PACKAGE = Path(frink_mlx.core.__file__).parent.parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every frink_mlx module `path` imports (absolute names, in-function imports too)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m == "frink_mlx" or m.startswith("frink_mlx.")}
+
+
+GRAPH = {_module_name(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _offenders(importers: str, forbidden: tuple[str, ...]) -> list[str]:
+    def under(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    return sorted(f"{mod} -> {dep}" for mod, deps in GRAPH.items() if under(mod, importers)
+                  for dep in deps if any(under(dep, f) for f in forbidden))
+
+
+def test_engine_imports_nothing_above_it() -> None:
+    above = ("frink_mlx.serving", "frink_mlx.adapters", "frink_mlx.app", "frink_mlx.http",
+             "frink_mlx.server", "frink_mlx.cli", "frink_mlx.chat", "frink_mlx.service")
+    assert _offenders("frink_mlx.engine", above) == []
+
+
+def test_backend_cpu_only_through_the_seam() -> None:
+    bad = [line for line in _offenders("frink_mlx", ("frink_mlx.backend.cpu",))
+           if not line.startswith("frink_mlx.backend")]
+    assert bad == []
+
+
+def test_registry_imports_no_engine_models_or_backend() -> None:
+    lower = ("frink_mlx.engine", "frink_mlx.models", "frink_mlx.backend", "frink_mlx.serving")
+    assert _offenders("frink_mlx.registry", lower) == []
+
+
+@pytest.mark.parametrize("layer", ["serving", "engine", "models", "backend", "core", "adapters"])
+def test_nothing_below_the_root_imports_settings(layer: str) -> None:
+    assert _offenders(f"frink_mlx.{layer}", ("frink_mlx.settings",)) == []
+
+
+def test_nothing_imports_the_entry_points_or_the_root() -> None:
+    roots = ("frink_mlx.app", "frink_mlx.server", "frink_mlx.cli", "frink_mlx.chat",
+             "frink_mlx.service")
+    bad = [line for line in _offenders("frink_mlx", roots)
+           if line.split(" -> ")[0] not in roots + ("frink_mlx.registry_cli",)]
+    assert bad == []

@@ -5,7 +5,7 @@ stream; one that knows its pool size can refuse a prompt that can never fit
 (400 context_length_exceeded) and queue one that only has to wait (503).
 
 The arithmetic, in order:
-1. device budget: an explicit override (settings.kv_budget_bytes, else the
+1. device budget: an explicit override (config.kv_budget_bytes, else the
    model's models.toml kv_budget_bytes); else Metal's recommended working
    set on macOS; else physical RAM (Linux).
 2. KV budget = device budget - weight bytes - headroom * device budget.
@@ -13,7 +13,7 @@ The arithmetic, in order:
    a block holds block_size tokens.
 4. num_blocks = floor(KV budget / block bytes), capped so the pool is no
    larger than max_batch full trained contexts, nor than
-   settings.max_kv_pool_bytes (a 135M model must not grab 20 GB).
+   config.max_kv_pool_bytes (a 135M model must not grab 20 GB).
 5. context ceiling = min(trained context length, num_blocks * block_size).
 """
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..settings import Settings
+from ..config import BudgetConfig
+from ..engine.kv.paged import model_kv_geometry
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +44,9 @@ class KVPlan:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
 
-def device_budget_bytes(settings: Settings, spec: Any = None) -> tuple[int, str]:
+def device_budget_bytes(config: BudgetConfig, spec: Any = None) -> tuple[int, str]:
     """Rule 1: (bytes, source)."""
-    override = settings.kv_budget_bytes or getattr(spec, "kv_budget_bytes", None)
+    override = config.kv_budget_bytes or getattr(spec, "kv_budget_bytes", None)
     if override:
         return int(override), "override"
     if sys.platform == "darwin":
@@ -71,32 +72,30 @@ def weights_nbytes(model: Any) -> int:
 
 def kv_bytes_per_token(model: Any, dtype: Any) -> int:
     """Rule 3, from the model's attention geometry."""
-    from ..engine.kv.paged import model_kv_geometry
-
     layers, kv_heads, head_dim = model_kv_geometry(model)
     return 2 * layers * kv_heads * head_dim * int(dtype.size)
 
 
-def plan_kv(loaded: Any, settings: Settings) -> KVPlan:
+def plan_kv(loaded: Any, config: BudgetConfig) -> KVPlan:
     """Size the block pool and the context ceiling for `loaded` (rules 1-5)."""
-    block_size = settings.block_size
+    block_size = config.block_size
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    budget, source = device_budget_bytes(settings, getattr(loaded, "spec", None))
+    budget, source = device_budget_bytes(config, getattr(loaded, "spec", None))
     weights = weights_nbytes(loaded.model)
     per_token = kv_bytes_per_token(loaded.model, loaded.dtype)
-    kv_budget = budget - weights - int(settings.memory_headroom_fraction * budget)
+    kv_budget = budget - weights - int(config.memory_headroom_fraction * budget)
     per_block = per_token * block_size
     num_blocks = kv_budget // per_block
     trained = int(loaded.context_length)
     blocks_per_context = -(-trained // block_size)
-    num_blocks = min(num_blocks, max(1, settings.max_batch) * blocks_per_context,
-                     settings.max_kv_pool_bytes // per_block)
+    num_blocks = min(num_blocks, max(1, config.max_batch) * blocks_per_context,
+                     config.max_kv_pool_bytes // per_block)
     if num_blocks < 1:
         raise ConfigError(
             f"model {getattr(loaded.spec, 'name', '?')!r} leaves no room for its KV cache: "
             f"budget {budget} bytes ({source}), weights {weights} bytes, "
-            f"headroom {settings.memory_headroom_fraction:.0%}, one block {per_block} bytes")
+            f"headroom {config.memory_headroom_fraction:.0%}, one block {per_block} bytes")
     return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,

@@ -14,7 +14,7 @@ Rules:
    one token become EOS ids; longer ones are logged as not applied.
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
-3. Dequantize decision: `settings.dequantize`, else `spec.dequantize`, decides
+3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
    when set (True forces, even past the memory check). Unset means automatic:
    on the CPU backend only, and only if the float32 weights fit in
    `DEQUANT_RAM_FRACTION` of physical RAM. Every quantization mode MLX has
@@ -47,10 +47,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import msgspec
 
-from ..errors import ConfigError, ModelFormatError
+from ..config import LoadConfig
+from ..errors import ModelFormatError
 from ..registry import ModelSpec
-from ..settings import Settings
 from . import progress as progress_mod
+from .encoder import Encoder, load_encoder
 from .sources import ResolvedSource, resolve
 
 log = logging.getLogger("frink_mlx.models")
@@ -70,12 +71,12 @@ class LoadedModel:
     context_length: int
     dtype: mx.Dtype
     load_time_s: float
-    encoder: object | None = None
+    encoder: Encoder | None = None
 
 
-def checkpoint_path(spec: ModelSpec, settings: Settings) -> Path:
+def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
     """The MLX checkpoint dir behind `spec`, fetched or imported if needed (rule 1)."""
-    return resolve(spec, settings).checkpoint
+    return resolve(spec, config).checkpoint
 
 
 def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
@@ -91,35 +92,35 @@ def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
     return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
-def load_model(spec: ModelSpec, settings: Settings) -> LoadedModel:
+def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
     with progress_mod.ensure(spec.name) as progress:  # rule 7
-        return _load(spec, settings, progress)
+        return _load(spec, config, progress)
 
 
-def _load(spec: ModelSpec, settings: Settings, progress: progress_mod.Progress) -> LoadedModel:
+def _load(spec: ModelSpec, config: LoadConfig, progress: progress_mod.Progress) -> LoadedModel:
     started = time.perf_counter()
-    source = resolve(spec, settings)
+    source = resolve(spec, config)
     spec, path = with_source_defaults(spec, source), source.checkpoint
     progress.phase("load", str(path))
     if spec.kind == "encoder":
-        return _load_encoder(spec, settings, path, started)
+        return _load_encoder(spec, config, path, started)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
     try:
-        model, tokenizer, config = cast(Any, mlx_lm.load(
+        model, tokenizer, model_config = cast(Any, mlx_lm.load(
             str(path), tokenizer_config=tokenizer_config, return_config=True))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     _add_stop_tokens(spec, tokenizer, source.stop)
-    if should_dequantize(model, spec, settings):
+    if should_dequantize(model, spec, config):
         progress.phase("dequantize", "to float32")
         dequantize_to_float32(model)
     progress.phase("warm-up")
     _warm_up(model, tokenizer)
     return LoadedModel(
-        spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=config,
-        path=path, context_length=context_length(config, spec),
+        spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
+        path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
     )
 
@@ -138,17 +139,13 @@ def _add_stop_tokens(spec: ModelSpec, tokenizer: Any, stops: tuple[str, ...]) ->
                     spec.name, skipped)
 
 
-def _load_encoder(spec: ModelSpec, settings: Settings, path: Path, started: float) -> LoadedModel:
-    try:
-        from .encoder import load_encoder
-    except ImportError as exc:
-        raise ConfigError(f"model {spec.name!r}: encoder support is unavailable ({exc})") from None
-    encoder = load_encoder(path, spec, settings)
-    config = json.loads((path / "config.json").read_text())
+def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float) -> LoadedModel:
+    encoder = load_encoder(path, spec, config.encoder)
+    model_config = json.loads((path / "config.json").read_text())
     model = getattr(encoder, "model", None)
     return LoadedModel(
-        spec=spec, kind="encoder", model=model, tokenizer=None, config=config, path=path,  # type: ignore[arg-type]
-        context_length=context_length(config, spec),
+        spec=spec, kind="encoder", model=model, tokenizer=None, config=model_config,  # type: ignore[arg-type]
+        path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model) if isinstance(model, nn.Module) else mx.float32,
         load_time_s=time.perf_counter() - started, encoder=encoder,
     )
@@ -188,11 +185,11 @@ def _is_quantized(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
-def should_dequantize(model: nn.Module, spec: ModelSpec, settings: Settings) -> bool:
+def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig) -> bool:
     """Rule 3."""
     if not _is_quantized(model):
         return False
-    choice = settings.dequantize if settings.dequantize is not None else spec.dequantize
+    choice = config.dequantize if config.dequantize is not None else spec.dequantize
     if choice is not None:
         return choice
     if mx.metal.is_available():

@@ -11,7 +11,7 @@ Rules:
    imported with models/gguf.py (cached by content hash).
 2. Hugging Face `org/name[@revision]`: the local HF cache first, with no
    network at all (`local_files_only`); a snapshot counts when it holds
-   config.json and its weights. Else, unless `settings.hf_offline`
+   config.json and its weights. Else, unless `config.hf_offline`
    (HF_HUB_OFFLINE), huggingface_hub downloads the files an MLX checkpoint
    needs (`HF_PATTERNS`, as mlx_lm does) into its cache with its token, bars
    on a terminal and bytes in `progress.current()`.
@@ -20,7 +20,7 @@ Rules:
    revision not found, Hub unreachable. No traceback reaches the user.
 4. Ollama `ollama:NAME[:TAG]`: the manifest at
    `<store>/manifests/<host>/<namespace>/<name>/<tag>` (defaults
-   registry.ollama.ai, library, latest; the store is `settings.ollama_models`,
+   registry.ollama.ai, library, latest; the store is `config.ollama_models`,
    i.e. $OLLAMA_MODELS or ~/.ollama/models) lists layers by digest; the
    `application/vnd.ollama.image.model` layer is the GGUF at
    `blobs/sha256-<hex>`. Its params layer (JSON) supplies defaults the
@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from ..config import LoadConfig
 from ..errors import ConfigError, ModelFormatError
 from ..registry import (
     ModelSpec,
@@ -48,8 +49,8 @@ from ..registry import (
     source_kind,
     split_revision,
 )
-from ..settings import Settings
 from . import progress as progress_mod
+from .gguf import checkpoint_dir_for, import_gguf
 
 GGUF_MAGIC = b"GGUF"
 HF_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
@@ -80,27 +81,27 @@ class OllamaModel:
     params: dict[str, Any]
 
 
-def resolve(spec: ModelSpec, settings: Settings) -> ResolvedSource:
+def resolve(spec: ModelSpec, config: LoadConfig) -> ResolvedSource:
     """The MLX checkpoint dir behind `spec.source`, fetching or importing it if needed."""
     kind = source_kind(spec.source)
     if kind == "hf":
-        path = hf_snapshot(spec.source, settings, model=spec.name)
-        return ResolvedSource(local_checkpoint(path, spec.name, settings), spec.source)
+        path = hf_snapshot(spec.source, config, model=spec.name)
+        return ResolvedSource(local_checkpoint(path, spec.name, config), spec.source)
     if kind == "ollama":
-        found = ollama_model(spec.source, settings, model=spec.name)
-        ckpt = _import_gguf(found.blob, settings, spec.name)
+        found = ollama_model(spec.source, config, model=spec.name)
+        ckpt = _import_gguf(found.blob, config, spec.name)
         return ResolvedSource(ckpt, f"{found.ref} ({found.blob})", *ollama_defaults(found.params))
     path = resolve_source(spec)
-    return ResolvedSource(local_checkpoint(path, spec.name, settings), str(path))
+    return ResolvedSource(local_checkpoint(path, spec.name, config), str(path))
 
 
-def local_checkpoint(path: Path, model: str, settings: Settings) -> Path:
+def local_checkpoint(path: Path, model: str, config: LoadConfig) -> Path:
     """Rule 1: a checkpoint dir as is, a GGUF file imported."""
     if path.is_file():
         if not is_gguf(path):
             raise ModelFormatError(f"model {model!r}: {path} is neither a dir nor a .gguf file "
                                    "(no GGUF magic)")
-        return _import_gguf(path, settings, model)
+        return _import_gguf(path, config, model)
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"model {model!r}: {path} has no config.json")
     return path
@@ -114,12 +115,10 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def _import_gguf(path: Path, settings: Settings, model: str) -> Path:
-    from .gguf import checkpoint_dir_for, import_gguf
-
-    if not (checkpoint_dir_for(path, settings.cache_dir) / "config.json").is_file():
+def _import_gguf(path: Path, config: LoadConfig, model: str) -> Path:
+    if not (checkpoint_dir_for(path, config.cache_dir) / "config.json").is_file():
         progress_mod.current(model).phase("convert", f"GGUF {path.name}")
-    return import_gguf(path, settings.cache_dir)
+    return import_gguf(path, config.cache_dir)
 
 
 # --- Hugging Face (rules 2-3) -------------------------------------------------
@@ -127,40 +126,40 @@ def _snapshot_complete(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def cached_hf_snapshot(repo: str, settings: Settings) -> Path | None:
+def cached_hf_snapshot(repo: str, config: LoadConfig) -> Path | None:
     """The cached snapshot of `org/name[@rev]`, with no network; None if absent."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     repo_id, revision = split_revision(repo)
     try:
-        path = Path(snapshot_download(repo_id, revision=revision, cache_dir=settings.hf_cache_dir,
+        path = Path(snapshot_download(repo_id, revision=revision, cache_dir=config.hf_cache_dir,
                                       allow_patterns=HF_PATTERNS, local_files_only=True))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
         return None
     return path if _snapshot_complete(path) else None
 
 
-def hf_snapshot(repo: str, settings: Settings, *, model: str | None = None) -> Path:
+def hf_snapshot(repo: str, config: LoadConfig, *, model: str | None = None) -> Path:
     """Rule 2: the cache, else a download; rule 3's one-line errors."""
-    cached = cached_hf_snapshot(repo, settings)
+    cached = cached_hf_snapshot(repo, config)
     if cached is not None:
         return cached
     who = f"model {model!r}: " if model else ""
-    cache = settings.hf_cache_dir or "the Hugging Face cache"
-    if settings.hf_offline:
+    cache = config.hf_cache_dir or "the Hugging Face cache"
+    if config.hf_offline:
         raise ConfigError(f"{who}{repo} is not in {cache} and HF_HUB_OFFLINE is set "
                           f"(run `frink-mlx pull {repo}` with network access, or unset HF_HUB_OFFLINE)")
     progress = progress_mod.current(model or repo)
     progress.phase("download", repo)
-    path = _download(repo, settings, progress, who)
+    path = _download(repo, config, progress, who)
     if not (path / "config.json").is_file():
         raise ModelFormatError(f"{who}{repo} has no config.json: not an MLX/transformers checkpoint "
                                "(for a GGUF repo, download the .gguf and name the file)")
     return path
 
 
-def _download(repo: str, settings: Settings, progress: progress_mod.Progress, who: str) -> Path:
+def _download(repo: str, config: LoadConfig, progress: progress_mod.Progress, who: str) -> Path:
     from huggingface_hub import errors as hf_errors
     from huggingface_hub import snapshot_download
 
@@ -168,8 +167,8 @@ def _download(repo: str, settings: Settings, progress: progress_mod.Progress, wh
     login = "log in with `hf auth login` or set HF_TOKEN"
     try:
         return Path(snapshot_download(
-            repo_id, revision=revision, cache_dir=settings.hf_cache_dir,
-            endpoint=settings.hf_endpoint, allow_patterns=HF_PATTERNS,
+            repo_id, revision=revision, cache_dir=config.hf_cache_dir,
+            endpoint=config.hf_endpoint, allow_patterns=HF_PATTERNS,
             tqdm_class=progress_mod.hf_tqdm_class(progress)))
     except hf_errors.GatedRepoError:
         raise ConfigError(f"{who}{repo_id} is gated: accept its terms on the Hub, then {login}") from None
@@ -229,10 +228,10 @@ def ollama_manifest_path(ref: str, store: str | Path) -> Path:
     return Path(store).expanduser().joinpath("manifests", *parts, tag)
 
 
-def ollama_model(ref: str, settings: Settings, *, model: str | None = None) -> OllamaModel:
+def ollama_model(ref: str, config: LoadConfig, *, model: str | None = None) -> OllamaModel:
     """Read the manifest of `ref`: its GGUF blob and params (rule 4)."""
     who = f"model {model!r}: " if model else ""
-    store = Path(settings.ollama_models).expanduser()
+    store = Path(config.ollama_models).expanduser()
     manifest_path = ollama_manifest_path(ref, store)
     if not manifest_path.is_file():
         raise ConfigError(f"{who}{ref} is not in the Ollama store {store} "
@@ -294,8 +293,8 @@ def ollama_defaults(params: dict[str, Any]
     return sampling, stops, ctx
 
 
-def pull(repo: str, settings: Settings) -> Path:
+def pull(repo: str, config: LoadConfig) -> Path:
     """`frink-mlx pull REPO[@REV]`: the snapshot dir, downloaded if not cached."""
     if source_kind(repo) != "hf":
         raise ConfigError(f"{repo!r} is not a Hugging Face repo id (expected org/name[@revision])")
-    return hf_snapshot(repo, settings)
+    return hf_snapshot(repo, config)

@@ -14,11 +14,11 @@ never splice two checkpoints into one answer:
 Rules:
 1. Resolution: None / "default" / the active model's name or aliases -> the
    active generation, immediately. Another registry entry -> a just-in-time
-   swap when `settings.auto_swap` (else Conflict 409). Names in no entry ->
+   swap when `config.auto_swap` (else Conflict 409). Names in no entry ->
    ModelNotFound 404. Nothing active -> NoModelLoaded 503 (+ Retry-After).
 2. Swaps are serialised on one FIFO lock: waiting requests are answered in
    arrival order, and one that finds its model already active after the wait
-   just leases it. A generation lives at least `settings.min_generation_s`
+   just leases it. A generation lives at least `config.min_generation_s`
    before a swap may replace it (no thrashing).
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the old generation serving and is kept
@@ -29,7 +29,7 @@ Rules:
    and memory released when its last lease ends. Nothing in flight migrates.
 5. After an explicit unload the hub is parked: every request gets 503 until
    an admin load; just-in-time swaps do not wake it.
-6. Idle unload (`settings.keep_alive_s`): a generation with no lease for that
+6. Idle unload (`config.keep_alive_s`): a generation with no lease for that
    long is retired and the hub goes to sleep ("idle"); the next request for it
    (or for "default") loads it again, even with auto-swap off.
 """
@@ -37,98 +37,24 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
 
+from ..config import HubConfig
+from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
+from ..models.progress import Progress, reporting
 from ..registry import ModelSpec, Registry
-from ..settings import Settings
+from .embeddings import attach_embedder
+from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 
 log = logging.getLogger("frink_mlx.hub")
 
 HubState = Literal["ready", "loading", "idle", "unavailable"]
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """One loaded model, never mutated after publication."""
-
-    number: int
-    spec: ModelSpec
-    loaded: Any            # engine.loader.LoadedModel
-    engine: Any            # engine.engine.Engine | None (encoders have none)
-    plan: Any              # engine.budget.KVPlan | None
-    created_at: float      # time.monotonic()
-    created_unix: float = field(default_factory=time.time)
-    embedder: Any = None   # engine.encoder.Encoder serving /v1/embeddings (encoder/service.py)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def answers_to(self, name: str | None) -> bool:
-        return name is None or name in ("default", self.spec.name, *self.spec.aliases)
-
-
-# (spec, settings, number, gate) -> Generation; blocking, run in a worker thread
-GenerationFactory = Callable[[ModelSpec, Settings, int, Any], Generation]
-
-
-def build_generation(spec: ModelSpec, settings: Settings, number: int, gate: Any) -> Generation:
-    """Load `spec` and start its engine (the production factory)."""
-    from ..models.loader import load_model
-
-    loaded = load_model(spec, settings)
-    spec = loaded.spec  # with the defaults its source brought (loader rule 1)
-    if loaded.kind != "generative":
-        return Generation(number, spec, loaded, None, None, time.monotonic())
-    from ..models.budget import plan_kv
-    from ..engine.engine import Engine, EngineConfig
-
-    plan = plan_kv(loaded, settings)
-    config = EngineConfig(
-        block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=settings.max_batch,
-        prefill_chunk_tokens=settings.prefill_chunk_tokens, batching=settings.batching,
-        context_ceiling=plan.context_ceiling, max_queue=settings.max_queue,
-        queue_timeout_s=settings.queue_timeout_s, generation=number,
-        idle_prefill_tokens=settings.idle_prefill_tokens,
-        admission_window_s=settings.admission_window_ms / 1000,
-        pipeline=settings.pipeline, matmul_parts=settings.cpu_matmul_parts)
-    engine = Engine(loaded, config, gate)
-    engine.start()
-    return Generation(number, spec, loaded, engine, plan, time.monotonic())
-
-
-def free_generation(gen: Generation, timeout_s: float) -> None:
-    """Shut the engine down and hand its memory back (blocking)."""
-    if gen.engine is not None:
-        try:
-            gen.engine.shutdown(timeout_s)
-        except Exception:  # noqa: BLE001 - freeing must not fail the caller
-            log.exception("engine shutdown failed for generation %d", gen.number)
-    gc.collect()
-    try:
-        import mlx.core as mx
-
-        mx.clear_cache()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def default_gate() -> Any:
-    try:
-        from ..engine.gate import DecodeGate
-    except ImportError:  # the engine helper's module; a plain lock serves until then
-        import threading
-
-        return threading.Lock()
-    return DecodeGate()
 
 
 class Lease:
@@ -146,15 +72,15 @@ class Lease:
 class Hub:
     """Owns the active generation pointer (see module rules)."""
 
-    def __init__(self, settings: Settings, registry: Registry, *,
-                 factory: GenerationFactory = build_generation, gate: Any = None,
+    def __init__(self, config: HubConfig, registry: Registry, *,
+                 factory: GenerationFactory = build_generation, gate: Gate | None = None,
                  on_load: Callable[[Generation], None] | None = None) -> None:
-        self.settings, self.registry, self.factory = settings, registry, factory
-        self.gate = gate if gate is not None else default_gate()
+        self.config, self.registry, self.factory = config, registry, factory
+        self.gate: Gate = gate if gate is not None else DecodeGate()
         self.on_load = on_load
         self.current: Generation | None = None
         self.loading: str | None = None
-        self.load_progress: Any = None      # models.progress.Progress of the running load
+        self.load_progress: Progress | None = None   # the running load's (rule 3)
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -219,7 +145,7 @@ class Hub:
         if self._wakes(name):
             return None
         if gen is None and (self.parked or name is None or name == "default"
-                            or not self.settings.auto_swap):
+                            or not self.config.auto_swap):
             self.registry.resolve(name)  # unknown names stay 404 even now
             raise self._unavailable()
         return None
@@ -231,7 +157,7 @@ class Hub:
                              retry_after_s=10.0)
 
     async def _swap_for(self, spec: ModelSpec, wake: bool = False) -> Lease:
-        if not self.settings.auto_swap and not wake:
+        if not self.config.auto_swap and not wake:
             active = self.current.name if self.current else "none"
             raise Conflict(f"The model '{spec.name}' is not loaded (active: '{active}') and "
                            "automatic swapping is off; POST /admin/models/load first.",
@@ -247,7 +173,7 @@ class Hub:
     async def _wait_min_lifetime(self) -> None:
         if self.current is None:
             return
-        left = self.current.created_at + self.settings.min_generation_s - time.monotonic()
+        left = self.current.created_at + self.config.min_generation_s - time.monotonic()
         if left > 0:
             await anyio.sleep(left)
 
@@ -298,8 +224,6 @@ class Hub:
                 self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
-        from ..models.progress import Progress
-
         self.loading = spec.name
         self.load_progress = progress = Progress(spec.name)
         number = self._numbers + 1
@@ -324,17 +248,14 @@ class Hub:
             self.on_load(gen)
         return gen
 
-    def _build(self, spec: ModelSpec, number: int, progress: Any) -> Generation:
+    def _build(self, spec: ModelSpec, number: int, progress: Progress) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        from ..models.progress import reporting
-        from .embeddings import attach_embedder
-
         with reporting(progress):  # rule 3: the loaders report into it from this thread
-            gen = self.factory(spec, self.settings, number, self.gate)
+            gen = self.factory(spec, self.config, number, self.gate)
             try:
-                return attach_embedder(gen, self.registry, self.settings)  # type: ignore[no-any-return]
+                return attach_embedder(gen, self.registry, self.config.load)
             except BaseException:
-                free_generation(gen, self.settings.drain_timeout_s)
+                free_generation(gen, self.config.drain_timeout_s)
                 raise
 
     def _publish(self, gen: Generation | None) -> None:
@@ -356,7 +277,7 @@ class Hub:
 
     async def reap_idle(self) -> None:
         """Rule 6, run for the app's lifetime when keep_alive_s is set."""
-        keep_alive_s = self.settings.keep_alive_s
+        keep_alive_s = self.config.keep_alive_s
         if not keep_alive_s:
             return
         while True:
@@ -375,7 +296,7 @@ class Hub:
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, free_generation, gen, self.settings.drain_timeout_s)
+        future = loop.run_in_executor(None, free_generation, gen, self.config.drain_timeout_s)
         future.add_done_callback(lambda _f: self._retired.pop(gen.number, None))
         self._frees.append(future)
 

@@ -143,7 +143,7 @@ def mixed_factory(scripts: dict[str, Script], engines: dict[str, ScriptedEngine]
     """Registry entries named in `scripts` get a ScriptedEngine; the rest the real engine."""
     from daemon_support import generation_factory
 
-    from frink_mlx.serving.hub import Generation
+    from frink_mlx.serving.generation import Generation
     from frink_mlx.models.loader import load_model
 
     real = generation_factory()
@@ -151,7 +151,7 @@ def mixed_factory(scripts: dict[str, Script], engines: dict[str, ScriptedEngine]
     def factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
         if spec.name not in scripts:
             return real(spec, settings, number, gate)
-        loaded = load_model(spec, settings)
+        loaded = load_model(spec, settings.load)
         engine = engines[spec.name] = ScriptedEngine(loaded, scripts[spec.name])
         return Generation(number, spec, loaded, engine, None, time.monotonic())
 

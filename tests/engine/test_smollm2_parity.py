@@ -24,7 +24,7 @@ NUM_TOKENS = 12
 
 def test_smollm2_batched_greedy_equals_generate(smollm2_dir, tmp_path):
     loaded = load_model(ModelSpec(name="smollm2", source=str(smollm2_dir)),
-                        Settings(cache_dir=str(tmp_path)))
+                        Settings(cache_dir=str(tmp_path)).load_config())
     tok = loaded.tokenizer
     texts = ["The capital of France is", "def fibonacci(n):",
              "Once upon a time, in a land far away, there lived a"]

@@ -168,13 +168,13 @@ def test_steps_with_first_tokens_are_read_before_the_next_is_planned(tiny, pipel
 @pytest.mark.parametrize("setting", [None, True, False])
 def test_the_daemon_pipelines_decode_steps_only_on_a_gpu_unless_told(tiny_llama_dir, tmp_path, setting):
     from frink_mlx.engine.engine import default_pipeline
-    from frink_mlx.serving.hub import build_generation, free_generation
+    from frink_mlx.serving.generation import build_generation, free_generation
     from frink_mlx.registry import ModelSpec
     from frink_mlx.settings import Settings
 
     assert default_pipeline() is (mx.default_device().type == mx.DeviceType.gpu)
     settings = Settings(config_dir=str(tmp_path), pipeline=setting, max_kv_pool_bytes=1 << 24)
-    gen = build_generation(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings, 1, DecodeGate())
+    gen = build_generation(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings.hub_config(), 1, DecodeGate())
     try:
         assert gen.engine.config.pipeline is (default_pipeline() if setting is None else setting)
     finally:

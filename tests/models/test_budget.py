@@ -43,26 +43,26 @@ def test_bytes_per_token_and_blocks_from_an_override():
     # 2 * 4 layers * 2 heads * 8 dims * 4 bytes = 512 bytes/token; a block of 16 = 8192 bytes
     settings = Settings(kv_budget_bytes=1_004_000, memory_headroom_fraction=0.0, block_size=16,
                         max_batch=16)
-    plan = plan_kv(_loaded(), settings)
+    plan = plan_kv(_loaded(), settings.budget_config())
     assert plan.bytes_per_token == 512 and plan.weights_bytes == 4000
     assert plan.num_blocks == 1_000_000 // 8192 == 122
     assert plan.context_ceiling == min(1024, 122 * 16) and plan.budget_source == "override"
 
 
 def test_pool_is_capped_by_max_batch_contexts_and_max_pool_bytes():
-    plan = plan_kv(_loaded(context_length=64), Settings(block_size=16, max_batch=2))
+    plan = plan_kv(_loaded(context_length=64), Settings(block_size=16, max_batch=2).budget_config())
     assert plan.num_blocks == 2 * 4 and plan.context_ceiling == 64  # RAM is plenty; capped
-    plan = plan_kv(_loaded(), Settings(block_size=16, max_kv_pool_bytes=8192 * 5))
+    plan = plan_kv(_loaded(), Settings(block_size=16, max_kv_pool_bytes=8192 * 5).budget_config())
     assert plan.num_blocks == 5 and plan.context_ceiling == 80
 
 
 def test_headroom_and_half_precision():
     settings = Settings(kv_budget_bytes=100_000, memory_headroom_fraction=0.5, block_size=4)
-    plan = plan_kv(_loaded(dtype=mx.float16), settings)
+    plan = plan_kv(_loaded(dtype=mx.float16), settings.budget_config())
     assert plan.bytes_per_token == 256
     assert plan.num_blocks == (100_000 - 4000 - 50_000) // 1024
 
 
 def test_a_model_that_leaves_no_room_is_a_config_error():
     with pytest.raises(ConfigError, match="no room"):
-        plan_kv(_loaded(), Settings(kv_budget_bytes=5000, memory_headroom_fraction=0.0))
+        plan_kv(_loaded(), Settings(kv_budget_bytes=5000, memory_headroom_fraction=0.0).budget_config())

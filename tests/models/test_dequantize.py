@@ -82,8 +82,9 @@ def test_every_mode_loads_as_float32_and_matches_mlx_lm(label: str, tiny_llama_d
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_llama_dir / name, ref_dir / name)
 
-    settings = Settings(config_dir=str(tmp_path / "c"), cache_dir=str(tmp_path / "cache"), dequantize=True)
-    loaded = load_model(ModelSpec(name=label, source=str(tmp_path / "q")), settings)
+    config = Settings(config_dir=str(tmp_path / "c"), cache_dir=str(tmp_path / "cache"),
+                      dequantize=True).load_config()
+    loaded = load_model(ModelSpec(name=label, source=str(tmp_path / "q")), config)
     ours = dict(tree_flatten(loaded.model.parameters()))
     assert sorted(ours) == sorted(reference)
     for name, value in ours.items():

@@ -36,7 +36,7 @@ def minilm_path() -> Path:
 
 @pytest.fixture(scope="module")
 def minilm() -> Any:
-    return load_encoder(minilm_path(), None, Settings(embed_batch_size=4))
+    return load_encoder(minilm_path(), None, Settings(embed_batch_size=4).encoder_config())
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
 
 def test_roberta_positions_start_after_padding(tmp_path: Path) -> None:
     path = _tiny_checkpoint(tmp_path, model_type="roberta", pad_token_id=1, type_vocab_size=1)
-    encoder = load_encoder(path, None, Settings())
+    encoder = load_encoder(path, None, Settings().encoder_config())
     assert encoder.arch == "roberta" and encoder.dim == 32
     assert encoder.max_length == 40 - 2  # no sentence_bert_config: positions minus offset
     tokens = encoder.check_lengths(encoder.tokenize(["one", "two words here"]))
@@ -223,7 +223,7 @@ def test_roberta_positions_start_after_padding(tmp_path: Path) -> None:
 def test_unsupported_architectures_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY_BERT, "model_type": "nomic_bert"}))
     with pytest.raises(ModelFormatError, match="nomic_bert"):
-        load_encoder(tmp_path, None, Settings())
+        load_encoder(tmp_path, None, Settings().encoder_config())
 
 
 # --- a generative model embedding itself (explicit "self") -------------------------

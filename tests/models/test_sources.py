@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fake_hub import FakeHub, checkpoint_files
 
+from frink_mlx.config import LoadConfig
 from frink_mlx.errors import ConfigError
 from frink_mlx.models import progress as progress_mod
 from frink_mlx.models import sources
@@ -27,9 +28,10 @@ def hub():
     fake.stop()
 
 
-def settings(tmp_path: Path, **kw: object) -> Settings:
+def settings(tmp_path: Path, **kw: object) -> LoadConfig:
     return Settings(config_dir=str(tmp_path / "config"), cache_dir=str(tmp_path / "cache"),
-                    hf_cache_dir=str(tmp_path / "hf"), ollama_models=str(tmp_path / "ollama"), **kw)
+                    hf_cache_dir=str(tmp_path / "hf"), ollama_models=str(tmp_path / "ollama"),
+                    **kw).load_config()
 
 
 def write_hf_cache(cache: Path, repo_id: str, files: dict[str, bytes], commit: str,

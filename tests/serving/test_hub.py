@@ -47,7 +47,7 @@ def make_hub(load_s: float = 0.0, **settings) -> tuple[Hub, list[str]]:
         return Generation(number, spec, object(), FakeEngine(), None, time.monotonic())
 
     s = Settings.load(**{"min_generation_s": 0.0, **settings})
-    return Hub(s, registry(), factory=factory, gate=threading.Lock()), loads
+    return Hub(s.hub_config(), registry(), factory=factory, gate=threading.Lock()), loads
 
 
 def run(coro):

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from ...config import EncoderConfig
 from ...errors import ModelFormatError
 from ...backend.cpu import split as cpu_split
 from .encoder import Encoder
@@ -49,7 +50,7 @@ class LMTokenizer:
         return str(self._wrapper.convert_ids_to_tokens(int(token_id)))
 
 
-def encoder_from_generative(loaded: Any, settings: Any) -> Encoder:
+def encoder_from_generative(loaded: Any, config: EncoderConfig) -> Encoder:
     """Wrap a LoadedModel (kind generative) as an Encoder over its hidden states."""
     stack = getattr(loaded.model, "model", None)
     if stack is None or not callable(stack):
@@ -72,7 +73,7 @@ def encoder_from_generative(loaded: Any, settings: Any) -> Encoder:
         head=HeadConfig.for_hidden_states(),
         dim=dim,
         max_length=int(loaded.context_length),
-        batch_size=max(1, int(getattr(settings, "embed_batch_size", 32))),
+        batch_size=max(1, config.embed_batch_size),
         arch=str(loaded.config.get("model_type", "generative")),
-        split_streams=cpu_split.setup(loaded.model, getattr(settings, "cpu_matmul_parts", None)),
+        split_streams=cpu_split.setup(loaded.model, config.cpu_matmul_parts),
     )

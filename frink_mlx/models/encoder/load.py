@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from ...config import EncoderConfig
 from ...errors import ModelFormatError
 from ...backend.cpu import split as cpu_split
 from .bert import BertArgs, BertModel
@@ -73,14 +74,13 @@ class HFTokenizer:
         return self._truncating[max_length]
 
 
-def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
+def load_encoder(path: Path, spec: Any, config: EncoderConfig) -> Encoder:
     """Build the Encoder for `spec` (a registry ModelSpec) from checkpoint dir `path`.
 
     Blocking (reads weights); call off the event loop.
     """
     path = Path(path)
-    config = _read_config(path)
-    args = BertArgs.from_config(config)
+    args = BertArgs.from_config(_read_config(path))
     model = BertModel(args)
     model.load_weights(list(_read_weights(path, model).items()), strict=True)
     model.eval()
@@ -97,10 +97,10 @@ def load_encoder(path: Path, spec: Any, settings: Any) -> Encoder:
         head=head,
         dim=args.hidden_size,
         max_length=max_length,
-        batch_size=max(1, int(getattr(settings, "embed_batch_size", 32))),
+        batch_size=max(1, config.embed_batch_size),
         truncatable=bool(getattr(spec, "matryoshka", False)),
         arch=args.model_type,
-        split_streams=cpu_split.setup(model, getattr(settings, "cpu_matmul_parts", None)),
+        split_streams=cpu_split.setup(model, config.cpu_matmul_parts),
     )
 
 

@@ -1,0 +1,81 @@
+"""Config slices: what each layer below the composition root may know.
+
+`Settings` (settings.py) is the daemon's one flat table of knobs, read once
+from flags and the environment. Nothing below `serving/` sees it: the
+composition root (app.py, and the CLI entry points) slices it once with
+`Settings.hub_config()` and hands each layer the part it uses, so a layer's
+signature says exactly which knobs can change its behaviour and tests build
+the slice they need without a whole daemon's configuration.
+
+    Settings ── hub_config() ─> HubConfig ─┬─ load:   LoadConfig     models/loader.py
+                                            │    └─ encoder: EncoderConfig  models/encoder/
+                                            ├─ budget: BudgetConfig   models/budget.py
+                                            └─ engine: EngineLimits   engine/engine.py (EngineConfig)
+
+The slices hold no defaults of their own: Settings is the one source of
+defaults, so a default can never differ between two layers. They import
+neither MLX nor Starlette.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class _Slice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A frozen, keyword-only config slice (no defaults: see the module docstring)."""
+
+
+class EncoderConfig(_Slice, frozen=True):
+    """Embedding encoders (models/encoder/)."""
+
+    embed_batch_size: int
+    cpu_matmul_parts: int | None
+
+
+class LoadConfig(_Slice, frozen=True):
+    """How checkpoints are found, imported and loaded (models/loader.py)."""
+
+    cache_dir: str                 # converted checkpoints (GGUF imports) live here
+    dequantize: bool | None        # None = the model's entry, else the backend decides
+    encoder: EncoderConfig         # an encoder entry loads with these
+    hf_offline: bool               # HF_HUB_OFFLINE: Hugging Face cache only (models/sources.py)
+    hf_endpoint: str | None        # HF_ENDPOINT; None = huggingface_hub's default
+    hf_cache_dir: str | None       # HF_HUB_CACHE / $HF_HOME/hub; None = huggingface_hub's default
+    ollama_models: str             # the Ollama store ($OLLAMA_MODELS, ~/.ollama/models)
+
+
+class BudgetConfig(_Slice, frozen=True):
+    """How the KV pool and the context ceiling are priced (models/budget.py)."""
+
+    block_size: int                # tokens per KV block
+    max_batch: int                 # rows decoded together at most
+    kv_budget_bytes: int | None    # explicit device budget; None = measured
+    memory_headroom_fraction: float
+    max_kv_pool_bytes: int         # cap on one model's KV pool
+
+
+class EngineLimits(_Slice, frozen=True):
+    """The engine loop's knobs that do not depend on the loaded model."""
+
+    max_batch: int
+    batching: bool
+    prefill_chunk_tokens: int      # prefill tokens per step while streams decode
+    idle_prefill_tokens: int       # ... and in a step that decodes nothing
+    admission_window_ms: float     # an idle engine gathers a burst this long
+    pipeline: bool | None          # None = the backend decides
+    cpu_matmul_parts: int | None   # CPU backend only; None = one part per usable core
+    max_queue: int
+    queue_timeout_s: float
+
+
+class HubConfig(_Slice, frozen=True):
+    """Generations, leases and swaps (serving/hub.py), with the slices it hands down."""
+
+    auto_swap: bool
+    min_generation_s: float        # a generation lives at least this long before a swap
+    keep_alive_s: float | None     # idle unload; None = never
+    drain_timeout_s: float         # how long a retired engine may finish its rows
+    load: LoadConfig
+    budget: BudgetConfig
+    engine: EngineLimits

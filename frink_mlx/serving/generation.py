@@ -1,0 +1,92 @@
+"""One generation: a loaded model and its engine, immutable once published.
+
+Why a module of its own: the hub (hub.py) publishes and retires generations,
+the embeddings service (embeddings.py) attaches an encoder to one, and the
+decode handles (handles.py) read one; none of them owns the type. Building
+and freeing a generation are the only two places that touch model loading
+and the engine's lifetime, and they block: the hub runs them in worker
+threads (docs/ARCHITECTURE.md, "Threads").
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import mlx.core as mx
+
+from ..config import HubConfig
+from ..engine.engine import Engine, EngineConfig
+from ..models.budget import KVPlan, plan_kv
+from ..models.encoder import Encoder
+from ..models.loader import LoadedModel, load_model
+from ..registry import ModelSpec
+
+log = logging.getLogger("frink_mlx.hub")
+
+
+class Gate(Protocol):
+    """The decode gate (engine/gate.py), or a plain lock in tests."""
+
+    def __enter__(self) -> object: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One loaded model, never mutated after publication."""
+
+    number: int
+    spec: ModelSpec
+    loaded: LoadedModel
+    engine: Engine | None  # encoders have none
+    plan: KVPlan | None
+    created_at: float      # time.monotonic()
+    created_unix: float = field(default_factory=time.time)
+    embedder: Encoder | None = None  # serves /v1/embeddings (embeddings.py)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def answers_to(self, name: str | None) -> bool:
+        return name is None or name in ("default", self.spec.name, *self.spec.aliases)
+
+
+# (spec, config, number, gate) -> Generation; blocking, run in a worker thread
+GenerationFactory = Callable[[ModelSpec, HubConfig, int, Gate], Generation]
+
+
+def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate) -> Generation:
+    """Load `spec` and start its engine (the production factory)."""
+    loaded = load_model(spec, config.load)
+    spec = loaded.spec  # with the defaults its source brought (loader rule 1)
+    if loaded.kind != "generative":
+        return Generation(number, spec, loaded, None, None, time.monotonic())
+    plan = plan_kv(loaded, config.budget)
+    limits = config.engine
+    engine_config = EngineConfig(
+        block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
+        prefill_chunk_tokens=limits.prefill_chunk_tokens, batching=limits.batching,
+        context_ceiling=plan.context_ceiling, max_queue=limits.max_queue,
+        queue_timeout_s=limits.queue_timeout_s, generation=number,
+        idle_prefill_tokens=limits.idle_prefill_tokens,
+        admission_window_s=limits.admission_window_ms / 1000,
+        pipeline=limits.pipeline, matmul_parts=limits.cpu_matmul_parts)
+    engine = Engine(loaded, engine_config, gate)  # type: ignore[arg-type]
+    engine.start()
+    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+
+
+def free_generation(gen: Generation, timeout_s: float) -> None:
+    """Shut the engine down and hand its memory back (blocking)."""
+    if gen.engine is not None:
+        try:
+            gen.engine.shutdown(timeout_s)
+        except Exception:  # noqa: BLE001 - freeing must not fail the caller
+            log.exception("engine shutdown failed for generation %d", gen.number)
+    gc.collect()
+    mx.clear_cache()
