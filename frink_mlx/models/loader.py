@@ -101,7 +101,7 @@ def _load(spec: ModelSpec, config: LoadConfig, progress: progress_mod.Progress) 
     started = time.perf_counter()
     source = resolve(spec, config)
     spec, path = with_source_defaults(spec, source), source.checkpoint
-    progress.phase("load", str(path))
+    progress.phase("load", source.origin)
     if spec.kind == "encoder":
         return _load_encoder(spec, config, path, started)
     import mlx_lm

@@ -50,7 +50,7 @@ from ..registry import (
     split_revision,
 )
 from . import progress as progress_mod
-from .gguf import checkpoint_dir_for, import_gguf
+from .gguf import import_gguf
 
 GGUF_MAGIC = b"GGUF"
 HF_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
@@ -116,14 +116,24 @@ def is_gguf(path: Path) -> bool:
 
 
 def _import_gguf(path: Path, config: LoadConfig, model: str) -> Path:
-    if not (checkpoint_dir_for(path, config.cache_dir) / "config.json").is_file():
-        progress_mod.current(model).phase("convert", f"GGUF {path.name}")
+    """Rule 1's import; a cached one costs only the content hash (gguf.py)."""
+    progress_mod.current(model).phase("convert", f"GGUF {path.name}")
     return import_gguf(path, config.cache_dir)
 
 
 # --- Hugging Face (rules 2-3) -------------------------------------------------
 def _snapshot_complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    """config.json and the weights: every shard a safetensors index names, else any file."""
+    if not (path / "config.json").is_file():
+        return False
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all((path / shard).is_file() for shard in shards)
+    return any(path.glob("*.safetensors"))
 
 
 def cached_hf_snapshot(repo: str, config: LoadConfig) -> Path | None:

@@ -80,6 +80,19 @@ def test_prepopulated_cache_resolves_offline_without_network(tiny_llama_dir: Pat
         "org/other` with network access, or unset HF_HUB_OFFLINE)")
 
 
+def test_a_snapshot_missing_a_shard_is_not_a_cache_hit(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    files = checkpoint_files(tiny_llama_dir)
+    index = {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                            "b": "model-00002-of-00002.safetensors"}}
+    files = {"config.json": files["config.json"], "model-00001-of-00002.safetensors": b"x",
+             "model.safetensors.index.json": json.dumps(index).encode()}
+    write_hf_cache(tmp_path / "hf", "org/sharded", files, "c" * 40)
+    s = settings(tmp_path, hf_offline=True)
+    assert sources.cached_hf_snapshot("org/sharded", s) is None
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
+        sources.hf_snapshot("org/sharded", s)
+
+
 def test_fake_hub_download_reports_progress_then_hits_the_cache(
         hub: FakeHub, tiny_llama_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     files = checkpoint_files(tiny_llama_dir)
