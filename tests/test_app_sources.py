@@ -30,9 +30,12 @@ def test_hub_download_progress_in_health_and_admin(tmp_path: Path, tiny_llama_di
     server = start_server(create_app(settings, registry=load_registry(settings),
                                      factory=generation_factory()))
     try:
+        status = httpx.get(server.url + "/admin/status", timeout=10).json()
+        hf = next(m for m in status["models"] if m["name"] == "hf")
+        assert hf["state"] == "available", hf  # not cached yet, but a load would download it
         r = httpx.post(server.url + "/admin/models/load", json={"model": "hf"}, timeout=30)
         assert r.status_code == 202, r.text
-        seen = []
+        seen, admin_seen = [], []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             health = httpx.get(server.url + "/health", timeout=10).json()
@@ -40,10 +43,17 @@ def test_hub_download_progress_in_health_and_admin(tmp_path: Path, tiny_llama_di
                 break
             if health["progress"] is not None:
                 seen.append(health["progress"])
-                admin = httpx.get(server.url + "/admin/models", timeout=10).json()
+            admin = httpx.get(server.url + "/admin/models", timeout=10).json()
+            if admin["progress"] is not None:
                 assert admin["loading"] == "hf"
+                admin_seen.append(admin["progress"])
+            hf = next(m for m in httpx.get(server.url + "/admin/status", timeout=10).json()["models"]
+                      if m["name"] == "hf")
+            if hf["state"] == "loading" and hf["progress"] is not None:
+                admin_seen.append(hf["progress"])
             time.sleep(0.05)
         assert health["model"] == "hf" and health["progress"] is None
+        assert any(p["phase"] == "download" for p in admin_seen)
         downloads = [p for p in seen if p["phase"] == "download"]
         assert downloads and downloads[0]["detail"] == "org/tiny"
         total = sum(len(b) for b in checkpoint_files(tiny_llama_dir).values())

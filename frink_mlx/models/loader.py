@@ -1,11 +1,11 @@
 """Registry entry -> a loaded, warmed-up model (`load_model`).
 
 Why: every source kind (MLX checkpoint dir, GGUF file, pip-package resource,
-Hugging Face repo, Ollama store) must end as the same `LoadedModel`, and the
-CPU backend needs one deliberate
-choice: MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes
-through BLAS, so quantized weights are dequantized to float32 on the CPU
-backend when memory allows.
+Hugging Face repo, Ollama store) must end as the same `LoadedModel`, and one
+choice depends on the device:
+MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes through
+BLAS, so the CPU backend dequantizes quantized weights to float32 when memory
+allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
 1. Sources resolve in sources.py (cache, download, GGUF import). Defaults a
@@ -15,13 +15,14 @@ Rules:
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
-   when set (True forces, even past the memory check). Unset means automatic:
-   on the CPU backend only, and only if the float32 weights fit in
-   `DEQUANT_RAM_FRACTION` of physical RAM. Every quantization mode MLX has
-   (affine 2-8 bits, mxfp4, mxfp8, nvfp4) dequantizes straight to float32:
-   mlx-lm's own `dequantize_model` leaves fp4/fp8 modes in bfloat16 (their
-   scales are not floats, so `set_dtype` cannot steer the output), whose
-   matmuls are several times slower than float32 on the CPU and drift.
+   when set (True forces, even past the memory check). Unset means the
+   backend decides (`Backend.dequantize_by_default`): Metal never, the CPU
+   backend when the float32 weights fit in its share of physical RAM. Every
+   quantization mode MLX has (affine 2-8 bits, mxfp4, mxfp8, nvfp4)
+   dequantizes straight to float32: mlx-lm's own `dequantize_model` leaves
+   fp4/fp8 modes in bfloat16 (their scales are not floats, so `set_dtype`
+   cannot steer the output), whose matmuls are several times slower than
+   float32 on the CPU and drift.
 4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import msgspec
 
+from ..backend import Backend
 from ..config import LoadConfig
 from ..errors import ModelFormatError
 from ..registry import ModelSpec
@@ -56,7 +57,6 @@ from .sources import ResolvedSource, resolve
 
 log = logging.getLogger("frink_mlx.models")
 
-DEQUANT_RAM_FRACTION = 0.25
 WARMUP_TOKENS = 4
 
 
@@ -92,18 +92,19 @@ def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
     return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
-def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedModel:
     with progress_mod.ensure(spec.name) as progress:  # rule 7
-        return _load(spec, config, progress)
+        return _load(spec, config, backend, progress)
 
 
-def _load(spec: ModelSpec, config: LoadConfig, progress: progress_mod.Progress) -> LoadedModel:
+def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
+          progress: progress_mod.Progress) -> LoadedModel:
     started = time.perf_counter()
     source = resolve(spec, config)
     spec, path = with_source_defaults(spec, source), source.checkpoint
     progress.phase("load", source.origin)
     if spec.kind == "encoder":
-        return _load_encoder(spec, config, path, started)
+        return _load_encoder(spec, config, path, started, backend)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
@@ -113,7 +114,7 @@ def _load(spec: ModelSpec, config: LoadConfig, progress: progress_mod.Progress) 
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     _add_stop_tokens(spec, tokenizer, source.stop)
-    if should_dequantize(model, spec, config):
+    if should_dequantize(model, spec, config, backend):
         progress.phase("dequantize", "to float32")
         dequantize_to_float32(model)
     progress.phase("warm-up")
@@ -139,8 +140,9 @@ def _add_stop_tokens(spec: ModelSpec, tokenizer: Any, stops: tuple[str, ...]) ->
                     spec.name, skipped)
 
 
-def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float) -> LoadedModel:
-    encoder = load_encoder(path, spec, config.encoder)
+def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float,
+                  backend: Backend) -> LoadedModel:
+    encoder = load_encoder(path, spec, config.encoder, backend)
     model_config = json.loads((path / "config.json").read_text())
     model = getattr(encoder, "model", None)
     return LoadedModel(
@@ -154,13 +156,6 @@ def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: floa
 def context_length(config: dict[str, Any], spec: ModelSpec) -> int:
     trained = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
     return min(trained, spec.context_length) if spec.context_length else trained
-
-
-def physical_ram_bytes() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def float32_nbytes(model: nn.Module) -> int:
@@ -185,17 +180,15 @@ def _is_quantized(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
-def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig) -> bool:
+def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
+                      backend: Backend) -> bool:
     """Rule 3."""
     if not _is_quantized(model):
         return False
     choice = config.dequantize if config.dequantize is not None else spec.dequantize
     if choice is not None:
         return choice
-    if mx.metal.is_available():
-        return False
-    ram = physical_ram_bytes()
-    return ram > 0 and float32_nbytes(model) <= DEQUANT_RAM_FRACTION * ram
+    return backend.dequantize_by_default(float32_nbytes(model))
 
 
 def dequantize_to_float32(model: nn.Module) -> None:

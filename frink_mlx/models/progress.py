@@ -154,7 +154,7 @@ def hf_tqdm_class(progress: Progress) -> type:
     """
     from huggingface_hub.utils import tqdm as hf_tqdm
 
-    class ProgressTqdm(hf_tqdm):  # type: ignore[misc, valid-type]
+    class ProgressTqdm(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             self._frink_counts = kwargs.get("name") == "huggingface_hub.snapshot_download"
             if not kwargs.get("disable") and not sys.stderr.isatty():
@@ -169,6 +169,6 @@ def hf_tqdm_class(progress: Progress) -> type:
         def update(self, n: float | None = 1) -> bool | None:
             if self._frink_counts and n:
                 progress.advance(int(n))
-            return super().update(n)  # type: ignore[no-any-return]
+            return super().update(n)
 
     return ProgressTqdm

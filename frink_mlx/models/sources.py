@@ -95,6 +95,23 @@ def resolve(spec: ModelSpec, config: LoadConfig) -> ResolvedSource:
     return ResolvedSource(local_checkpoint(path, spec.name, config), str(path))
 
 
+def missing_reason(spec: ModelSpec, config: LoadConfig) -> str | None:
+    """Why `spec`'s source is not there (one line), or None when it is or a load would
+    fetch it. No network, no import: cheap enough for a status poll."""
+    kind = source_kind(spec.source)
+    try:
+        if kind == "hf":
+            if config.hf_offline and cached_hf_snapshot(spec.source, config) is None:
+                return f"{spec.source} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+        elif kind == "ollama":
+            ollama_model(spec.source, config)
+        else:
+            resolve_source(spec)
+    except ConfigError as exc:
+        return exc.message
+    return None
+
+
 def local_checkpoint(path: Path, model: str, config: LoadConfig) -> Path:
     """Rule 1: a checkpoint dir as is, a GGUF file imported."""
     if path.is_file():

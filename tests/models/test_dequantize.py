@@ -19,7 +19,10 @@ import pytest
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from frink_mlx.models.loader import load_model
+from frink_mlx.backend import select_backend
+from frink_mlx.config import LoadConfig
+from frink_mlx.models import loader
+from frink_mlx.models.loader import LoadedModel
 from frink_mlx.registry import ModelSpec
 from frink_mlx.settings import Settings
 
@@ -27,6 +30,13 @@ MODES = {"affine-2": ("affine", 32, 2), "affine-3": ("affine", 32, 3), "affine-4
          "affine-5": ("affine", 32, 5), "affine-6": ("affine", 32, 6), "affine-8": ("affine", 32, 8),
          "mxfp4": ("mxfp4", 32, 4), "mxfp8": ("mxfp8", 32, 8), "nvfp4": ("nvfp4", 16, 4)}
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with
+
+
+def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
+    return loader.load_model(spec, config, BACKEND)
 
 
 def mxfp4_numpy(weight: mx.array, scales: mx.array) -> np.ndarray:

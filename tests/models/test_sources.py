@@ -13,12 +13,20 @@ from pathlib import Path
 import pytest
 from fake_hub import FakeHub, checkpoint_files
 
+from frink_mlx.backend import select_backend
 from frink_mlx.config import LoadConfig
 from frink_mlx.errors import ConfigError
+from frink_mlx.models import loader, sources
 from frink_mlx.models import progress as progress_mod
-from frink_mlx.models import sources
+from frink_mlx.models.loader import LoadedModel
 from frink_mlx.registry import ModelSpec, parse_registry, source_kind
 from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with
+
+
+def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
+    return loader.load_model(spec, config, BACKEND)
 
 
 @pytest.fixture()
@@ -152,8 +160,6 @@ def test_model_loaded_by_repo_id_generates_like_the_dir(hub: FakeHub, tiny_llama
                                                         tmp_path: Path) -> None:
     import mlx_lm
 
-    from frink_mlx.models.loader import load_model
-
     hub.add_repo("org/tiny", checkpoint_files(tiny_llama_dir))
     s = settings(tmp_path, hf_endpoint=hub.url)
     by_id = load_model(ModelSpec(name="hf", source="org/tiny"), s)
@@ -211,8 +217,6 @@ def test_ollama_reference_forms(tmp_path: Path) -> None:
 def test_ollama_model_loads_with_its_params(tiny_gguf: Path, tiny_llama_dir: Path, tmp_path: Path) -> None:
     import mlx_lm
 
-    from frink_mlx.models.loader import load_model
-
     params = {"stop": ["<|im_end|>", "User:"], "temperature": 0.3, "top_k": 20,
               "repeat_penalty": 1.1, "num_ctx": 512}
     write_ollama_model(tmp_path / "ollama", "tiny", "f32", tiny_gguf, params)
@@ -258,3 +262,18 @@ def test_ollama_defaults_drop_values_out_of_range() -> None:
         {"temperature": 0.7, "top_p": 7.0, "stop": ["a", 3, ""], "num_ctx": "big"})
     assert sampling is not None and sampling.temperature == 0.7 and sampling.top_p is None
     assert stops == ("a",) and ctx is None
+
+
+def test_missing_reason_touches_no_network(tiny_gguf: Path, tmp_path: Path) -> None:
+    online = settings(tmp_path, hf_endpoint="http://127.0.0.1:9")
+    offline = settings(tmp_path, hf_offline=True)
+    repo = ModelSpec(name="r", source="org/tiny")
+    assert sources.missing_reason(repo, online) is None          # a load would download it
+    assert sources.missing_reason(repo, offline) == (
+        "org/tiny is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+    ollama = ModelSpec(name="o", source="ollama:tiny")
+    assert "is not in the Ollama store" in (sources.missing_reason(ollama, online) or "")
+    write_ollama_model(tmp_path / "ollama", "tiny", "latest", tiny_gguf, None)
+    assert sources.missing_reason(ollama, online) is None
+    assert "source not found" in (sources.missing_reason(
+        ModelSpec(name="p", source=str(tmp_path / "gone")), online) or "")
