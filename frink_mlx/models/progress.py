@@ -84,6 +84,17 @@ class Progress:
         if line:
             log.info("%s", line)
 
+    def track(self, phase: str, done_bytes: int, total_bytes: int | None) -> None:
+        """Absolute counts from a worker that reports its own (a GGUF import's callback):
+        a new phase name starts that phase (rule 2), then the counts are set."""
+        if phase != self._phase:
+            self.phase(phase, self._detail)
+        with self._lock:
+            self._total = total_bytes
+            delta = done_bytes - self._done
+        if delta:
+            self.advance(delta)
+
     def snapshot(self) -> dict[str, Any] | None:
         """Rule 3; None when no phase runs."""
         with self._lock:

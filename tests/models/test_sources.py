@@ -277,3 +277,18 @@ def test_missing_reason_touches_no_network(tiny_gguf: Path, tmp_path: Path) -> N
     assert sources.missing_reason(ollama, online) is None
     assert "source not found" in (sources.missing_reason(
         ModelSpec(name="p", source=str(tmp_path / "gone")), online) or "")
+
+
+def test_progress_tracks_absolute_counts_across_phases() -> None:
+    progress = progress_mod.Progress("m")
+    progress.phase("convert", "GGUF x")
+    progress.track("hash", 40, 100)
+    snap = progress.snapshot() or {}
+    assert (snap["phase"], snap["detail"], snap["done_bytes"]) == ("hash", "GGUF x", 40)
+    assert snap["fraction"] == 0.4
+    progress.track("hash", 100, 100)
+    progress.track("convert", 10, 50)
+    snap = progress.snapshot() or {}
+    assert (snap["phase"], snap["done_bytes"], snap["total_bytes"]) == ("convert", 10, 50)
+    progress.done()
+    assert progress.snapshot() is None
