@@ -15,6 +15,11 @@ Rules:
    `settings.drain_timeout_s`, cancel the rest, shut the engines down, exit 0.
    (uvicorn's own handler re-raises the signal after shutdown, which would
    make a clean drain exit 143/130; ours does not.) A second SIGINT forces.
+5. Before binding, the default model's source is checked without network
+   (models/sources.py `missing_reason`): a missing one (a path, a package,
+   an Ollama model, a Hugging Face repo offline and not cached) is one
+   `frink-mlx: error: the daemon did not start: ...` line naming it, not a
+   failed start-up with a traceback.
 """
 
 from __future__ import annotations
@@ -121,9 +126,16 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     import uvicorn
 
     from .app import create_app
+    from .errors import ConfigError
+    from .models.sources import missing_reason
     from .registry import load_registry
 
-    app = create_app(settings, registry=load_registry(settings), backend=backend)
+    registry = load_registry(settings)
+    default = registry.resolve(None)
+    missing = missing_reason(default, settings.load_config())  # rule 5
+    if missing is not None:
+        raise ConfigError(f"the daemon did not start: model {default.name!r}: {missing}")
+    app = create_app(settings, registry=registry, backend=backend)
     sock = bind_socket(settings.host, settings.port)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",

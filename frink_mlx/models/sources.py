@@ -102,7 +102,9 @@ def missing_reason(spec: ModelSpec, config: LoadConfig) -> str | None:
     try:
         if kind == "hf":
             if config.hf_offline and cached_hf_snapshot(spec.source, config) is None:
-                return f"{spec.source} is not in the Hugging Face cache and HF_HUB_OFFLINE is set"
+                return (f"{spec.source} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+                        f"(run `frink-mlx pull {spec.source}` with network access, or unset "
+                        "HF_HUB_OFFLINE)")
         elif kind == "ollama":
             ollama_model(spec.source, config)
         else:

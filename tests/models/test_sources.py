@@ -270,7 +270,8 @@ def test_missing_reason_touches_no_network(tiny_gguf: Path, tmp_path: Path) -> N
     repo = ModelSpec(name="r", source="org/tiny")
     assert sources.missing_reason(repo, online) is None          # a load would download it
     assert sources.missing_reason(repo, offline) == (
-        "org/tiny is not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+        "org/tiny is not in the Hugging Face cache and HF_HUB_OFFLINE is set (run `frink-mlx pull "
+        "org/tiny` with network access, or unset HF_HUB_OFFLINE)")
     ollama = ModelSpec(name="o", source="ollama:tiny")
     assert "is not in the Ollama store" in (sources.missing_reason(ollama, online) or "")
     write_ollama_model(tmp_path / "ollama", "tiny", "latest", tiny_gguf, None)
