@@ -8,9 +8,9 @@ pure parser. No command imports MLX unless a GGUF is actually converted, and
 Rules:
 1. `models` gives each entry a STATUS: `available ...`, `imported (cached)`,
    `missing: <why>` (the source is not there) or `refused: <why>` (it is
-   there but loading would fail: a model_type mlx-lm has no file for, a
-   quantization mode MLX does not have, a GGUF tensor type the importer
-   does not take).
+   there but loading would fail: a generative model_type mlx-lm has no file
+   for, a quantization mode MLX does not have, a GGUF tensor type the
+   importer does not take). GGUF architectures are checked at import only.
 2. `import` and `pull` print the checkpoint dir on stdout; progress (phases,
    download bars) goes to stderr, only when stderr is a terminal, so scripts
    and errors stay one line.
@@ -54,7 +54,7 @@ def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
     if source.is_dir():
         if not (source / "config.json").is_file():
             return f"missing: {source} has no config.json"
-        refusal = checkpoint_refusal(source)
+        refusal = checkpoint_refusal(source, spec.kind)
         return f"refused: {refusal}" if refusal else "available"
     if not sources.is_gguf(source):
         return f"refused: {source} is neither a dir nor a .gguf file (no GGUF magic)"
@@ -70,21 +70,23 @@ def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
 def _hf_status(spec: ModelSpec, config: LoadConfig) -> str:
     cached = sources.cached_hf_snapshot(spec.source, config)
     if cached is not None:
-        refusal = checkpoint_refusal(cached)
+        refusal = checkpoint_refusal(cached, spec.kind)
         return f"refused: {refusal}" if refusal else "available (Hugging Face cache)"
     if config.hf_offline:
         return "missing: not in the Hugging Face cache and HF_HUB_OFFLINE is set"
     return "available (Hugging Face, downloaded on first load)"
 
 
-def checkpoint_refusal(path: Path) -> str | None:
-    """Why mlx-lm would refuse the checkpoint dir at `path`, from its config.json; None if fine."""
+def checkpoint_refusal(path: Path, kind: str = "generative") -> str | None:
+    """Why loading the checkpoint dir at `path` would be refused, from its config.json; None
+    if fine. Encoder entries load with our own encoder models (models/encoder/), which check
+    their model_type themselves, so only generative ones are held to mlx-lm's list."""
     try:
         config: dict[str, Any] = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         return f"{path / 'config.json'} is unreadable ({exc})"
     model_type = str(config.get("model_type", ""))
-    if model_type:
+    if model_type and kind == "generative":
         found = importlib.util.find_spec("mlx_lm")
         where = found.submodule_search_locations if found else None
         module = _MLX_LM_REMAPPED.get(model_type, model_type).replace("-", "_")

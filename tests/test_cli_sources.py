@@ -103,6 +103,10 @@ def test_models_marks_what_it_would_refuse(tmp_path: Path, tiny_llama_dir: Path)
                       f'[models.odd]\nsource = "{odd}"\n[models.fp8]\nsource = "{fp8}"\n'
                       f'[models.q6]\nsource = "{q6}"\n[models.hf]\nsource = "org/tiny"\n'
                       '[models.gone]\nsource = "org/gone"\n[models.ol]\nsource = "ollama:nope"\n')
+    proc = run(tmp_path, "models")  # the packaged registry: the default model and its encoder
+    assert proc.returncode == 0, proc.stderr
+    status = {line.split()[0]: line for line in proc.stdout.splitlines()[2:]}
+    assert "refused" not in status["minilm"] and "refused" not in status["smollm2"]
     proc = run(tmp_path, "models", "--models", str(models), HF_HUB_OFFLINE="1")
     assert proc.returncode == 0, proc.stderr
     status = {line.split()[0]: line for line in proc.stdout.splitlines()[2:]}
