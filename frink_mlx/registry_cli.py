@@ -1,4 +1,4 @@
-"""`frink-mlx models`, `frink-mlx import PATH.gguf|ollama:NAME[:TAG]`, `frink-mlx pull REPO[@REV]`.
+"""`frink-mlx models`, `frink-mlx import PATH.gguf|ollama:NAME[:TAG] [--float]`, `frink-mlx pull REPO[@REV]`.
 
 Why separate from registry.py: these print for humans; the registry stays a
 pure parser. No command imports MLX unless a GGUF is actually converted, and
@@ -9,8 +9,8 @@ Rules:
 1. `models` gives each entry a STATUS: `available ...`, `imported (cached)`,
    `missing: <why>` (the source is not there) or `refused: <why>` (it is
    there but loading would fail: a generative model_type mlx-lm has no file
-   for, a quantization mode MLX does not have, a GGUF tensor type the
-   importer does not take). GGUF architectures are checked at import only.
+   for, a quantization mode MLX does not have, a GGUF tensor type or
+   architecture the importer does not take: models/gguf `check_gguf`).
 2. `import` and `pull` print the checkpoint dir on stdout; progress (phases,
    download bars) goes to stderr, only when stderr is a terminal, so scripts
    and errors stay one line.
@@ -23,7 +23,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from .config import LoadConfig
 from .errors import ConfigError
@@ -58,13 +58,13 @@ def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
         return f"refused: {refusal}" if refusal else "available"
     if not sources.is_gguf(source):
         return f"refused: {source} is neither a dir nor a .gguf file (no GGUF magic)"
-    try:
-        gguf._scan_header(source)
-    except ConfigError as exc:
-        return "refused: " + exc.message.split(": ", 1)[-1]
     if (gguf.checkpoint_dir_for(source, config.cache_dir) / "config.json").is_file():
         return "imported (cached)"
-    return "available (GGUF, imported on first load)"
+    try:
+        arch = gguf.check_gguf(source)
+    except ConfigError as exc:
+        return "refused: " + exc.message.split(": ", 1)[-1]
+    return f"available (GGUF {arch}, imported on first load)"
 
 
 def _hf_status(spec: ModelSpec, config: LoadConfig) -> str:
@@ -125,14 +125,18 @@ def _terminal_progress(name: str) -> Progress:
 
 
 def import_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    config = settings.load_config()
-    with reporting(_terminal_progress(args.path)) as progress:
-        if source_kind(args.path) == "ollama":
-            path = sources.ollama_model(args.path, config).blob
-        else:
-            path = Path(args.path).expanduser()
-        progress.phase("convert", path.name)
-        print(gguf.import_gguf(path, config.cache_dir), file=out)
+    """Prints the checkpoint dir; a progress bar goes to stderr when it is a terminal."""
+    path = Path(args.path).expanduser()
+    if source_kind(args.path) == "ollama":
+        path = sources.ollama_model(args.path, settings.load_config()).blob
+    bar = ProgressBar(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        target = gguf.import_gguf(path, settings.cache_dir,
+                                  as_float=bool(getattr(args, "as_float", False)), progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(target, file=out)
     return 0
 
 
@@ -140,3 +144,40 @@ def pull_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys
     with reporting(_terminal_progress(args.repo)):
         print(sources.pull(args.repo, settings.load_config()), file=out)
     return 0
+
+
+class ProgressBar:
+    """`hash [#####.....] 48%  1.2/2.5 GB  3.1 s` on one terminal line, redrawn <= 10x a second."""
+
+    WIDTH = 30
+    LABELS: ClassVar[dict[str, str]] = {"hash": "hashing   ", "convert": "converting"}
+
+    def __init__(self, stream: TextIO) -> None:
+        import time
+
+        self.stream, self.clock = stream, time.monotonic
+        self.started, self.drawn_at, self.phase = self.clock(), 0.0, ""
+        self.shown = False
+
+    def __call__(self, report: Any) -> None:
+        now = self.clock()
+        done = report.done_bytes >= report.total_bytes
+        if report.phase == self.phase and not done and now - self.drawn_at < 0.1:
+            return
+        if report.phase != self.phase:
+            self.phase, self.started = report.phase, now
+            if self.shown:
+                self.stream.write("\n")
+        self.drawn_at, self.shown = now, True
+        frac = report.done_bytes / report.total_bytes if report.total_bytes else 1.0
+        filled = int(frac * self.WIDTH)
+        self.stream.write(
+            f"\r{self.LABELS.get(report.phase, report.phase)} [{'#' * filled}{'.' * (self.WIDTH - filled)}] "
+            f"{frac:4.0%}  {report.done_bytes / 1e9:.2f}/{report.total_bytes / 1e9:.2f} GB  "
+            f"{now - self.started:.1f} s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()

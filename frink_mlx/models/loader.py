@@ -8,10 +8,11 @@ BLAS, so the CPU backend dequantizes quantized weights to float32 when memory
 allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
-1. Sources resolve in sources.py (cache, download, GGUF import). Defaults a
-   source brings (an Ollama params layer) fill what the registry entry leaves
-   unset; the merged spec is `LoadedModel.spec`. Its stop strings that are
-   one token become EOS ids; longer ones are logged as not applied.
+1. Sources resolve in sources.py (cache, download, GGUF import: models/gguf/).
+   Defaults a source brings (an Ollama params layer) fill what the registry
+   entry leaves unset; the merged spec is `LoadedModel.spec`. Its stop
+   strings that are one token become EOS ids; longer ones are logged as not
+   applied.
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides

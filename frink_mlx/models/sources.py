@@ -8,7 +8,7 @@ may read caches, download or convert, so it lives here, below the loader.
 Rules:
 1. Paths: an MLX checkpoint dir (has config.json) or a GGUF file, recognised
    by its magic bytes, not its suffix (Ollama blobs have none). A GGUF is
-   imported with models/gguf.py (cached by content hash).
+   imported with models/gguf/ (cached by content hash).
 2. Hugging Face `org/name[@revision]`: the local HF cache first, with no
    network at all (`local_files_only`); a snapshot counts when it holds
    config.json and its weights. Else, unless `config.hf_offline`
@@ -49,8 +49,8 @@ from ..registry import (
     source_kind,
     split_revision,
 )
+from . import gguf
 from . import progress as progress_mod
-from .gguf import import_gguf
 
 GGUF_MAGIC = b"GGUF"
 HF_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
@@ -135,9 +135,12 @@ def is_gguf(path: Path) -> bool:
 
 
 def _import_gguf(path: Path, config: LoadConfig, model: str) -> Path:
-    """Rule 1's import; a cached one costs only the content hash (gguf.py)."""
-    progress_mod.current(model).phase("convert", f"GGUF {path.name}")
-    return import_gguf(path, config.cache_dir)
+    """Rule 1's import; a cached one costs only the content hash (models/gguf/). Its
+    hash and convert phases, with their bytes, go to the load's progress."""
+    progress = progress_mod.current(model)
+    progress.phase("convert", f"GGUF {path.name}")
+    return gguf.import_gguf(path, config.cache_dir, progress=lambda report: progress.track(
+        report.phase, report.done_bytes, report.total_bytes))
 
 
 # --- Hugging Face (rules 2-3) -------------------------------------------------
