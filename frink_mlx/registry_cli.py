@@ -7,7 +7,8 @@ pure parser. No command imports MLX unless a GGUF is actually converted, and
 
 Rules:
 1. `models` gives each entry a STATUS: `available ...`, `imported (cached)`,
-   `missing: <why>` (the source is not there) or `refused: <why>` (it is
+   `unavailable: <why>` (the source is not there, as the daemon reports it:
+   registry rule 5) or `refused: <why>` (it is
    there but loading would fail: a generative model_type mlx-lm has no file
    for, a quantization mode MLX does not have, a GGUF tensor type or
    architecture the importer does not take: models/gguf `check_gguf`).
@@ -41,23 +42,17 @@ _MLX_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 
 def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
     """Rule 1."""
+    problem = sources.missing_reason(spec, config)  # as the daemon reports it (registry rule 5)
+    if problem is not None:
+        return "unavailable: " + problem
     kind = source_kind(spec.source)
-    try:
-        if kind == "hf":
-            return _hf_status(spec, config)
-        if kind == "ollama":
-            source = sources.ollama_model(spec.source, config).blob
-        else:
-            source = resolve_source(spec)
-    except ConfigError as exc:
-        return "missing: " + exc.message.split(": ", 1)[-1]
+    if kind == "hf":
+        return _hf_status(spec, config)
+    source = sources.ollama_model(spec.source, config).blob if kind == "ollama" else \
+        resolve_source(spec)
     if source.is_dir():
-        if not (source / "config.json").is_file():
-            return f"missing: {source} has no config.json"
         refusal = checkpoint_refusal(source, spec.kind)
         return f"refused: {refusal}" if refusal else "available"
-    if not sources.is_gguf(source):
-        return f"refused: {source} is neither a dir nor a .gguf file (no GGUF magic)"
     if (gguf.checkpoint_dir_for(source, config.cache_dir) / "config.json").is_file():
         return "imported (cached)"
     try:
@@ -72,8 +67,6 @@ def _hf_status(spec: ModelSpec, config: LoadConfig) -> str:
     if cached is not None:
         refusal = checkpoint_refusal(cached, spec.kind)
         return f"refused: {refusal}" if refusal else "available (Hugging Face cache)"
-    if config.hf_offline:
-        return "missing: not in the Hugging Face cache and HF_HUB_OFFLINE is set"
     return "available (Hugging Face, downloaded on first load)"
 
 

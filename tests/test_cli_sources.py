@@ -115,8 +115,10 @@ def test_models_marks_what_it_would_refuse(tmp_path: Path, tiny_llama_dir: Path)
     assert "refused: quantization mode 'fp9' is not one MLX has" in status["fp8"]
     assert "  refused: " in status["q6"]  # in the GGUF importer's own words (models/gguf.py)
     assert status["hf"].endswith("available (Hugging Face cache)")
-    assert status["gone"].endswith("missing: not in the Hugging Face cache and HF_HUB_OFFLINE is set")
-    assert "missing: ollama:nope is not in the Ollama store" in status["ol"]
+    assert status["gone"].endswith("unavailable: org/gone is not in the Hugging Face cache and "
+                                   "HF_HUB_OFFLINE is set (run `frink-mlx pull org/gone` with "
+                                   "network access, or unset HF_HUB_OFFLINE)")
+    assert "unavailable: ollama:nope is not in the Ollama store" in status["ol"]
 
 
 def test_serve_with_an_uncached_repo_offline_is_one_line(tmp_path: Path) -> None:
@@ -124,6 +126,7 @@ def test_serve_with_an_uncached_repo_offline_is_one_line(tmp_path: Path) -> None
     models.write_text('default = "a"\n[models.a]\nsource = "org/tiny"\n')
     line = one_line_error(run(tmp_path, "serve", "--port", "0", "--models", str(models),
                               HF_HUB_OFFLINE="1"))
-    assert line == ("frink-mlx: error: the daemon did not start: model 'a': org/tiny is not in the "
-                    "Hugging Face cache and HF_HUB_OFFLINE is set (run `frink-mlx pull org/tiny` with "
-                    "network access, or unset HF_HUB_OFFLINE)")
+    assert line.startswith("frink-mlx: error: the daemon did not start: the default model 'a' is "
+                           "unavailable: org/tiny is not in the Hugging Face cache and HF_HUB_OFFLINE "
+                           "is set (run `frink-mlx pull org/tiny` with network access, or unset "
+                           "HF_HUB_OFFLINE)")

@@ -15,8 +15,9 @@ Rules:
 2. One phase at a time: `phase(name, detail)` starts it (logged), `advance`
    / `set_total` move a byte count (downloads), and the phase's end is
    logged with its time. Byte phases log at most every `LOG_INTERVAL_S`.
-3. `snapshot()` is what the HTTP side reports: phase, detail, done/total
-   bytes (honest nulls: None = not measured), fraction, elapsed seconds.
+3. `snapshot()` is what the HTTP side reports: model, phase, detail,
+   done/total bytes (honest nulls: None = not measured), fraction, seconds
+   since the load began and since the phase began.
 4. Bars: downloads go through huggingface_hub's own tqdm (`hf_tqdm_class`),
    which draws on a terminal and stays quiet elsewhere; the other phases are
    one line each on `echo` (the CLI passes stderr) as well as in the log.
@@ -45,15 +46,27 @@ _current: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
 class Progress:
     """Rule 2's phases and byte counts for one model's load (thread-safe)."""
 
-    def __init__(self, model: str, echo: Callable[[str], None] | None = None) -> None:
+    def __init__(self, model: str, echo: Callable[[str], None] | None = None,
+                 initial_phase: str | None = None) -> None:
+        """`initial_phase`: a phase in force from the start, unlogged (the hub's "loading",
+        so /health has a snapshot before the worker names its first phase)."""
         self.model = model
         self.echo = echo
         self._lock = threading.Lock()
-        self._phase: str | None = None
+        self._phase: str | None = initial_phase
         self._detail = ""
         self._done = 0
         self._total: int | None = None
-        self._phase_started = self._last_log = time.monotonic()
+        self.started = self._phase_started = self._last_log = time.monotonic()
+
+    @property
+    def phase_name(self) -> str | None:
+        return self._phase
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since this progress (the whole load) began."""
+        return time.monotonic() - self.started
 
     def phase(self, name: str, detail: str = "") -> None:
         """End the running phase (logged with its time) and start `name`."""
@@ -101,11 +114,13 @@ class Progress:
             if self._phase is None:
                 return None
             total = self._total
-            return {"phase": self._phase, "detail": self._detail,
+            now = time.monotonic()
+            return {"model": self.model, "phase": self._phase, "detail": self._detail,
                     "done_bytes": self._done if total is not None or self._done else None,
                     "total_bytes": total,
                     "fraction": round(min(1.0, self._done / total), 4) if total else None,
-                    "elapsed_s": round(time.monotonic() - self._phase_started, 3)}
+                    "elapsed_s": round(now - self.started, 3),
+                    "phase_elapsed_s": round(now - self._phase_started, 3)}
 
     def _end_locked(self) -> None:
         if self._phase is None:

@@ -34,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from ..registry import (
     SamplingDefaults,
     resolve_source,
     source_kind,
+    source_problem,
     split_revision,
 )
 from . import gguf
@@ -97,21 +99,27 @@ def resolve(spec: ModelSpec, config: LoadConfig) -> ResolvedSource:
 
 def missing_reason(spec: ModelSpec, config: LoadConfig) -> str | None:
     """Why `spec`'s source is not there (one line), or None when it is or a load would
-    fetch it. No network, no import: cheap enough for a status poll."""
+    fetch it. No network, no import: the registry's `source_check` (registry rule 5)."""
     kind = source_kind(spec.source)
-    try:
-        if kind == "hf":
-            if config.hf_offline and cached_hf_snapshot(spec.source, config) is None:
-                return (f"{spec.source} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
-                        f"(run `frink-mlx pull {spec.source}` with network access, or unset "
-                        "HF_HUB_OFFLINE)")
-        elif kind == "ollama":
+    if kind == "hf":
+        if config.hf_offline and cached_hf_snapshot(spec.source, config) is None:
+            return (f"{spec.source} is not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+                    f"(run `frink-mlx pull {spec.source}` with network access, or unset "
+                    "HF_HUB_OFFLINE)")
+        return None
+    if kind == "ollama":
+        try:
             ollama_model(spec.source, config)
-        else:
-            resolve_source(spec)
-    except ConfigError as exc:
-        return exc.message
-    return None
+        except ConfigError as exc:
+            return exc.message
+        return None
+    return source_problem(spec)
+
+
+def source_checker(config: LoadConfig) -> Callable[[ModelSpec], str | None]:
+    """`missing_reason` bound to `config`: what entry points install as a registry's
+    `source_check` (registry rule 5)."""
+    return lambda spec: missing_reason(spec, config)
 
 
 def local_checkpoint(path: Path, model: str, config: LoadConfig) -> Path:
