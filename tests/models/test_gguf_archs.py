@@ -22,6 +22,7 @@ import pytest
 from gguf_archs import ARCHS, make_arch_checkpoint, write_arch_gguf
 from mlx_lm.generate import generate_step
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
@@ -34,6 +35,7 @@ NUM_TOKENS = 6
 PROMPT_LENGTHS = (11, 5, 17, 9)
 # quantized types per architecture: one exact legacy type, one exact K-quant, one re-quantized
 QTYPES = ("Q8_0", "Q4_K", "Q6_K")
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with
 
 
 def prompts(vocab: int, seed: int) -> list[list[int]]:
@@ -49,7 +51,7 @@ def engine_tokens(loaded, batch: list[list[int]]) -> tuple[list[int], list[list[
     """One request alone, then all of `batch` submitted together."""
     config = EngineConfig(block_size=4, num_blocks=160, max_batch=4, prefill_chunk_tokens=8,
                           batching=True, context_ceiling=256, max_queue=8, queue_timeout_s=60.0)
-    engine = Engine(loaded, config, DecodeGate())
+    engine = Engine(loaded, config, DecodeGate(), BACKEND)
     engine.start()
     greedy = SamplingParams(temperature=0)
     try:
@@ -69,10 +71,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def serve_gguf(path: Path, cache: Path, *, keep_quantized: bool):
     spec = ModelSpec(name="g", source=str(path))
-    return load_model(spec, Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None))
-
-
-BATCHING_XFAIL = {"gemma2"}  # issue 18: gemma2's grouped-query reshape vs the paged mask (other branch)
+    config = Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None).load_config()
+    return load_model(spec, config, BACKEND)
 
 
 def check_parity(name: str, loaded, want_model) -> None:
@@ -80,8 +80,6 @@ def check_parity(name: str, loaded, want_model) -> None:
     want = [reference(want_model, p) for p in batch]
     alone, together = engine_tokens(loaded, batch)
     assert alone == want[0], "alone"
-    if name in BATCHING_XFAIL and together != want:
-        pytest.xfail("gemma2 under batching is fixed on another branch (issue 18)")
     assert together == want, "batched"
 
 
