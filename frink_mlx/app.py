@@ -55,6 +55,7 @@ from .http import security
 from .http.access import RecentRequests, track_run
 from .metrics import Metrics
 from .models.encoder import Encoder
+from .models.sources import source_checker
 from .registry import Registry, load_registry
 from .serving import embeddings
 from .serving.embeddings import EmbedResult
@@ -265,6 +266,8 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
+        if registry is None:  # registry rule 5, Hub and Ollama entries included
+            reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
         state.metrics = Metrics(stats_fn=state.engine_stats)

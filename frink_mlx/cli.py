@@ -4,7 +4,8 @@
     frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--temp T]
     frink-mlx chat      [--model NAME] [--max-tokens N] [--temp T] [--url URL]
     frink-mlx models    [--models FILE]
-    frink-mlx import    PATH.gguf [--float]
+    frink-mlx import    PATH.gguf | ollama:NAME[:TAG] [--float]
+    frink-mlx pull      ORG/NAME[@REVISION]
     frink-mlx service   install|uninstall|start|stop|status|logs
     frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
 
@@ -54,6 +55,24 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
+def _model_store_parsers(sub: Any) -> None:
+    """models, import, pull: the registry and the model stores (registry_cli.py)."""
+    models = sub.add_parser("models", help="list the registry and each entry's status")
+    _common(models)
+
+    imp = sub.add_parser("import", help="convert a GGUF file (or an Ollama model) to a cached "
+                                        "MLX checkpoint")
+    _common(imp)
+    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix), or "
+                                   "ollama:NAME[:TAG] from the Ollama store")
+    imp.add_argument("--float", dest="as_float", action="store_true",
+                     help="store quantized tensors dequantized to float32 instead of MLX affine")
+
+    pull = sub.add_parser("pull", help="download a Hugging Face repo into its cache ahead of time")
+    _common(pull)
+    pull.add_argument("repo", help="org/name[@revision]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frink-mlx", description="Local MLX inference daemon.")
     parser.add_argument("--version", action="version", version=f"frink-mlx {__version__}")
@@ -88,15 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--local", action="store_true", help="never use a daemon; load in process")
     chat.add_argument("--system", default=None, help="system prompt")
 
-    models = sub.add_parser("models", help="list the registry and each entry's status")
-    _common(models)
-
-    imp = sub.add_parser("import", help="convert a GGUF file to a cached MLX checkpoint")
-    _common(imp)
-    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix)")
-    imp.add_argument("--float", dest="as_float", action="store_true",
-                     help="store quantized tensors dequantized to float32 instead of MLX affine")
-
+    _model_store_parsers(sub)
     _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     _common(svc)
@@ -127,9 +138,10 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name in ("generate", "chat"):
         from . import chat as chat_mod
         fn = chat_mod.generate_command if name == "generate" else chat_mod.chat_command
-    elif name in ("models", "import"):
+    elif name in ("models", "import", "pull"):
         from . import registry_cli as reg
-        fn = reg.models_command if name == "models" else reg.import_command
+        fn = {"models": reg.models_command, "import": reg.import_command,
+              "pull": reg.pull_command}[name]
     elif name == "open":
         from .page_cli import open_command
         fn = open_command

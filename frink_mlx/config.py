@@ -39,6 +39,10 @@ class LoadConfig(_Slice, frozen=True):
     cache_dir: str                 # converted checkpoints (GGUF imports) live here
     dequantize: bool | None        # None = the model's entry, else the backend decides
     encoder: EncoderConfig         # an encoder entry loads with these
+    hf_offline: bool               # HF_HUB_OFFLINE: Hugging Face cache only (models/sources.py)
+    hf_endpoint: str | None        # HF_ENDPOINT; None = huggingface_hub's default
+    hf_cache_dir: str | None       # HF_HUB_CACHE / $HF_HOME/hub; None = huggingface_hub's default
+    ollama_models: str             # the Ollama store ($OLLAMA_MODELS, ~/.ollama/models)
 
 
 class BudgetConfig(_Slice, frozen=True):

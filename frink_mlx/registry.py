@@ -15,17 +15,25 @@ Rules:
    may only be an alias of the default entry.
 4. `embeddings` must name a `kind = "encoder"` entry, or be "self" (a
    generative model pooling its own hidden states, asked for explicitly).
-5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
-   to the models.toml that names them; `~` expands), or
-   `package:<module>/<file inside the package>`. A missing source does not
-   stop the registry from loading: `source_problem(spec)` says why an entry
-   cannot be loaded from here (no network, a few stats), `resolve_source`
-   raises it with a pip hint for packages. `load_registry` checks every entry
-   once and logs a warning for each non-default one it finds unavailable; the
-   server refuses to start when the default is (one line, exit 2), the hub
-   refuses a request or admin load naming one (404 `model_unavailable`, the
-   reason in the message), and /v1/models and `frink-mlx models` list them
-   as unavailable with the reason. `warn_unavailable` logs a warning for each
+5. Sources (`source_kind` names them; models/sources.py resolves them): an
+   MLX checkpoint dir or a GGUF file (relative paths are relative to the
+   models.toml that names them; `~` expands),
+   `package:<module>/<file inside the package>`, `ollama:NAME[:TAG]` (the
+   Ollama store), or a Hugging Face repo id `org/name[@revision]`. A bare
+   `org/name` is a path when that path exists next to the models.toml (as
+   mlx_lm.load decides), else a repo id; `./org/name` is always a path.
+   Nothing here touches the network. A missing source does not stop the
+   registry from loading: `source_problem(spec)` says why a path or package
+   entry cannot be loaded from here (a few stats; a GGUF is known by its magic
+   bytes, not its suffix); Hub and Ollama entries need the store settings, so
+   the entry points install `models.sources.missing_reason` as the registry's
+   `source_check`, which covers them too. `resolve_source` raises the problem
+   with a pip hint for packages. `load_registry` checks every entry once and
+   logs a warning for each non-default one it finds unavailable; the server
+   refuses to start when the default is (one line, exit 2), the hub refuses a
+   request or admin load naming one (404 `model_unavailable`, the reason in
+   the message), and /v1/models and `frink-mlx models` list them as
+   unavailable with the reason. `warn_unavailable` logs a warning for each
    non-default one (the server calls it once it is bound, so a refusal stays
    one line).
 6. `settings.default_model`, when set, overrides the file's `default`.
@@ -53,6 +61,9 @@ from .settings import Settings
 log = logging.getLogger("frink_mlx.registry")
 
 PACKAGE_PREFIX = "package:"
+OLLAMA_PREFIX = "ollama:"
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+SourceKind = Literal["package", "ollama", "hf", "path"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
@@ -210,10 +221,16 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         raise _refuse(path, *_explain(key, str(exc))) from None
     if not spec.source.strip():
         raise _refuse(path, f"{key}.source", "must not be empty")
-    if spec.source.startswith(PACKAGE_PREFIX):
+    kind = source_kind(spec.source)
+    if kind == "package":
         module, _, rel = spec.source[len(PACKAGE_PREFIX):].partition("/")
         if not module.isidentifier() or not rel:
             raise _refuse(path, f"{key}.source", "package sources look like 'package:<module>/<file>'")
+    elif kind == "ollama":
+        if not spec.source[len(OLLAMA_PREFIX):].strip(" :"):
+            raise _refuse(path, f"{key}.source", "Ollama sources look like 'ollama:NAME[:TAG]'")
+    elif kind == "hf" and not (path.parent / spec.source).exists():
+        pass  # a Hugging Face repo id, kept as written
     else:
         source = Path(spec.source).expanduser()
         if not source.is_absolute():
@@ -223,6 +240,23 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         if not _NAME_RE.match(alias):
             raise _refuse(path, f"{key}.aliases", f"invalid alias {alias!r}")
     return spec
+
+
+def source_kind(source: str) -> SourceKind:
+    """Which kind of source a models.toml `source` string is (rule 5; pure parsing)."""
+    if source.startswith(PACKAGE_PREFIX):
+        return "package"
+    if source.startswith(OLLAMA_PREFIX):
+        return "ollama"
+    if _HF_REPO_RE.match(source) and not source.lower().endswith(".gguf"):
+        return "hf"
+    return "path"
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """'org/name@rev' -> ('org/name', 'rev'); no '@' -> (repo, None)."""
+    repo_id, _, revision = repo.partition("@")
+    return repo_id, revision or None
 
 
 def _explain(key: str, message: str) -> tuple[str, str]:
@@ -282,27 +316,31 @@ def source_problem(spec: ModelSpec) -> str | None:
 
     Checks what a load would find first, without reading weights or touching
     the network: the path or package file exists, a directory holds a
-    `config.json`, a file is a `.gguf` with GGUF's magic bytes."""
+    `config.json`, a file starts with GGUF's magic bytes (Ollama blobs have no
+    suffix). Hub and Ollama sources are not checked here (rule 5)."""
+    if source_kind(spec.source) in ("hf", "ollama"):
+        return None
     try:
         source = resolve_source(spec)
     except ConfigError as exc:
         return exc.message.split(": ", 1)[-1]
     if source.is_dir():
         return None if (source / "config.json").is_file() else f"{source} has no config.json"
-    if source.suffix.lower() != ".gguf":
-        return f"{source} is neither an MLX checkpoint directory nor a .gguf file"
     try:
         with source.open("rb") as handle:
             magic = handle.read(4)
     except OSError as exc:
         return f"cannot read {source} ({exc.strerror or exc})"
     if magic != b"GGUF":
-        return f"{source} is not a GGUF file (it does not start with 'GGUF')"
+        return f"{source} is neither an MLX checkpoint directory nor a .gguf file (no GGUF magic)"
     return None
 
 
 def resolve_source(spec: ModelSpec) -> Path:
-    """The local file or dir behind `spec.source`; ConfigError (with a fix) if absent."""
+    """The local file or dir behind a path or package source; ConfigError (with a
+    fix) if absent. Hub and Ollama sources resolve in models/sources.py."""
+    if source_kind(spec.source) in ("hf", "ollama"):
+        raise ConfigError(f"model {spec.name!r}: {spec.source} is not a local source")
     if not spec.source.startswith(PACKAGE_PREFIX):
         path = Path(spec.source)
         if not path.exists():

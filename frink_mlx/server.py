@@ -6,7 +6,9 @@ Rules:
 2. Start-up refusals are one `frink-mlx: error: ...` line with a hint and
    exit 2, checked before anything loads: a non-loopback bind without an API
    key (http/security.py `check_bind`), a bad models.toml, a default model
-   whose source is missing (registry rule 5), a port that is busy or not
+   whose source is missing (registry rule 5; with models/sources.py's check
+   installed, so a Hugging Face repo offline and not cached or a missing
+   Ollama model counts), a port that is busy or not
    ours to bind. The socket is bound here (port 0 picks a free one), so the
    ready line can name the real address.
 3. The socket serves before the model is in: the default model loads in the
@@ -202,9 +204,11 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .http.security import check_bind
 
     check_bind(settings)
+    from .models.sources import source_checker
     from .registry import load_registry, warn_unavailable
 
     registry = load_registry(settings)
+    registry.source_check = source_checker(settings.load_config())  # Hub/Ollama entries too
     check_default_model(registry)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)

@@ -6,6 +6,11 @@ result is passed to everything else. Nothing below this module looks at
 `os.environ` (the one exception is the BLAS re-exec marker, read here too).
 
 Precedence: CLI flag > environment variable > default.
+
+Model stores other tools own keep their own variables, read here as the
+defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
+`HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
+`OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
 """
 
 from __future__ import annotations
@@ -61,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
     dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
     use_openblas: bool = True
+    hf_offline: bool = False                     # HF_HUB_OFFLINE: the HF cache only, no network
+    hf_endpoint: str | None = None               # HF_ENDPOINT (None: huggingface_hub's default)
+    hf_cache_dir: str | None = None              # HF_HUB_CACHE / $HF_HOME/hub (None: its default)
+    ollama_models: str = msgspec.field(default_factory=lambda: str(Path.home() / ".ollama" / "models"))
     # --- engine ---
     batching: bool = True
     max_batch: int = 16
@@ -96,6 +105,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 values[name] = raw
         if "models_path" not in values and os.environ.get(ENV_PREFIX + "MODELS"):
             values["models_path"] = os.environ[ENV_PREFIX + "MODELS"]
+        for name, value in _foreign_stores().items():
+            values.setdefault(name, value)
         for name, value in overrides.items():
             if value is not None:
                 values[name] = value
@@ -110,7 +121,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # --- slices for the layers below the composition root (config.py) ----------
     def load_config(self) -> LoadConfig:
         return LoadConfig(cache_dir=self.cache_dir, dequantize=self.dequantize,
-                          encoder=self.encoder_config())
+                          encoder=self.encoder_config(), hf_offline=self.hf_offline,
+                          hf_endpoint=self.hf_endpoint, hf_cache_dir=self.hf_cache_dir,
+                          ollama_models=self.ollama_models)
 
     def budget_config(self) -> BudgetConfig:
         return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
@@ -138,6 +151,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                          keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
                          load=self.load_config(), budget=self.budget_config(),
                          engine=self.engine_limits())
+
+
+def _foreign_stores() -> dict[str, Any]:
+    """Settings defaults from the Hugging Face and Ollama variables (module docstring)."""
+    env = os.environ
+    found: dict[str, Any] = {}
+    offline = env.get("HF_HUB_OFFLINE", "").strip().upper()
+    if offline:
+        found["hf_offline"] = offline in ("1", "ON", "YES", "TRUE")
+    if env.get("HF_ENDPOINT"):
+        found["hf_endpoint"] = env["HF_ENDPOINT"].rstrip("/")
+    if env.get("HF_HUB_CACHE"):
+        found["hf_cache_dir"] = env["HF_HUB_CACHE"]
+    elif env.get("HF_HOME"):
+        found["hf_cache_dir"] = str(Path(env["HF_HOME"]).expanduser() / "hub")
+    if env.get("OLLAMA_MODELS"):
+        found["ollama_models"] = env["OLLAMA_MODELS"]
+    return found
 
 
 def user_config_home() -> str:

@@ -36,7 +36,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..backend import ForwardScope
-from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
+from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .types import TopLogprob
@@ -96,6 +96,7 @@ class Runner:
         self._forward = forward
         self._device_masks = device_masks
         self._split = _split_head(model)
+        self._grouped_mask = groups_queries_per_kv_head(model)  # kv/paged.py rule 5
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
@@ -125,6 +126,9 @@ class Runner:
         mx.async_eval(*out.arrays(), *self.store.arrays())
         return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
 
+    def _caches(self, layout: BatchLayout) -> list[Any]:
+        return make_layer_caches(self.store, layout, self._grouped_mask)
+
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""
         self._prev_tokens = None
@@ -135,7 +139,7 @@ class Runner:
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
         inputs = self._decode_inputs(rows)
         with self._forward():
-            logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
+            logits = self.model(inputs[:, None], cache=self._caches(layout))
         return logits[:, -1, :]
 
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
@@ -167,7 +171,7 @@ class Runner:
             inputs[i, :len(c.token_ids)] = c.token_ids
         layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        caches = make_layer_caches(self.store, layout)
+        caches = self._caches(layout)
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)

@@ -62,7 +62,7 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
                      backend: Backend) -> Generation:
     """Load `spec` and start its engine on `backend` (the production factory)."""
     loaded = load_model(spec, config.load, backend)
-    spec = loaded.spec  # with the checkpoint's sampling defaults (loader rule 7)
+    spec = loaded.spec  # with the source's and the checkpoint's defaults (loader rules 1, 7)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     plan = plan_kv(loaded, config.budget, backend.memory_budget())

@@ -25,9 +25,11 @@ Rules:
    before a swap may replace it (no thrashing).
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the old generation serving and is kept
-   in `last_error` for /admin/models. While one runs, `load_progress` says
-   how far it is (`snapshot()`: phase, elapsed seconds; /health shows it) and
-   the log gets a line every LOAD_LOG_INTERVAL_S.
+   in `last_error` for /admin/models. While one runs, `load_progress` (a
+   models.progress.Progress the worker reports into: phase, bytes of a
+   download or GGUF import) says how far it is (`snapshot()`; /health,
+   /admin/models and /admin/status show it) and the log gets a line every
+   LOAD_LOG_INTERVAL_S.
 4. A replaced (or unloaded) generation is retired: its engine is shut down
    and memory released when its last lease ends. Nothing in flight migrates.
    Memory goes back to the OS only after the hub's last reference is dropped
@@ -57,6 +59,7 @@ from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded, Unavailable
+from ..models.progress import Progress, reporting
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
@@ -68,33 +71,12 @@ LOAD_LOG_INTERVAL_S = 5.0
 DRAIN_RETRY_AFTER_S = 5.0
 
 
-class LoadProgress:
-    """Rule 3: how far the running load is. `snapshot()` is what /health reports; a
-    loader that can count bytes or name phases may report into `phase()`."""
-
-    def __init__(self, model: str) -> None:
-        self.model, self.started = model, time.monotonic()
-        self.name, self.detail = "loading", ""
-
-    def phase(self, name: str, detail: str = "") -> None:
-        self.name, self.detail = name, detail
-        log.info("%s: %s %s", self.model, name, detail)
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"model": self.model, "phase": self.name, "detail": self.detail,
-                "elapsed_s": round(self.elapsed_s, 3)}
-
-
-async def _log_progress(progress: LoadProgress) -> None:
+async def _log_progress(progress: Progress) -> None:
     """Rule 3: a log line every LOAD_LOG_INTERVAL_S while a load runs."""
     log.info("loading %s", progress.model)
     while True:
         await asyncio.sleep(LOAD_LOG_INTERVAL_S)
-        log.info("still loading %s (%s, %.0f s)", progress.model, progress.name,
+        log.info("still loading %s (%s, %.0f s)", progress.model, progress.phase_name,
                  progress.elapsed_s)
 
 
@@ -123,7 +105,7 @@ class Hub:
         self.current: Generation | None = None
         self.loading: str | None = None
         self.loading_since: float | None = None  # time.monotonic() of the load's start
-        self.load_progress: LoadProgress | None = None
+        self.load_progress: Progress | None = None
         self.draining = False
         self.releasing = 0  # rule 4: freed generations whose memory is still being handed back
         self.last_error: dict[str, Any] | None = None
@@ -290,11 +272,11 @@ class Hub:
         if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
             self.loading_since = started
         self.loading = spec.name
-        self.load_progress = progress = LoadProgress(spec.name)
+        self.load_progress = progress = Progress(spec.name, initial_phase="loading")
         ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
         try:
             gen = await anyio.to_thread.run_sync(
-                self._build, spec, number, abandon_on_cancel=False)
+                self._build, spec, number, progress, abandon_on_cancel=False)
         except Exception as exc:  # rule 3: keep the old model, remember why
             self.last_error = {"model": spec.name, "message": str(getattr(exc, "message", exc)),
                                "type": type(exc).__name__, "at": time.time()}
@@ -312,14 +294,15 @@ class Hub:
             self.on_load(gen)
         return gen
 
-    def _build(self, spec: ModelSpec, number: int) -> Generation:
+    def _build(self, spec: ModelSpec, number: int, progress: Progress) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.config, number, self.gate, self.backend)
-        try:
-            return attach_embedder(gen, self.registry, self.config.load, self.backend)
-        except BaseException:
-            free_generation(gen, self.config.drain_timeout_s)
-            raise
+        with reporting(progress):  # rule 3: the loaders report into it from this thread
+            gen = self.factory(spec, self.config, number, self.gate, self.backend)
+            try:
+                return attach_embedder(gen, self.registry, self.config.load, self.backend)
+            except BaseException:
+                free_generation(gen, self.config.drain_timeout_s)
+                raise
 
     def _publish(self, gen: Generation | None) -> None:
         old, self.current = self.current, gen
