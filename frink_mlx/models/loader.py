@@ -23,7 +23,9 @@ Rules:
    dequantizes straight to float32: mlx-lm's own `dequantize_model` leaves
    fp4/fp8 modes in bfloat16 (their scales are not floats, so `set_dtype`
    cannot steer the output), whose matmuls are several times slower than
-   float32 on the CPU and drift.
+   float32 on the CPU and drift. Half-precision float checkpoints (bfloat16,
+   float16, e.g. a BF16 GGUF) follow the same decision and are upcast to
+   float32 where the backend would dequantize.
 4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
@@ -219,10 +221,15 @@ def _is_quantized(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
+def _is_half(model: nn.Module) -> bool:
+    """Float weights narrower than float32 (bfloat16, float16)."""
+    return _compute_dtype(model) in (mx.bfloat16, mx.float16)
+
+
 def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
                       backend: Backend) -> bool:
-    """Rule 3."""
-    if not _is_quantized(model):
+    """Rule 3 (half-precision float weights count as narrow as quantized ones)."""
+    if not _is_quantized(model) and not _is_half(model):
         return False
     choice = config.dequantize if config.dequantize is not None else spec.dequantize
     if choice is not None:
