@@ -6,6 +6,12 @@ result is passed to everything else. Nothing below this module looks at
 `os.environ` (the one exception is the BLAS re-exec marker, read here too).
 
 Precedence: CLI flag > environment variable > default.
+
+`SETTING_DOCS` below is the one table of what each setting means: `frink-mlx
+serve` builds one flag per field from it (cli_flags.py, with the default and
+the environment variable in the help), and README.md's settings section is
+generated from it (a test checks every field has a row, a flag and a README
+line). A new Settings field needs one row there.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -133,6 +139,79 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                          keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
                          load=self.load_config(), budget=self.budget_config(),
                          engine=self.engine_limits())
+
+
+class SettingDoc(NamedTuple):
+    """One row of the flag table (see the module docstring)."""
+
+    help: str                      # one line; says what an unset (None) value means
+    flags: tuple[str, ...] = ()    # flag names when not `--field-name`; the first is shown
+    default: str = ""              # the default as shown, when it is computed at run time
+
+
+SETTING_DOCS: dict[str, SettingDoc] = {
+    # --- network ---
+    "host": SettingDoc("address to bind; a non-loopback address needs an API key"),
+    "port": SettingDoc("TCP port; 0 picks a free one (the ready line names it)"),
+    "api_key": SettingDoc("API key clients must send (Bearer or x-api-key); unset: none "
+                          "unless a key file exists"),
+    "api_key_file": SettingDoc("file holding the API key (mode 0600); unset: the "
+                               "file api_key in config_dir when it exists"),
+    "allowed_hosts": SettingDoc("extra Host header names accepted beyond loopback ones "
+                                "(repeat the flag; env: comma-separated)", ("--allowed-host",)),
+    "cors_origins": SettingDoc("exact browser origins allowed by CORS (repeat the flag; env: "
+                               "comma-separated)", ("--cors-origin",)),
+    "max_body_bytes": SettingDoc("request bodies larger than this get 413"),
+    "header_timeout_s": SettingDoc("seconds a client may take to send its request headers"),
+    "body_timeout_s": SettingDoc("a request body that stalls this many seconds gets 408"),
+    # --- models ---
+    "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
+                              "~/.config/frink-mlx/models.toml, then the packaged one",
+                              ("--models",)),
+    "config_dir": SettingDoc("where the user's key file lives",
+                             default="$XDG_CONFIG_HOME/frink-mlx or ~/.config/frink-mlx"),
+    "cache_dir": SettingDoc("where converted (GGUF-imported) checkpoints are cached",
+                            default="~/Library/Caches/frink-mlx on macOS, else "
+                                    "$XDG_CACHE_HOME/frink-mlx or ~/.cache/frink-mlx"),
+    "default_model": SettingDoc("model to load at start; unset: the registry's `default`",
+                                ("--model",)),
+    "auto_swap": SettingDoc("a request naming another registry entry swaps to it "
+                            "(--no-auto-swap answers 409 instead)"),
+    "min_generation_s": SettingDoc("a loaded model lives at least this many seconds before "
+                                   "a swap may replace it"),
+    "keep_alive_s": SettingDoc("unload after this many idle seconds, reload on the next "
+                               "request; unset: never", ("--keep-alive", "--keep-alive-s")),
+    "dequantize": SettingDoc("dequantize quantized weights to float32 on the CPU backend; "
+                             "unset: the model's entry, else where memory allows"),
+    "use_openblas": SettingDoc("re-execute once with the system OpenBLAS preloaded (Linux)",
+                               ("--openblas",)),
+    # --- engine ---
+    "batching": SettingDoc("continuous batching; --no-batching decodes one request at a time"),
+    "max_batch": SettingDoc("sequences decoded together at most"),
+    "block_size": SettingDoc("tokens per KV block: the prefix cache reuses a shared prefix "
+                             "rounded down to it"),
+    "prefill_chunk_tokens": SettingDoc("prompt tokens prefilled per step while other streams "
+                                       "decode"),
+    "idle_prefill_tokens": SettingDoc("prompt tokens prefilled in a step that decodes nobody"),
+    "admission_window_ms": SettingDoc("an idle engine gathers a burst of requests this long "
+                                      "into one step"),
+    "pipeline": SettingDoc("dispatch decode step t+1 before reading step t; unset: on Metal "
+                           "only"),
+    "cpu_matmul_parts": SettingDoc("CPU backend: split each matmul over this many MLX streams; "
+                                   "unset: one per usable core (at most 8); 1 turns it off"),
+    "kv_budget_bytes": SettingDoc("device memory budget for weights and KV; unset: measured "
+                                  "(Metal's working set or physical RAM)"),
+    "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
+                                           "KV pool"),
+    "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
+    "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
+    "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
+    # --- lifecycle ---
+    "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
+    "log_level": SettingDoc("debug, info, warning, error or critical"),
+    "access_log": SettingDoc("one JSON access-log line per request on stderr"),
+    "embed_batch_size": SettingDoc("texts embedded together at most"),
+}
 
 
 def user_config_home() -> str:
