@@ -1,0 +1,123 @@
+"""Test-only helpers for the CLI tests: the real CLI in a subprocess, behind a pseudo-terminal.
+
+`Pty` makes the terminal the child's controlling terminal (a new session), so
+writing Ctrl-C (0x03) to it raises SIGINT in the child the way a keypress does.
+`make_long_talker` writes a tiny checkpoint whose greedy answers never end on
+EOS (the special tokens' output rows are zero, so some ordinary token always
+scores higher): an answer runs to max_tokens, long enough to interrupt or to
+lose its daemon mid-way.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import select
+import signal
+import socket
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "frink_mlx.cli", *args]
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "FRINK_MLX_LOG_LEVEL": "warning",
+            "COLUMNS": "200", **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def alnum(text: str) -> str:
+    """Letters and digits only: a random model's bytes may render differently on a tty."""
+    return "".join(ch for ch in text if ch.isascii() and ch.isalnum())
+
+
+def _controlling_tty() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+class Pty:
+    def __init__(self, argv: list[str], **extra_env: str) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
+                                     env=env(**extra_env), cwd=ROOT, close_fds=True,
+                                     preexec_fn=_controlling_tty)
+        os.close(slave)
+        self.out = ""
+
+    def _read(self, timeout_s: float) -> bool:
+        ready, _, _ = select.select([self.master], [], [], timeout_s)
+        if not ready:
+            return True
+        try:
+            chunk = os.read(self.master, 4096)
+        except OSError:
+            return False
+        self.out += chunk.decode(errors="replace")
+        return bool(chunk)
+
+    def expect(self, marker: str, timeout_s: float = 120.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while marker not in self.out:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out waiting for {marker!r}; got {self.out!r}"
+            if not self._read(left):
+                break
+        assert marker in self.out, f"the terminal closed before {marker!r}; got {self.out!r}"
+        return self.out
+
+    def expect_chars(self, count: int, timeout_s: float = 120.0) -> str:
+        """Wait until at least `count` characters arrived since the last reset of `out`."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.out) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out waiting for {count} characters; got {self.out!r}"
+            if not self._read(left):
+                break
+        return self.out
+
+    def send(self, line: str) -> None:
+        os.write(self.master, (line + "\n").encode())
+
+    def ctrl_c(self) -> None:
+        os.write(self.master, b"\x03")
+
+    def close(self, timeout_s: float = 60.0) -> int:
+        try:
+            code = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            raise
+        while self._read(0.1):
+            if not select.select([self.master], [], [], 0)[0]:
+                break
+        os.close(self.master)
+        return code
+
+
+def make_long_talker(path: Path, seed: int = 3) -> Path:
+    """A tiny checkpoint that never emits a special token under greedy decoding."""
+    import mlx.core as mx
+    from conftest import make_tiny_llama
+
+    path = make_tiny_llama(path, seed=seed, tie_word_embeddings=False,
+                           max_position_embeddings=8192)
+    weights = mx.load(str(path / "model.safetensors"))
+    head = weights["lm_head.weight"]
+    weights["lm_head.weight"] = mx.concatenate([mx.zeros((3, head.shape[1])), head[3:]])
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return path
