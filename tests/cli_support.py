@@ -10,7 +10,8 @@ lose its daemon mid-way.
 
 from __future__ import annotations
 
-import fcntl
+import json
+import logging
 import os
 import pty
 import select
@@ -18,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
@@ -45,17 +45,18 @@ def alnum(text: str) -> str:
     return "".join(ch for ch in text if ch.isascii() and ch.isalnum())
 
 
-def _controlling_tty() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+# Run in the child (a new session): take stdin, the pty, as the controlling terminal, then
+# exec the command. A wrapper instead of preexec_fn, which is unsafe beside threads.
+_CTTY_EXEC = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+              "os.execv(sys.argv[1], sys.argv[1:])")
 
 
 class Pty:
     def __init__(self, argv: list[str], **extra_env: str) -> None:
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
-                                     env=env(**extra_env), cwd=ROOT, close_fds=True,
-                                     preexec_fn=_controlling_tty)
+        self.proc = subprocess.Popen([sys.executable, "-c", _CTTY_EXEC, *argv], stdin=slave,
+                                     stdout=slave, stderr=slave, env=env(**extra_env), cwd=ROOT,
+                                     close_fds=True, start_new_session=True)
         os.close(slave)
         self.out = ""
 
@@ -107,6 +108,33 @@ class Pty:
                 break
         os.close(self.master)
         return code
+
+
+class AccessLines(logging.Handler):
+    """The daemon's JSON access-log lines (http/access.py rule 4), as dicts."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[dict] = []
+        self.saved_level = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(record.getMessage()))
+
+    def attach(self) -> AccessLines:
+        logger = logging.getLogger("frink_mlx.access")
+        self.saved_level = logger.level
+        logger.addHandler(self)
+        logger.setLevel(logging.INFO)
+        return self
+
+    def detach(self) -> None:
+        logger = logging.getLogger("frink_mlx.access")
+        logger.removeHandler(self)
+        logger.setLevel(self.saved_level)
+
+    def posts(self, route: str) -> list[dict]:
+        return [line for line in self.lines if line["method"] == "POST" and line["route"] == route]
 
 
 def make_long_talker(path: Path, seed: int = 3) -> Path:

@@ -197,8 +197,8 @@ class DaemonBackend:
                 return self._stream_once(path, body, emit, kind)
             except FrinkError as exc:
                 wait_s = exc.retry_after_s
-                if getattr(exc, "status", 0) != 503 or wait_s is None \
-                        or time.monotonic() + wait_s > deadline:
+                if exc.code in (DAEMON_UNREACHABLE, DAEMON_LOST) or exc.status != 503 \
+                        or wait_s is None or time.monotonic() + wait_s > deadline:
                     raise
                 self.note(f"[the daemon is busy: {exc.message}; retrying in {wait_s:g} s]")
                 time.sleep(max(wait_s, 0.1))

@@ -51,6 +51,10 @@ def note(line: str) -> None:
     say(line + "\n")
 
 
+def exchanges(n: int) -> str:
+    return f"{n} exchange" + ("" if n == 1 else "s")
+
+
 @dataclass
 class Repl:
     backend: Backend
@@ -80,15 +84,25 @@ class Repl:
                 say("\n")
                 return 0
             except KeyboardInterrupt:  # rule 2
-                if warned:
+                if warned or not self._warn():
                     say("\n")
                     return 0
                 warned = True
-                note("\n[Ctrl-C again (or Ctrl-D) to quit]")
                 continue
             warned = False
-            if not self.handle(line):
-                return 0
+            try:
+                if not self.handle(line):
+                    return 0
+            except KeyboardInterrupt:  # a command cut short (a model loading in process)
+                note("\n[interrupted]")
+
+    def _warn(self) -> bool:
+        """The first Ctrl-C at the prompt; False when a second one cut the warning short."""
+        try:
+            note("\n[Ctrl-C again (or Ctrl-D) to quit]")
+        except KeyboardInterrupt:
+            return False
+        return True
 
     def handle(self, line: str) -> bool:
         """One line: False ends the session."""
@@ -134,7 +148,7 @@ class Repl:
             note(stats.line())
 
     def failure(self, exc: FrinkError) -> str:
-        kept = f"conversation kept ({self.conversation.num_exchanges()} exchanges)"
+        kept = f"conversation kept ({exchanges(self.conversation.num_exchanges())})"
         if exc.code == DAEMON_LOST:
             return f"[{exc.message}; the unfinished answer was dropped, {kept}; /retry once it is back]"
         if exc.code == DAEMON_UNREACHABLE:
@@ -187,7 +201,7 @@ class Repl:
         except OSError as exc:
             note(f"[cannot save to {arg}: {exc.strerror or exc}]")
             return True
-        note(f"[saved {self.conversation.num_exchanges()} exchanges to {arg}]")
+        note(f"[saved {exchanges(self.conversation.num_exchanges())} to {arg}]")
         return True
 
     def cmd_retry(self, _: str) -> bool:
