@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .errors import ConfigError
 from .config import BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+from .errors import ConfigError
 
 DEFAULT_PORT = 8177
 ENV_PREFIX = "FRINK_MLX_"

@@ -77,8 +77,11 @@ class Stats:
 class Backend(Protocol):
     """A model to talk to: the daemon over HTTP or one loaded in process."""
 
-    label: str        # "the daemon at http://..." / "in process"
-    model: str        # the name requests use now
+    @property
+    def label(self) -> str: ...   # "the daemon at http://..." / "in process"
+
+    @property
+    def model(self) -> str: ...   # the name requests use now
 
     def answer(self, messages: Messages, params: ChatParams, emit: Emit) -> Stats: ...
 

@@ -121,16 +121,18 @@ def error_from(status: int, body: Any, retry_after: str | None = None) -> FrinkE
     else:
         message, code = (str(err) if err else f"HTTP {status}"), None
     exc = FrinkError(message, code=str(code) if code else None,
-                     retry_after_s=float(retry_after) if _number(retry_after) else None)
+                     retry_after_s=_seconds(retry_after))
     exc.status = status
     return exc
 
 
-def _number(text: str | None) -> bool:
+def _seconds(text: str | None) -> float | None:
+    """A Retry-After header in seconds (the HTTP-date form is not used by frink)."""
     try:
-        return text is not None and float(text) >= 0
+        value = float(text) if text is not None else None
     except ValueError:
-        return False
+        return None
+    return value if value is not None and value >= 0 else None
 
 
 @dataclass

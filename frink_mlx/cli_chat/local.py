@@ -90,11 +90,17 @@ class LocalBackend:
     def _request(self, params: ChatParams) -> Any:
         from ..core.request import GenRequest, SamplingParams
 
-        given = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed}
-        sampling = {k: v for k, v in given.items() if v is not None}
-        return GenRequest(model=self.model, max_tokens=params.max_tokens,
-                          sampling=SamplingParams(**sampling),
-                          sampling_sent=frozenset(sampling))  # the rest: the model's defaults
+        sampling, sent = SamplingParams(seed=params.seed), set()
+        if params.temperature is not None:
+            sampling.temperature = params.temperature
+            sent.add("temperature")
+        if params.top_p is not None:
+            sampling.top_p = params.top_p
+            sent.add("top_p")
+        if params.seed is not None:
+            sent.add("seed")
+        return GenRequest(model=self.model, max_tokens=params.max_tokens, sampling=sampling,
+                          sampling_sent=frozenset(sent))  # the rest: the model's defaults
 
     def _run(self, req: Any, emit: Emit) -> Stats:
         """Rules 1 and 2."""
