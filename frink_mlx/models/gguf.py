@@ -31,15 +31,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from ..errors import ModelFormatError
 from .gguf_tokenizer import build_tokenizer_files
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHS = ("llama", "mistral")
 GGUF_MAGIC = b"GGUF"
@@ -266,6 +270,9 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
     target = checkpoint_dir_for(path, cache_dir)
     if (target / "config.json").is_file():
         return target
+    started = time.perf_counter()
+    log.info("converting %s (%.0f MB) to an MLX checkpoint in %s (once; later starts reuse it)",
+             path.name, path.stat().st_size / 1e6, target)
     import mlx.core as mx
 
     try:
@@ -279,6 +286,7 @@ def import_gguf(path: str | Path, cache_dir: str | Path) -> Path:
         raise ModelFormatError(f"{path}: {exc.message}") from None
     config["gguf"] = {"file": path.name, "tensor_types": sorted(set(tensor_types.values()))}
     _write_atomically(target, weights, config, tok_json, tok_config)
+    log.info("converted %s in %.1f s", path.name, time.perf_counter() - started)
     return target
 
 

@@ -27,6 +27,7 @@ This module is blocking; call it off the event loop.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from ..registry import ModelSpec, resolve_source
 from .encoder import Encoder, load_encoder
 from .gguf import import_gguf
 from ..config import LoadConfig
+
+log = logging.getLogger(__name__)
 
 DEQUANT_RAM_FRACTION = 0.25
 WARMUP_TOKENS = 4
@@ -80,12 +83,14 @@ def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
+    log.info("loading %s from %s", spec.name, path)
     try:
         model, tokenizer, model_config = cast(Any, mlx_lm.load(
             str(path), tokenizer_config=tokenizer_config, return_config=True))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     if should_dequantize(model, spec, config):
+        log.info("%s: dequantizing to float32 (the CPU backend's quantized matmul is slow)", spec.name)
         dequantize_to_float32(model)
     _warm_up(model, tokenizer)
     return LoadedModel(
