@@ -92,6 +92,7 @@ def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
     if should_dequantize(model, spec, config):
         log.info("%s: dequantizing to float32 (the CPU backend's quantized matmul is slow)", spec.name)
         dequantize_to_float32(model)
+    log.info("%s: warming up (one forward pass)", spec.name)
     _warm_up(model, tokenizer)
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
