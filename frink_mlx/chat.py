@@ -64,7 +64,9 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Any) -> Daemo
     if found.health in (Health.LOADING, Health.SILENT):
         found = wait_ready(url, headers, say)
     if found.health is Health.READY:
-        return DaemonBackend(url, headers, args.model or "default", say)
+        loaded = found.body.get("model")
+        return DaemonBackend(url, headers, args.model or "default", say,
+                             loaded=str(loaded) if loaded else None)
     if args.url or found.health is not Health.ABSENT:
         hint = "start one with `frink-mlx serve`, or use --local" if args.url else "use --url or --local"
         raise Unavailable(f"no frink-mlx daemon at {url}: {found.detail} ({hint})")
@@ -111,9 +113,12 @@ def generate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
-    backend: Backend | None = find_daemon(settings, args, note)
-    if backend is not None:
-        note(f"[talking to {backend.label}]")
+    daemon = find_daemon(settings, args, note)
+    backend: Backend
+    if daemon is not None:
+        loaded = f", which has {daemon.loaded} loaded" if daemon.loaded else ""
+        note(f"[talking to {daemon.label}{loaded}]")
+        backend = daemon
     else:
         backend = _local(settings, args, note)
     _enable_line_editing()

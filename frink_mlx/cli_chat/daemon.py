@@ -143,6 +143,7 @@ class DaemonBackend:
     headers: dict[str, str]
     model: str
     note: Note
+    loaded: str | None = None     # what /health said the daemon had loaded when we met it
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
