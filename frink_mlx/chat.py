@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from .cli_chat.common import Backend, ChatParams
+from .cli_chat.common import Backend, ChatParams, Note
 from .cli_chat.daemon import DaemonBackend, Health, probe, wait_ready
 from .cli_chat.repl import Repl, note
 from .cli_chat.session import Conversation
@@ -55,7 +54,7 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def find_daemon(settings: Settings, args: argparse.Namespace, say: Any) -> DaemonBackend | None:
+def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> DaemonBackend | None:
     """Rules 1-3: the daemon to use, or None to load in process."""
     if args.local:
         return None
@@ -77,7 +76,7 @@ def _where(settings: Settings, args: argparse.Namespace) -> str:
     return "(--local)" if args.local else f"at {daemon_url(settings, args)}"
 
 
-def _local(settings: Settings, args: argparse.Namespace, say: Any) -> Backend:
+def _local(settings: Settings, args: argparse.Namespace, say: Note) -> Backend:
     from .backend.cpu.blas import maybe_reexec_with_openblas
     from .cli_chat.local import LocalBackend
 
