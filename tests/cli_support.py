@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "\n>> "   # the chat REPL's prompt at the start of a line
 
 
 def cli(*args: str) -> list[str]:
@@ -80,6 +81,28 @@ class Pty:
                 break
         assert marker in self.out, f"the terminal closed before {marker!r}; got {self.out!r}"
         return self.out
+
+    def expect_prompt_after(self, marker: str, timeout_s: float = 120.0) -> str:
+        """Wait for `marker`, then for the REPL's prompt after it: the REPL reads again.
+
+        Send the next line only then: a line typed while the REPL is busy is echoed by the
+        terminal and again by readline, and an earlier prompt would end a wait too soon."""
+        self.expect(marker, timeout_s)
+        start = self.out.rindex(marker) + len(marker)
+        deadline = time.monotonic() + timeout_s
+        while PROMPT not in self.out[start:]:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out waiting for a prompt after {marker!r}; got {self.out!r}"
+            if not self._read(left):
+                break
+        assert PROMPT in self.out[start:], f"the terminal closed; got {self.out!r}"
+        return self.out
+
+    def turn(self, line: str, timeout_s: float = 120.0) -> str:
+        """At the prompt: send `line`, return what came back up to the next prompt."""
+        self.out = ""
+        self.send(line)
+        return self.expect_prompt_after(line + "\r\n", timeout_s)
 
     def expect_chars(self, count: int, timeout_s: float = 120.0) -> str:
         """Wait until at least `count` characters arrived since the last reset of `out`."""

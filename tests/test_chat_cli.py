@@ -103,23 +103,17 @@ def daemon(registry_file):
 def test_slash_commands_never_reach_the_model(daemon, tmp_path):
     live, access = daemon
     term = Pty(cli("chat", "--url", live.url, "--model", "tiny-a", "--max-tokens", "8"))
-    term.expect(">> ")
+    term.expect_prompt_after("Type /help")
     for line, marker in [("/help", "/save FILE"), ("h", "/reset, r"), ("/bogus", "[unknown command"),
                          ("/system Answer briefly.", "[system prompt set"),
                          ("/stats", "[speed after each answer: on]"), ("r", "[history cleared]"),
                          ("/model", "[model: tiny-a"), ("/retry", "[nothing to retry]")]:
-        term.out = ""
-        term.send(line)
-        term.expect(marker)
-        term.expect("\n>> ")
+        assert marker in term.turn(line), line
     assert access.posts("/v1/chat/completions") == []
-    term.out = ""
-    term.send("//etc is a directory")       # the escape: sent as "/etc is a directory"
-    out = term.expect("\n>> ")
+    out = term.turn("//etc is a directory")        # the escape: sent as "/etc is a directory"
     assert "[prompt: " in out and "tok/s" in out   # /stats: speed after the answer
     saved = tmp_path / "chat.json"
-    term.send(f"/save {saved}")
-    term.expect("[saved 1 exchange ")
+    assert "[saved 1 exchange " in term.turn(f"/save {saved}")
     term.send("q")
     assert term.close() == 0, term.out
     messages = json.loads(saved.read_text())["messages"]

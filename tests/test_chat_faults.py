@@ -36,9 +36,7 @@ def _running(url: str) -> int | None:
 
 
 def _saved(term: Pty, path) -> list[dict]:
-    term.out = ""
-    term.send(f"/save {path}")
-    term.expect("[saved ")
+    assert "[saved " in term.turn(f"/save {path}")
     return json.loads(path.read_text())["messages"]
 
 
@@ -54,14 +52,13 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_history(where, registry_file, tmp
         how = ["--local", "--models", str(registry_file)]
     try:
         term = Pty(cli("chat", *how, "--model", "talker", "--max-tokens", LONG))
-        term.expect(">> ")
+        term.expect_prompt_after("Type /help")
         term.out = ""
         term.send("Hello there")
         term.expect("Hello there\r\n")
         term.expect_chars(len(term.out) + 40)            # the answer is streaming
         term.ctrl_c()
-        out = term.expect("[stopped; the partial answer is kept]")
-        term.expect("\n>> ")
+        out = term.expect_prompt_after("[stopped; the partial answer is kept]")
         assert "Traceback" not in out
         if live is not None:   # the daemon stopped decoding it, long before 3000 tokens
             deadline = time.monotonic() + 10
@@ -74,11 +71,8 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_history(where, registry_file, tmp
         assert [m["role"] for m in partial] == ["user", "assistant"]
         assert partial[0]["content"] == "Hello there" and partial[1]["content"]
         # the session goes on, history included: a model that ends its answers
-        term.send("/model tiny-a")
-        term.expect("[now talking to tiny-a")
-        term.out = ""
-        term.send("And then?")
-        term.expect("\n>> ")
+        assert "[now talking to tiny-a" in term.turn("/model tiny-a")
+        term.turn("And then?")
         messages = _saved(term, tmp_path / "two.json")
         assert messages[:2] == partial
         assert [m["content"] for m in messages if m["role"] == "user"] == ["Hello there",
@@ -115,34 +109,25 @@ def test_daemon_killed_mid_session_is_one_line_and_the_repl_goes_on(registry_fil
         daemon, url = _start_daemon(registry_file, port, log)
         term = Pty(cli("chat", "--url", url, "--model", "tiny-a", "--max-tokens", LONG))
         try:
-            term.expect(">> ")
-            term.send("Hello there")                 # tiny-a ends its answer by itself
-            term.expect("Hello there")
-            term.expect("\n>> ")
-            term.send("/model talker")
-            term.expect("[now talking to talker")
-            term.expect("\n>> ")
+            term.expect_prompt_after("Type /help")
+            term.turn("Hello there")                 # tiny-a ends its answer by itself
+            assert "[now talking to talker" in term.turn("/model talker")
             term.out = ""
             term.send("Tell me more")
             term.expect("Tell me more\r\n")
             term.expect_chars(len(term.out) + 40)        # the answer is streaming
             daemon.kill()                            # mid-answer
             daemon.wait(30)
-            out = term.expect("once it is back]\r\n>> ")
+            out = term.expect_prompt_after("once it is back]")
             lines = _between(out, "Tell me more")
             assert "went away mid-answer" in lines[-1] and "conversation kept (1 exchange)" in lines[-1]
-            term.out = ""
-            term.send("Are you there?")              # nothing listens now
-            out = term.expect("once it is back]\r\n>> ")
+            out = term.turn("Are you there?")        # nothing listens now
             refused = (f"[no daemon answers at {url} (connection refused); conversation kept "
                        "(1 exchange); /retry once it is back]")
             assert _between(out, "Are you there?") == [refused]
             daemon, _ = _start_daemon(registry_file, port, log)   # back on the same port
-            term.send("/model tiny-a")
-            term.expect("[now talking to tiny-a")
-            term.out = ""
-            term.send("/retry")
-            term.expect("\n>> ")
+            assert "[now talking to tiny-a" in term.turn("/model tiny-a")
+            term.turn("/retry")
             messages = _saved(term, tmp_path / "chat.json")
             assert [m["content"] for m in messages if m["role"] == "user"] == ["Hello there",
                                                                                 "Are you there?"]

@@ -10,14 +10,23 @@ daemon, so what you see here is what the server sends. Rules:
    KeyboardInterrupt is raised to the caller (common.py rule 1).
 3. `switch_model` loads the other entry first and only then shuts the old
    engine down, so a name that fails to load leaves the session as it was.
+4. Ctrl-C must reach the main thread. A process-wide SIGINT may be taken by
+   any thread that does not block it; taken by the engine thread or an MLX
+   worker, it trips Python's flag but leaves the main thread blocked in
+   `input()` (readline's select is not interrupted), so a Ctrl-C at the
+   prompt was lost now and then. Threads started while a model loads (the
+   engine's, MLX's stream workers, which the engine's own threads beget)
+   inherit a mask that blocks SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +40,21 @@ def _build(settings: Settings, name: str | None) -> Any:
     from ..serving.generation import build_generation
 
     spec = load_registry(settings).resolve(name)
-    return build_generation(spec, settings.hub_config(), 1, DecodeGate())
+    with _sigint_for_the_main_thread():
+        return build_generation(spec, settings.hub_config(), 1, DecodeGate())
+
+
+@contextlib.contextmanager
+def _sigint_for_the_main_thread() -> Iterator[None]:
+    """Rule 4: threads started inside inherit SIGINT blocked; the main thread gets it back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _shutdown(generation: Any) -> None:
