@@ -1,18 +1,19 @@
-"""`frink-mlx chat` and `frink-mlx generate`: pick a backend, then one call.
+"""`frink-mlx chat` and `frink-mlx generate`: pick the model to talk to, then one call.
 
 Both talk to the running daemon when one answers, so the model stays loaded
 once (a second in-process copy of a 135M model peaks at 2.7 GB), and load the
 model in process otherwise; the pieces live in cli_chat/. Rules:
 1. `--url URL`: that daemon or an error -- if nothing answers there, one
    `frink-mlx: error:` line and exit 2, never a silent local load.
-2. No `--url`: the configured address (host/port settings). A daemon that is
-   loading or slow to answer /health is waited for (cli_chat/daemon.py rule
-   2); only when nothing listens is the model loaded in process.
+2. No `--url`: the configured address (local_daemon.py). A daemon that is
+   loading or slow to answer /health is waited for (local_daemon.py rule 3);
+   only when nothing listens is the model loaded in process.
 3. `--local`: in process, no daemon asked.
 4. `generate` streams the answer to stdout and prints mlx_lm.generate's speed
    block to stderr; through a daemon it imports no MLX at all.
-5. Loading in process re-executes once with OpenBLAS first (backend/cpu/blas.py),
-   before MLX is imported -- so only after the daemon was ruled out.
+5. Loading in process selects the device backend first, which may re-execute
+   once with OpenBLAS before MLX is imported (backend/select.py rule 3) -- so
+   only after the daemon was ruled out.
 """
 
 from __future__ import annotations
@@ -20,19 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_chat.common import Backend, ChatParams, Note
-from .cli_chat.daemon import DaemonBackend, Health, probe, wait_ready
+from .cli_chat.common import ChatModel, ChatParams, Note
+from .cli_chat.daemon import DaemonModel
 from .cli_chat.repl import Repl, note
 from .cli_chat.session import Conversation
 from .errors import Unavailable
-from .settings import Settings
-
-
-def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
-    if args.url:
-        return str(args.url).rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    return f"http://{host}:{settings.port}"
+from .local_daemon import Health, daemon_url, probe, wait_ready
+from .settings import Settings, environ_snapshot
 
 
 def _auth_headers(settings: Settings) -> dict[str, str]:
@@ -54,7 +49,7 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> DaemonBackend | None:
+def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> DaemonModel | None:
     """Rules 1-3: the daemon to use, or None to load in process."""
     if args.local:
         return None
@@ -64,8 +59,8 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> Daem
         found = wait_ready(url, headers, say)
     if found.health is Health.READY:
         loaded = found.body.get("model")
-        return DaemonBackend(url, headers, args.model or "default", say,
-                             loaded=str(loaded) if loaded else None)
+        return DaemonModel(url, headers, args.model or "default", say,
+                           loaded=str(loaded) if loaded else None)
     if args.url or found.health is not Health.ABSENT:
         hint = "start one with `frink-mlx serve`, or use --local" if args.url else "use --url or --local"
         raise Unavailable(f"no frink-mlx daemon at {url}: {found.detail} ({hint})")
@@ -76,22 +71,23 @@ def _where(settings: Settings, args: argparse.Namespace) -> str:
     return "(--local)" if args.local else f"at {daemon_url(settings, args)}"
 
 
-def _local(settings: Settings, args: argparse.Namespace, say: Note) -> Backend:
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-    from .cli_chat.local import LocalBackend
+def _local(settings: Settings, args: argparse.Namespace, say: Note) -> ChatModel:
+    from .backend import select_backend
+    from .cli_chat.local import LocalModel
 
-    maybe_reexec_with_openblas(settings, sys.argv)  # rule 5
+    device = select_backend(settings.backend_config(), argv=sys.argv,  # rule 5
+                            environ=environ_snapshot())
     say(f"[no daemon answered {_where(settings, args)}; loading the model in process]")
-    return LocalBackend(settings, say).load(args.model)
+    return LocalModel(settings, device, say).load(args.model)
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
     """Rule 4."""
-    backend: Backend | None = find_daemon(settings, args, _to_stderr)
-    if backend is not None:
-        _to_stderr(f"[using {backend.label}]")
+    target: ChatModel | None = find_daemon(settings, args, _to_stderr)
+    if target is not None:
+        _to_stderr(f"[using {target.label}]")
     else:
-        backend = _local(settings, args, _to_stderr)
+        target = _local(settings, args, _to_stderr)
     try:
         def emit(text: str) -> None:
             sys.stdout.write(text)
@@ -99,34 +95,34 @@ def generate_command(settings: Settings, args: argparse.Namespace) -> int:
 
         params = _params(args)
         if args.no_chat_template:
-            stats = backend.complete(args.prompt, params, emit)
+            stats = target.complete(args.prompt, params, emit)
         else:
             messages = [{"role": "system", "content": args.system}] if args.system else []
-            stats = backend.answer(messages + [{"role": "user", "content": args.prompt}],
+            stats = target.answer(messages + [{"role": "user", "content": args.prompt}],
                                    params, emit)
         emit("\n")
         _to_stderr(stats.report())
     finally:
-        backend.close()
+        target.close()
     return 0
 
 
 def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     daemon = find_daemon(settings, args, note)
-    backend: Backend
+    target: ChatModel
     if daemon is not None:
         loaded = f", which has {daemon.loaded} loaded" if daemon.loaded else ""
         note(f"[talking to {daemon.label}{loaded}]")
-        backend = daemon
+        target = daemon
     else:
-        backend = _local(settings, args, note)
+        target = _local(settings, args, note)
     _enable_line_editing()
     try:
-        repl = Repl(backend, _params(args), Conversation(system=args.system),
+        repl = Repl(target, _params(args), Conversation(system=args.system),
                     verbose=args.verbose)
         return repl.run()
     finally:
-        backend.close()
+        target.close()
 
 
 def _enable_line_editing() -> None:

@@ -4,8 +4,9 @@
     frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--url URL | --local]
     frink-mlx chat      [--model NAME] [--max-tokens N] [--verbose] [--url URL | --local]
     frink-mlx models    [--models FILE]
-    frink-mlx import    PATH.gguf
+    frink-mlx import    PATH.gguf [--float]
     frink-mlx service   install|uninstall|start|stop|status|logs
+    frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
 
 Each command's implementation lives in its own module and is imported lazily,
 so `frink-mlx models` does not pay for importing MLX. A `ConfigError` (bad
@@ -46,6 +47,17 @@ def _sampling(p: argparse.ArgumentParser) -> None:
                    help="never use a daemon; load the model in this process")
 
 
+def _open_parser(sub: Any) -> None:
+    page = sub.add_parser("open", help="open the daemon's status page in the default browser")
+    page.add_argument("--host", help="the daemon's address (default: the configured one)")
+    page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
+    page.add_argument("--url", default=None, help="the daemon's base URL (overrides host/port)")
+    page.add_argument("--print", dest="print_only", action="store_true",
+                      help="print the page's URL instead of opening it")
+    page.add_argument("--no-check", action="store_true",
+                      help="open even if no daemon answers /health")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frink-mlx", description="Local MLX inference daemon.")
     parser.add_argument("--version", action="version", version=f"frink-mlx {__version__}")
@@ -75,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = sub.add_parser("import", help="convert a GGUF file to a cached MLX checkpoint")
     add_setting_flags(imp, COMMON)
-    imp.add_argument("path")
+    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix)")
+    imp.add_argument("--float", dest="as_float", action="store_true",
+                     help="store quantized tensors dequantized to float32 instead of MLX affine")
 
+    _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     add_setting_flags(svc, COMMON + ("host", "port", "api_key_file"))
     svc.add_argument("action", choices=["install", "uninstall", "start", "stop", "status", "logs"])
@@ -99,6 +114,9 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name in ("models", "import"):
         from . import registry_cli as reg
         fn = reg.models_command if name == "models" else reg.import_command
+    elif name == "open":
+        from .page_cli import open_command
+        fn = open_command
     elif name == "service":
         from .service import service_command
         fn = service_command

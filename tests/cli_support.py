@@ -156,8 +156,16 @@ class AccessLines(logging.Handler):
         logger.removeHandler(self)
         logger.setLevel(self.saved_level)
 
-    def posts(self, route: str) -> list[dict]:
-        return [line for line in self.lines if line["method"] == "POST" and line["route"] == route]
+    def posts(self, route: str, at_least: int = 0, timeout_s: float = 15.0) -> list[dict]:
+        """The POSTs to `route` logged so far, waiting until there are `at_least` of them
+        (a line is written when the response has ended, a moment after the client saw it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = [line for line in self.lines
+                     if line["method"] == "POST" and line["route"] == route]
+            if len(found) >= at_least or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
 
 
 def make_long_talker(path: Path, seed: int = 3) -> Path:

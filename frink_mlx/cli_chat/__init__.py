@@ -1,6 +1,6 @@
 """The pieces behind `frink-mlx chat` and `frink-mlx generate` (entry points in chat.py).
 
-    common.py   ChatParams, Stats (tokens/s), the Backend protocol both sides speak
+    common.py   ChatParams, Stats (tokens/s), the ChatModel protocol both sides speak
     daemon.py   the daemon over HTTP: /health probe, streamed chat and completions,
                 transport failures and error envelopes turned into FrinkErrors
     local.py    a generation built in this process, streamed, stopped by Ctrl-C

@@ -74,7 +74,7 @@ class Stats:
                 f" | first token after {self.prompt_s:.2f} s]")
 
 
-class Backend(Protocol):
+class ChatModel(Protocol):
     """A model to talk to: the daemon over HTTP or one loaded in process."""
 
     @property

@@ -1,23 +1,15 @@
-"""Talking to a running daemon: the /health probe and streamed OpenAI requests.
+"""Talking to a running daemon: streamed OpenAI requests (finding it: local_daemon.py).
 
-Why a probe with more than two answers: `chat` used to treat anything but a
-quick /health reply as "no daemon" and load a second copy of the model, even
-while the daemon was merely loading. Rules:
-1. `probe()` says one of: READY (200), LOADING (a 503 from frink's /health),
-   SILENT (the port accepted the connection but /health did not answer in
-   time: a daemon busy starting), ABSENT (nothing listens), FOREIGN (something
-   else answers). Only ABSENT lets a caller fall back to an in-process model.
-2. `wait_ready()` polls LOADING and SILENT daemons, noting once what it waits
-   for; Ctrl-C stops the wait.
-3. Requests stream (`stream: true`, `stream_options.include_usage`) so speed
+Rules:
+1. Requests stream (`stream: true`, `stream_options.include_usage`) so speed
    and token counts come from the daemon's own usage chunk.
-4. Transport failures become `Unavailable` (common.py rule 2): refused or
+2. Transport failures become `Unavailable` (common.py rule 2): refused or
    timed out before any answer -> DAEMON_UNREACHABLE; a connection that
    breaks while the answer streams -> DAEMON_LOST. An error envelope becomes
    a FrinkError carrying the daemon's status, code and message. A 503 with
    Retry-After (a swap or load in progress, a full queue) is retried after
    the delay, up to RETRY_BUDGET_S in all, with one note.
-5. Ctrl-C closes the response, which closes the connection; the daemon aborts
+3. Ctrl-C closes the response, which closes the connection; the daemon aborts
    the request within one engine step (README: "a client that disconnects").
 """
 
@@ -27,12 +19,12 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import httpx
 
 from ..errors import FrinkError, Unavailable
+from ..local_daemon import reason
 from .common import (
     DAEMON_LOST,
     DAEMON_UNREACHABLE,
@@ -43,74 +35,7 @@ from .common import (
     Stats,
 )
 
-PROBE_TIMEOUT_S = 2.0
-READY_WAIT_S = 600.0      # a daemon loading a large model may take minutes
 RETRY_BUDGET_S = 120.0
-
-
-class Health(Enum):
-    READY = "ready"
-    LOADING = "loading"
-    SILENT = "silent"
-    ABSENT = "absent"
-    FOREIGN = "foreign"
-
-
-@dataclass(slots=True)
-class Probe:
-    health: Health
-    detail: str                  # why, in words ("connection refused", "HTTP 404", ...)
-    body: dict[str, Any] = field(default_factory=dict)
-
-
-def probe(url: str, headers: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
-    """Rule 1."""
-    try:
-        r = httpx.get(url + "/health", headers=headers, timeout=timeout_s)
-    except httpx.ConnectError as exc:
-        return Probe(Health.ABSENT, _reason(exc))
-    except httpx.TimeoutException:
-        return Probe(Health.SILENT, f"no answer to /health within {timeout_s:g} s")
-    except httpx.HTTPError as exc:
-        return Probe(Health.SILENT, _reason(exc))
-    try:
-        body = r.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or "state" not in body:
-        return Probe(Health.FOREIGN, f"HTTP {r.status_code} from /health, not a frink-mlx daemon")
-    if r.status_code == 200:
-        return Probe(Health.READY, str(body.get("state")), body)
-    return Probe(Health.LOADING, f"state {body.get('state')!r}" + _progress(body), body)
-
-
-def _progress(body: dict[str, Any]) -> str:
-    progress = body.get("progress")
-    if isinstance(progress, (int, float)):
-        return f", {progress:.0%} loaded" if progress <= 1 else f", {progress:g}% loaded"
-    return ""
-
-
-def wait_ready(url: str, headers: dict[str, str], note: Note,
-               limit_s: float = READY_WAIT_S) -> Probe:
-    """Rule 2: poll until READY, ABSENT or FOREIGN (or the limit); note each change once."""
-    deadline, said = time.monotonic() + limit_s, ""
-    while True:
-        found = probe(url, headers)
-        if found.health not in (Health.LOADING, Health.SILENT) or time.monotonic() > deadline:
-            return found
-        if found.health.value != said:
-            said = found.health.value
-            note(f"[the daemon at {url} is not ready yet ({found.detail}); waiting, "
-                 "Ctrl-C to give up]")
-        time.sleep(0.5)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if "refused" in text.lower():
-        return "connection refused"
-    return text.splitlines()[0]
 
 
 def error_from(status: int, body: Any, retry_after: str | None = None) -> FrinkError:
@@ -136,8 +61,8 @@ def _seconds(text: str | None) -> float | None:
 
 
 @dataclass
-class DaemonBackend:
-    """common.Backend over HTTP (rules 3-5)."""
+class DaemonModel:
+    """common.ChatModel over HTTP (rules 1-3)."""
 
     url: str
     headers: dict[str, str]
@@ -190,7 +115,7 @@ class DaemonBackend:
             raise self._unreachable(exc) from None
 
     def _unreachable(self, exc: BaseException) -> Unavailable:
-        return Unavailable(f"no daemon answers at {self.url} ({_reason(exc)})",
+        return Unavailable(f"no daemon answers at {self.url} ({reason(exc)})",
                            code=DAEMON_UNREACHABLE)
 
     def _stream(self, path: str, body: dict[str, Any], emit: Emit, kind: str) -> Stats:
@@ -223,7 +148,7 @@ class DaemonBackend:
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise self._unreachable(exc) from None
         except httpx.HTTPError as exc:
-            raise Unavailable(f"the daemon at {self.url} went away mid-answer ({_reason(exc)})",
+            raise Unavailable(f"the daemon at {self.url} went away mid-answer ({reason(exc)})",
                               code=DAEMON_LOST) from None
         end = time.perf_counter()
         stats.prompt_s = (first or end) - started
@@ -239,7 +164,7 @@ def _json(r: httpx.Response) -> Any:
 
 
 def _sse_chunks(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    """`data: {...}` frames as dicts; an error frame raises (rule 4)."""
+    """`data: {...}` frames as dicts; an error frame raises (rule 2)."""
     for line in lines:
         if not line.startswith("data:"):
             continue

@@ -30,18 +30,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backend import Backend
 from ..settings import Settings
 from .common import ChatParams, Emit, Messages, Note, Stats
 
 
-def _build(settings: Settings, name: str | None) -> Any:
+def _build(settings: Settings, device: Backend, name: str | None) -> Any:
     from ..engine.gate import DecodeGate
     from ..registry import load_registry
     from ..serving.generation import build_generation
 
     spec = load_registry(settings).resolve(name)
     with _sigint_for_the_main_thread():
-        return build_generation(spec, settings.hub_config(), 1, DecodeGate())
+        return build_generation(spec, settings.hub_config(), 1, DecodeGate(), device)
 
 
 @contextlib.contextmanager
@@ -63,10 +64,11 @@ def _shutdown(generation: Any) -> None:
 
 
 @dataclass
-class LocalBackend:
-    """common.Backend in process."""
+class LocalModel:
+    """common.ChatModel in process."""
 
     settings: Settings
+    device: Backend                # the device backend (backend/), chosen once by chat.py
     note: Note
     generation: Any = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
@@ -76,10 +78,10 @@ class LocalBackend:
     def model(self) -> str:
         return str(self.generation.spec.name) if self.generation is not None else "?"
 
-    def load(self, name: str | None) -> LocalBackend:
+    def load(self, name: str | None) -> LocalModel:
         started = time.perf_counter()
         self.note(f"[loading {name or 'the default model'} in process]")
-        self.generation = _build(self.settings, name)
+        self.generation = _build(self.settings, self.device, name)
         self.note(f"[loaded {self.model} in {time.perf_counter() - started:.1f} s]")
         return self
 
@@ -87,7 +89,7 @@ class LocalBackend:
         """Rule 3."""
         started = time.perf_counter()
         self.note(f"[loading {name} in process]")
-        new = _build(self.settings, name)
+        new = _build(self.settings, self.device, name)
         old, self.generation = self.generation, new
         _shutdown(old)
         self.note(f"[loaded {self.model} in {time.perf_counter() - started:.1f} s]")

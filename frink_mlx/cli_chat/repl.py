@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import FrinkError
-from .common import DAEMON_LOST, DAEMON_UNREACHABLE, Backend, ChatParams, Stats
+from .common import DAEMON_LOST, DAEMON_UNREACHABLE, ChatModel, ChatParams, Stats
 from .session import Conversation
 
 PROMPT = ">> "
@@ -57,7 +57,7 @@ def exchanges(n: int) -> str:
 
 @dataclass
 class Repl:
-    backend: Backend
+    target: ChatModel
     params: ChatParams
     conversation: Conversation
     verbose: bool = False
@@ -131,7 +131,7 @@ class Repl:
             say(text)
 
         try:
-            stats = self.backend.answer(self.conversation.messages(user), self.params, emit)
+            stats = self.target.answer(self.conversation.messages(user), self.params, emit)
         except KeyboardInterrupt:
             kept = self.conversation.interrupted(user, "".join(shown))
             note("\n[stopped; " + ("the partial answer is kept]" if kept else
@@ -181,12 +181,12 @@ class Repl:
 
     def cmd_model(self, arg: str) -> bool:
         if not arg:
-            note(f"[model: {self.backend.model}, {self.backend.label}]")
+            note(f"[model: {self.target.model}, {self.target.label}]")
             return True
         try:
-            name = self.backend.switch_model(arg)
+            name = self.target.switch_model(arg)
         except FrinkError as exc:
-            note(f"[cannot switch to {arg}: {exc.message.rstrip('.')}; still on {self.backend.model}]")
+            note(f"[cannot switch to {arg}: {exc.message.rstrip('.')}; still on {self.target.model}]")
             return True
         self.params.model = arg
         note(f"[now talking to {name}; the conversation is kept]")
@@ -197,7 +197,7 @@ class Repl:
             note("[usage: /save FILE]")
             return True
         try:
-            self.conversation.save(Path(arg), self.backend.model)
+            self.conversation.save(Path(arg), self.target.model)
         except OSError as exc:
             note(f"[cannot save to {arg}: {exc.strerror or exc}]")
             return True
