@@ -1,6 +1,6 @@
-"""What the CLI front ends share: sampling parameters, speed figures, the backend protocol.
+"""What the CLI front ends share: sampling parameters, speed figures, the ChatModel protocol.
 
-Both backends (the daemon over HTTP, a model loaded in process) stream an
+Both kinds of ChatModel (the daemon over HTTP, a model loaded in process) stream an
 answer through the same `emit` callback and return the same `Stats`, so the
 REPL and `generate` never ask which one they talk to. Rules:
 1. `answer()` may raise KeyboardInterrupt (Ctrl-C): the request is stopped

@@ -4,7 +4,7 @@ Made to feel like `mlx_lm.chat`, with what it lacks. Rules:
 1. A line starting with "/" is a command and never reaches the model; so are
    mlx_lm.chat's bare `q`, `r` and `h`. An unknown command is refused with a
    hint. `//text` sends "/text".
-2. Ctrl-C while an answer streams stops that answer (backends, common.py
+2. Ctrl-C while an answer streams stops that answer (ChatModel, common.py
    rule 1) and keeps the history (session.py rule 2). Ctrl-C at the prompt
    warns once; a second one in a row, or Ctrl-D, ends the session (exit 0).
 3. A failure is one bracketed line and the loop goes on with the history as
