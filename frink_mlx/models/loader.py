@@ -50,8 +50,6 @@ from ..registry import ModelSpec, SamplingDefaults, resolve_source
 from .encoder import Encoder, load_encoder
 from .gguf import import_gguf
 
-log = logging.getLogger(__name__)
-
 WARMUP_TOKENS = 4
 
 
