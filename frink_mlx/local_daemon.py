@@ -84,10 +84,14 @@ def probe(url: str, headers: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S)
 
 
 def _progress(body: dict[str, Any]) -> str:
+    """The daemon's load snapshot (serving/hub.py LoadProgress) in a few words."""
     progress = body.get("progress")
-    if isinstance(progress, (int, float)):
-        return f", {progress:.0%} loaded" if progress <= 1 else f", {progress:g}% loaded"
-    return ""
+    if not isinstance(progress, dict) or not progress.get("model"):
+        return ""
+    detail = f" ({progress['detail']})" if progress.get("detail") else ""
+    elapsed = progress.get("elapsed_s")
+    since = f", {elapsed:.0f} s" if isinstance(elapsed, (int, float)) else ""
+    return f", loading {progress['model']}: {progress.get('phase') or '?'}{detail}{since}"
 
 
 def wait_ready(url: str, headers: dict[str, str], note: Callable[[str], None],
