@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/soak.py                 # 15 minutes
     .venv/bin/python benchmarks/soak.py --minutes 5 --clients 4
-    .venv/bin/python benchmarks/soak.py --models my.toml --swap-to other-entry
+    .venv/bin/python benchmarks/soak.py --models my.toml --swap one-entry other-entry
 
 Why: the edges users meet (disconnects, bad input, swaps, shutdown) only show
 under a long mixed load: a leaked KV block, an ERROR logged for a client's own
@@ -77,8 +77,8 @@ def rss_bytes(pid: int) -> int:
 
 
 class Soak:
-    def __init__(self, server: Server, swap_to: str, seed: int) -> None:
-        self.server, self.swap_to = server, swap_to
+    def __init__(self, server: Server, swap_between: tuple[str, str], seed: int) -> None:
+        self.server, self.swap_between = server, swap_between
         self.url = server.url
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.rng = random.Random(seed)
@@ -165,10 +165,10 @@ class Soak:
             await self.openai_stream(c, cut=True)
         elif roll < 0.77:
             await self.anthropic_stream(c, cut=True)
-        elif roll < 0.97:
+        elif roll < 0.94:
             await self.bad_input(c)
-        else:  # a swap to the other entry and, with the next default request, back
-            await self.openai_stream(c, model=self.swap_to)
+        else:  # names one of two entries: a swap whenever the other one is active
+            await self.openai_stream(c, model=self.rng.choice(self.swap_between))
 
     async def client(self, until: float) -> None:
         async with httpx.AsyncClient(base_url=self.url, timeout=300) as c:
@@ -224,7 +224,7 @@ def report(soak: Soak, rss_start: int, rss_end: int, health: dict[str, Any], log
     kv = health.get("kv") or {}
     print(f"KV blocks after: used {kv.get('blocks_used')} of {kv.get('blocks_total')}, "
           f"cached {kv.get('blocks_cached')}; model {health.get('model')} "
-          f"generation {health.get('generation')}")
+          f"generation {health.get('generation')} (generations loaded: swaps + 1)")
     print(f"SIGTERM: exit {exit_code} after {drain_s:.1f} s")
 
 
@@ -233,7 +233,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=15.0)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--models", help="registry to serve (default: SmolLM2 twice, see above)")
-    parser.add_argument("--swap-to", default="smollm2-b", help="entry that requests swap to")
+    parser.add_argument("--swap", nargs=2, default=("smollm2", "smollm2-b"), metavar="NAME",
+                        help="two entries that swap requests name (default: smollm2 smollm2-b)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     models = args.models
@@ -242,7 +243,7 @@ def main() -> None:
         models = str(tmp / "models.toml")
         Path(models).write_text(REGISTRY.format(missing=tmp / "missing.gguf"))
     server = start_frink(models, "--log-level", "info")
-    soak = Soak(server, args.swap_to, args.seed)
+    soak = Soak(server, tuple(args.swap), args.seed)
     rss_start = soak.rss_peak = rss_bytes(server.pid)
     print(f"daemon {server.url} pid {server.pid}; {args.clients} clients for {args.minutes:g} min",
           flush=True)

@@ -40,12 +40,12 @@ import importlib.metadata
 import importlib.util
 import logging
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
 import msgspec
+import tomllib
 
 from .errors import ConfigError, ModelNotFound, ModelUnavailable, RegistryError
 from .settings import Settings

@@ -9,12 +9,11 @@ import time
 
 import httpx
 import pytest
+from daemon_support import generation_factory, start_server, write_registry
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, start_server, write_registry
 
 PROMPT = [{"role": "user", "content": "Hello there"}]
 # broken: its files are there but cannot load (a failed load: 500, last_error);

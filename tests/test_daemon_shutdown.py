@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from daemon_support import DaemonProcess
 
 DRAIN_S = 3.0

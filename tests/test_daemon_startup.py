@@ -14,7 +14,6 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-
 from daemon_support import ROOT, DaemonProcess, daemon_env, write_registry
 
 GONE = '\n[models.gone]\nsource = "{missing}"\n'

@@ -150,12 +150,12 @@ def test_systemd_unit_rendering(tmp_path: Path) -> None:
     plan = odd_plan(tmp_path)
     unit = render_unit(plan)
     lines = unit.splitlines()
-    exec_start = next(l for l in lines if l.startswith("ExecStart="))
+    exec_start = next(line for line in lines if line.startswith("ExecStart="))
     assert shlex.split(exec_start.removeprefix("ExecStart=")) == list(plan.program_args)
     assert "Restart=on-failure" in lines and "RestartSec=10" in lines
     assert "TimeoutStopSec=17" in lines and "WantedBy=default.target" in lines
     assert f'Environment="FRINK_MLX_MODELS={tmp_path}/a&b <c> \'d\'/models.toml"' in lines
-    assert "@" not in "".join(l for l in lines if not l.startswith("#"))
+    assert "@" not in "".join(line for line in lines if not line.startswith("#"))
     assert service.systemd_quote('50% of $HOME "x"') == '"50%% of $$HOME \\"x\\""'
 
 

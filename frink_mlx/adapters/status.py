@@ -8,7 +8,7 @@ like /health, outside the in-flight bound, so a flooded daemon can still say
 why it is slow.
 
 Pure translation of what the hub, the engine stats, the access ring and the
-backend report; nothing here imports MLX (backend/info.py does, lazily).
+backend report (the hub's Backend object); nothing here imports MLX.
 
 Rules:
 1. Honest nulls: a number not measured (no model loaded, a counter this MLX
@@ -41,7 +41,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from ..backend.info import DeviceFacts, device_facts
+from ..backend.info import DeviceFacts
 from ..http.access import AccessRecord, RecentRequests
 from ..http.errors import endpoint, openai_error
 from .openai.models import context_length_of
@@ -179,7 +179,7 @@ def collect(state: StatusSource) -> Status:
     """The whole status (rules 1-4) of one AppState, read now."""
     hub, gen = state.hub, state.hub.current
     stats = state.engine_stats()
-    device = device_facts()
+    device = hub.backend.device_facts()
     kv = None if stats is None else Kv(
         blocks_total=stats.num_blocks_total, blocks_used=stats.num_blocks_used,
         blocks_cached=stats.num_blocks_cached, block_size=stats.block_size)

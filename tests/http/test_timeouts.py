@@ -12,7 +12,6 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-
 from daemon_support import DaemonProcess, write_registry
 
 HEADER_S, BODY_S, IDLE_S = 1.5, 2.0, 1.0

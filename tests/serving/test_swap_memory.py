@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from daemon_support import DaemonProcess, write_registry
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
