@@ -11,6 +11,11 @@ Model stores other tools own keep their own variables, read here as the
 defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
 `HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
 `OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
+`SETTING_DOCS` below is the one table of what each setting means: `frink-mlx
+serve` builds one flag per field from it (cli_flags.py, with the default and
+the environment variable in the help), and README.md's settings section is
+generated from it (a test checks every field has a row, a flag and a README
+line). A new Settings field needs one row there.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -169,6 +174,88 @@ def _foreign_stores() -> dict[str, Any]:
     if env.get("OLLAMA_MODELS"):
         found["ollama_models"] = env["OLLAMA_MODELS"]
     return found
+class SettingDoc(NamedTuple):
+    """One row of the flag table (see the module docstring)."""
+
+    help: str                      # one line; says what an unset (None) value means
+    flags: tuple[str, ...] = ()    # flag names when not `--field-name`; the first is shown
+    default: str = ""              # the default as shown, when it is computed at run time
+
+
+SETTING_DOCS: dict[str, SettingDoc] = {
+    # --- network ---
+    "host": SettingDoc("address to bind; a non-loopback address needs an API key"),
+    "port": SettingDoc("TCP port; 0 picks a free one (the ready line names it)"),
+    "api_key": SettingDoc("API key clients must send (Bearer or x-api-key); unset: none "
+                          "unless a key file exists"),
+    "api_key_file": SettingDoc("file holding the API key (mode 0600); unset: the "
+                               "file api_key in config_dir when it exists"),
+    "allowed_hosts": SettingDoc("extra Host header names accepted beyond loopback ones "
+                                "(repeat the flag; env: comma-separated)", ("--allowed-host",)),
+    "cors_origins": SettingDoc("exact browser origins allowed by CORS (repeat the flag; env: "
+                               "comma-separated)", ("--cors-origin",)),
+    "max_body_bytes": SettingDoc("request bodies larger than this get 413"),
+    "header_timeout_s": SettingDoc("the request line and headers must arrive within this many "
+                                   "seconds, else 408 or the connection is closed"),
+    "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
+                                 "else 408"),
+    "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
+    # --- models ---
+    "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
+                              "~/.config/frink-mlx/models.toml, then the packaged one",
+                              ("--models",)),
+    "config_dir": SettingDoc("where the user's key file lives",
+                             default="$XDG_CONFIG_HOME/frink-mlx or ~/.config/frink-mlx"),
+    "cache_dir": SettingDoc("where converted (GGUF-imported) checkpoints are cached",
+                            default="~/Library/Caches/frink-mlx on macOS, else "
+                                    "$XDG_CACHE_HOME/frink-mlx or ~/.cache/frink-mlx"),
+    "default_model": SettingDoc("model to load at start; unset: the registry's `default`",
+                                ("--model",)),
+    "auto_swap": SettingDoc("a request naming another registry entry swaps to it "
+                            "(--no-auto-swap answers 409 instead)"),
+    "min_generation_s": SettingDoc("a loaded model lives at least this many seconds before "
+                                   "a swap may replace it"),
+    "keep_alive_s": SettingDoc("unload after this many idle seconds, reload on the next "
+                               "request; unset: never", ("--keep-alive", "--keep-alive-s")),
+    "dequantize": SettingDoc("dequantize quantized weights to float32 on the CPU backend; "
+                             "unset: the model's entry, else where memory allows"),
+    "use_openblas": SettingDoc("re-execute once with the system OpenBLAS preloaded (Linux)",
+                               ("--openblas",)),
+    "hf_offline": SettingDoc("resolve Hugging Face repo ids from the local cache only, never "
+                             "the network (env also HF_HUB_OFFLINE)"),
+    "hf_endpoint": SettingDoc("Hugging Face Hub endpoint (env also HF_ENDPOINT); unset: "
+                              "huggingface_hub's default"),
+    "hf_cache_dir": SettingDoc("Hugging Face cache directory (env also HF_HUB_CACHE / "
+                               "$HF_HOME/hub); unset: huggingface_hub's default"),
+    "ollama_models": SettingDoc("the Ollama store that `ollama:NAME[:TAG]` sources read "
+                                "(env also OLLAMA_MODELS)", default="~/.ollama/models"),
+    # --- engine ---
+    "batching": SettingDoc("continuous batching; --no-batching decodes one request at a time"),
+    "max_batch": SettingDoc("sequences decoded together at most"),
+    "block_size": SettingDoc("tokens per KV block: the prefix cache reuses a shared prefix "
+                             "rounded down to it"),
+    "prefill_chunk_tokens": SettingDoc("prompt tokens prefilled per step while other streams "
+                                       "decode"),
+    "idle_prefill_tokens": SettingDoc("prompt tokens prefilled in a step that decodes nobody"),
+    "admission_window_ms": SettingDoc("an idle engine gathers a burst of requests this long "
+                                      "into one step"),
+    "pipeline": SettingDoc("dispatch decode step t+1 before reading step t; unset: on Metal "
+                           "only"),
+    "cpu_matmul_parts": SettingDoc("CPU backend: split each matmul over this many MLX streams; "
+                                   "unset: one per usable core (at most 8); 1 turns it off"),
+    "kv_budget_bytes": SettingDoc("device memory budget for weights and KV; unset: measured "
+                                  "(Metal's working set or physical RAM)"),
+    "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
+                                           "KV pool"),
+    "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
+    "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
+    "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
+    # --- lifecycle ---
+    "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
+    "log_level": SettingDoc("debug, info, warning, error or critical"),
+    "access_log": SettingDoc("one JSON access-log line per request on stderr"),
+    "embed_batch_size": SettingDoc("texts embedded together at most"),
+}
 
 
 def user_config_home() -> str:
