@@ -39,6 +39,7 @@ from .engine.types import EngineStats
 from .errors import InvalidRequest
 from .http import security
 from .http.access import track_run
+from .http.fields import IgnoredFieldsHeader
 from .metrics import Metrics
 from .models.encoder import Encoder
 from .registry import Registry, load_registry
@@ -62,7 +63,7 @@ def route_list() -> list[BaseRoute]:
 
 
 def middleware_list(settings: Settings) -> list[Middleware]:
-    return list(security.build_middleware(settings))
+    return [*security.build_middleware(settings), Middleware(IgnoredFieldsHeader)]
 
 
 @dataclass
@@ -108,6 +109,7 @@ class AppState:
     def _refuse_encoder_target(self, name: str | None) -> None:
         """Do not swap the generative model out just to refuse the request."""
         current = self.hub.current
+        name = self.registry.route(name)
         if current is not None and current.answers_to(name):
             return
         spec = self.registry.resolve(name)

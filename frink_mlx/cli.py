@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-host", dest="allowed_hosts", action="append")
     serve.add_argument("--cors-origin", dest="cors_origins", action="append")
     serve.add_argument("--no-auto-swap", dest="auto_swap", action="store_const", const=False)
+    serve.add_argument("--strict-fields", dest="strict_fields", action="store_const", const=True,
+                       help="refuse unknown request fields (400) instead of reporting them")
+    serve.add_argument("--fallback", dest="fallback", action="store_const", const=True,
+                       help="route unknown model names to the default model")
+    serve.add_argument("--no-fallback", dest="fallback", action="store_const", const=False,
+                       help="unknown model names get 404 (the default off loopback)")
     serve.add_argument("--no-batching", dest="batching", action="store_const", const=False)
     serve.add_argument("--max-batch", dest="max_batch", type=int)
     serve.add_argument("--keep-alive", dest="keep_alive_s", type=float, help="idle unload after seconds")

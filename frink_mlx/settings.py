@@ -47,6 +47,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
     cors_origins: tuple[str, ...] = ()           # exact origins; none by default
     max_body_bytes: int = 8 * 1024 * 1024
+    strict_fields: bool = False                  # unknown request fields: 400 instead of
+                                                 # a x-frink-ignored-fields header (http/fields.py)
     header_timeout_s: float = 30.0
     body_timeout_s: float = 30.0                 # a stall this long mid-body gets 408
     # --- models ---
@@ -55,6 +57,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cache_dir: str = msgspec.field(default_factory=_default_cache_dir)
     default_model: str | None = None             # overrides the registry's `default`
     auto_swap: bool = True
+    fallback: bool | None = None                 # unknown model names -> the default model (its
+                                                 # side-car for embeddings); None = on when the
+                                                 # daemon binds a loopback address only
     min_generation_s: float = 2.0                # a generation lives at least this long before a swap
     keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
     dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
@@ -104,6 +109,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid setting: {exc}") from None
+
+    def fallback_enabled(self) -> bool:
+        """`fallback`, or when unset: on for a daemon bound to a loopback address only."""
+        if self.fallback is not None:
+            return self.fallback
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
 
     # --- slices for the layers below the composition root (config.py) ----------
     def load_config(self) -> LoadConfig:

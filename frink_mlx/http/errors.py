@@ -12,7 +12,8 @@ that turns them into responses, so every route answers the same way:
 Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
     Anthropic  {"type": "error", "error": {"type", "message"}}
-    llama.cpp  {"error": {"code": <status>, "message", "type"}}
+    llama.cpp  {"error": {"code": <status>, "message", "type"}}; a context overflow is
+               llama-server's `exceed_context_size_error` with `n_prompt_tokens`, `n_ctx`
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import FrinkError
+from ..errors import ContextLengthExceeded, FrinkError
 
 log = logging.getLogger("frink_mlx.http")
 
@@ -57,7 +58,11 @@ def anthropic_error(exc: FrinkError) -> JSONResponse:
 
 
 def llamacpp_error(exc: FrinkError) -> JSONResponse:
-    body = {"error": {"code": exc.status, "message": exc.message, "type": exc.type}}
+    error: dict[str, Any] = {"code": exc.status, "message": exc.message, "type": exc.type}
+    if isinstance(exc, ContextLengthExceeded):
+        error.update(type="exceed_context_size_error", n_prompt_tokens=exc.num_tokens,
+                     n_ctx=exc.limit)
+    body = {"error": error}
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 

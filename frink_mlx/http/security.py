@@ -70,8 +70,8 @@ from ..settings import Settings
 from .access import AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, openai_error
 
-OPEN_PATHS = frozenset({"/health"})                # no key needed
-UNBOUNDED_PATHS = frozenset({"/health", "/metrics"})  # cheap; must answer during a flood
+OPEN_PATHS = frozenset({"/health", "/v1/health"})  # no key needed
+UNBOUNDED_PATHS = frozenset({"/health", "/v1/health", "/metrics"})  # cheap; answer in a flood
 # llama.cpp's native routes answer in its envelope; /v1/messages* in Anthropic's.
 LLAMACPP_PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/infill", "/embedding",

@@ -107,7 +107,8 @@ class Hub:
 
     # --- leases ----------------------------------------------------------------
     async def acquire(self, name: str | None) -> Lease:
-        """Lease the generation that serves `name` (rules 1-2)."""
+        """Lease the generation that serves `name` (rules 1-2; registry rule 7 first)."""
+        name = self.registry.route(name)
         gen = self._active_for(name)
         if gen is not None:
             return self._pin(gen)

@@ -66,7 +66,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
     path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker,
                                     "coder": coder}, default="tiny")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                             cache_dir=str(root / "cache"))
+                             cache_dir=str(root / "cache"), fallback=False)
     app = create_app(settings, registry=load_registry(settings),
                      factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER,
                                              "coder": lambda prompt: "a, b"},

@@ -37,17 +37,27 @@ def test_chunks_for_two_choices_with_usage():
                   ToolCallStart(0, "call_1", "f", index=1), ToolCallDelta(0, "{}", index=1),
                   Done("tool_calls", usage, index=1)])
     chunks = payloads(out)
-    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
-    assert chunks[2]["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None,
-                                       "finish_reason": None}
+    # the role rides on each choice's first real delta (issue 23: not before prefill)
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
+        {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
+    assert chunks[0]["choices"][0] == {"index": 0, "delta": {"role": "assistant", "content": "a"},
+                                       "logprobs": None, "finish_reason": None}
     finishes = [(c["choices"][0]["index"], c["choices"][0]["finish_reason"])
                 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finishes == [(0, "stop"), (1, "tool_calls")]
-    call = chunks[5]["choices"][0]["delta"]["tool_calls"][0]
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 2
+    call = chunks[3]["choices"][0]["delta"]["tool_calls"][0]
     assert call["id"] == "call_1" and call["function"]["name"] == "f"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 4
     assert out[-1] == "data: [DONE]\n\n"
+
+
+def test_a_choice_without_deltas_still_gets_its_role_before_finishing():
+    usage = Usage(prompt_tokens=5, completion_tokens=1, cached_tokens=0)
+    chunks = payloads(frames([Done("stop", usage, index=0)], include_usage=False))
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": ""}, {}]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_error_mid_stream_is_one_error_frame_and_the_end():
