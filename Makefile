@@ -11,7 +11,7 @@ OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /u
 CORETYPE = $(shell $(BIN)/python -m frink_mlx.backend.cpu.blas 2>/dev/null)
 TEST_ENV = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) $(if $(CORETYPE),OPENBLAS_CORETYPE=$(CORETYPE),),)
 
-.PHONY: venv run test test-fast bench install-service uninstall-service clean
+.PHONY: venv run test test-fast lint bench install-service uninstall-service clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check frink_mlx tests benchmarks scripts
+	$(BIN)/python -m mypy
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"

@@ -134,14 +134,16 @@ class AppState:
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":  # an active encoder tokenizes with its own tokenizer
-                return list(gen.embedder.tokenize_plain(text, add_special=add_special))
+            encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer
+            if encoder is not None:
+                return list(encoder.tokenize_plain(text, add_special=add_special))
             return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return list(gen.embedder.token_pieces(_encoder_ids(gen.embedder, ids)))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return list(encoder.token_pieces(_encoder_ids(encoder, ids)))
             handles = DecodeHandles.take(gen)
             check_token_ids(handles.tokenizer, ids, param="tokens")
             piece = handles.text.piece or (lambda i: handles.text.decode([i]))
@@ -149,8 +151,9 @@ class AppState:
 
     async def detokenize(self, model: str | None, ids: list[int]) -> str:
         async with self.hub.lease(model) as gen:
-            if gen.spec.kind == "encoder":
-                return gen.embedder.detokenize(_encoder_ids(gen.embedder, ids))
+            encoder = _active_encoder(gen)
+            if encoder is not None:
+                return encoder.detokenize(_encoder_ids(encoder, ids))
             handles = DecodeHandles.take(gen)
             return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
 
@@ -173,6 +176,11 @@ class AppState:
     @property
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_at
+
+
+def _active_encoder(gen: Generation) -> Encoder | None:
+    """The encoder when `gen` is an encoder entry (not a chat model's side-car)."""
+    return gen.embedder if gen.spec.kind == "encoder" else None
 
 
 def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:

@@ -26,14 +26,14 @@ class _Slice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """A frozen, keyword-only config slice (no defaults: see the module docstring)."""
 
 
-class EncoderConfig(_Slice):
+class EncoderConfig(_Slice, frozen=True):
     """Embedding encoders (models/encoder/)."""
 
     embed_batch_size: int
     cpu_matmul_parts: int | None
 
 
-class LoadConfig(_Slice):
+class LoadConfig(_Slice, frozen=True):
     """How checkpoints are found, imported and loaded (models/loader.py)."""
 
     cache_dir: str                 # converted checkpoints (GGUF imports) live here
@@ -41,7 +41,7 @@ class LoadConfig(_Slice):
     encoder: EncoderConfig         # an encoder entry loads with these
 
 
-class BudgetConfig(_Slice):
+class BudgetConfig(_Slice, frozen=True):
     """How the KV pool and the context ceiling are priced (models/budget.py)."""
 
     block_size: int                # tokens per KV block
@@ -51,7 +51,7 @@ class BudgetConfig(_Slice):
     max_kv_pool_bytes: int         # cap on one model's KV pool
 
 
-class EngineLimits(_Slice):
+class EngineLimits(_Slice, frozen=True):
     """The engine loop's knobs that do not depend on the loaded model."""
 
     max_batch: int
@@ -65,7 +65,7 @@ class EngineLimits(_Slice):
     queue_timeout_s: float
 
 
-class HubConfig(_Slice):
+class HubConfig(_Slice, frozen=True):
     """Generations, leases and swaps (serving/hub.py), with the slices it hands down."""
 
     auto_swap: bool

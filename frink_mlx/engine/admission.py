@@ -5,8 +5,8 @@ the HTTP side parses, renders and tokenizes one after another (a few ms
 apart) is cheaper as one prefill step than as a small step followed by a
 large one. The engine therefore holds an *admission window* when it was
 idle (engine.py `_drain_inbox`). But a window is pure latency for a request
-that nobody follows, such as the next turn of a lone chat: that turn-2
-prefill takes ~0.25 s here, so 25 ms of waiting is 10% of its TTFT.
+that nobody follows, such as the next turn of a lone chat, whose short
+turn-2 prefill makes a 25 ms wait a noticeable share of its TTFT.
 
 Most bursts are closed loops: N clients that each send their next request
 as soon as their previous one finished. So the clients that finished

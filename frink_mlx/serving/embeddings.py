@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 import numpy as np
@@ -41,7 +41,10 @@ from ..models.encoder.encoder import Encoder, shrink
 from ..models.encoder.load import encoder_limits
 from ..models.loader import load_model
 from ..registry import ModelSpec, Registry, resolve_source
-from .generation import Generation
+from .generation import Gate, Generation
+
+if TYPE_CHECKING:  # the hub imports this module to attach embedders at load time
+    from .hub import Hub
 
 SELF = "self"
 
@@ -71,7 +74,7 @@ def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig) -> 
 
 
 # --- resolution (rules 1-2) ---------------------------------------------------------
-def serves(gen: Any, name: str | None, registry: Any) -> bool:
+def serves(gen: Generation, name: str | None, registry: Registry) -> bool:
     """Does the active generation answer embedding requests for `name`?"""
     if getattr(gen, "embedder", None) is None:
         return False
@@ -95,7 +98,7 @@ def no_embedder(name: str) -> InvalidRequest:
 
 
 async def embed(
-    hub: Any, registry: Any, name: str | None, inputs: Sequence[str] | Sequence[Sequence[int]],
+    hub: "Hub", registry: Registry, name: str | None, inputs: Sequence[str] | Sequence[Sequence[int]],
     *, truncate: bool = False, dimensions: int | None = None,
 ) -> EmbedResult:
     """Lease the generation serving `name`, embed `inputs` in a worker thread."""
@@ -120,7 +123,7 @@ async def embed(
         lease.release()
 
 
-def gate_lock(gate: Any) -> Callable[[], Any]:
+def gate_lock(gate: Gate) -> Callable[[], Any]:
     """The DecodeGate's `exclusive()` (rule 4), or the gate itself if it is a plain lock."""
     exclusive = getattr(gate, "exclusive", None)
     return exclusive if callable(exclusive) else (lambda: gate)
@@ -149,7 +152,7 @@ def embed_blocking(
     if inputs and isinstance(inputs[0], str):
         tokens = encoder.tokenize([str(t) for t in inputs], truncate=truncate)
     else:
-        tokens = [list(map(int, ids)) for ids in inputs]  # type: ignore[arg-type]
+        tokens = [list(map(int, ids)) for ids in inputs]
     tokens = encoder.check_lengths(tokens, truncate=truncate)
     vectors = encoder.embed(tokens, lock=lock)
     if dimensions is not None and dimensions != encoder.dim:
@@ -158,7 +161,7 @@ def embed_blocking(
 
 
 # --- facts for /v1/models -----------------------------------------------------------
-def describe(spec: Any, registry: Any, current: Any) -> dict[str, Any]:
+def describe(spec: ModelSpec, registry: Registry, current: Generation | None) -> dict[str, Any]:
     """kind, embedding width and max input length of a registry entry.
 
     From the loaded generation where it is active; for an encoder entry not
@@ -186,7 +189,7 @@ def describe(spec: Any, registry: Any, current: Any) -> dict[str, Any]:
     return facts
 
 
-def _sidecar_spec(spec: Any, registry: Any) -> Any:
+def _sidecar_spec(spec: ModelSpec, registry: Registry) -> ModelSpec | None:
     if not spec.embeddings or spec.embeddings == SELF:
         return None
     try:
@@ -195,7 +198,7 @@ def _sidecar_spec(spec: Any, registry: Any) -> Any:
         return None
 
 
-def encoder_shape(spec: Any) -> tuple[int, int] | None:
+def encoder_shape(spec: ModelSpec) -> tuple[int, int] | None:
     """(dim, max input tokens) of an encoder entry from its config files; None if unreadable."""
     try:
         return encoder_limits(Path(resolve_source(spec)))

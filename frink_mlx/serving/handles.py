@@ -50,15 +50,21 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import mlx.nn as nn
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
 from ..core.events import Done, ErrorEvent, Event
 from ..core.output import OutputPipeline, TokenText
 from ..core.parsers import MarkupInfo, detect_format
 from ..core.prompt import RenderedPrompt, encode_text, render_prompt
 from ..core.request import GenRequest, SamplingParams
-from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
-from .hub import Generation, Lease
+from ..engine.engine import Engine
+from ..engine.stream import SeqStream
 from ..engine.think_budget import with_think_budget
 from ..engine.types import SeqRequest
+from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
+from .generation import Generation
+from .hub import Lease
 
 log = logging.getLogger("frink_mlx.handles")
 
@@ -171,9 +177,9 @@ class TurnMemory:
 @dataclass(frozen=True, slots=True)
 class DecodeHandles:
     generation: Generation
-    model: Any
-    tokenizer: Any
-    engine: Any
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    engine: Engine
     context_ceiling: int
     markup: MarkupInfo
     text: TokenText
@@ -286,7 +292,7 @@ class Run:
     prompt_text: str | None
     markup: MarkupInfo
     max_tokens: int
-    _stream: Any
+    _stream: SeqStream
     _pipeline: OutputPipeline
     _lease: Lease | None
     _handles: DecodeHandles

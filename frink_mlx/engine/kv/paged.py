@@ -34,13 +34,11 @@ Rules:
    r's positions 0..T-1, padded with the trash slot -> (H, B, T, D), viewed
    as (B, H, T, D). The gather runs as a row gather on the pool's
    (H * slots, D) view with (H, B, T) row indices: MLX's CPU gather along a
-   non-leading axis is ~1.5x slower (a batch-8 decode step over 100 tokens
-   126.9 -> 121.8 ms median, batch 16 over 300 tokens 212.7 -> 191.6 ms,
-   alternating in one process). Head-major matters on the CPU backend: every (row, head)
-   slab of T x D comes out of the gather contiguous, exactly the layout of
-   mlx-lm's KVCache slice, so `mx.fast.scaled_dot_product_attention` reads it
-   as is (measured here, B=8, T=320, one layer: 1.9 ms, against 5.0 ms for a
-   slot-major pool whose transposed gather SDPA must copy first).
+   non-leading axis is slower (benchmarks/results/design-notes.md, "KV reads").
+   Head-major matters on the CPU backend: every (row, head) slab of T x D
+   comes out of the gather contiguous, exactly the layout of mlx-lm's
+   KVCache slice, so `mx.fast.scaled_dot_product_attention` reads it as is,
+   where a slot-major pool's transposed gather must be copied first.
    Memory traffic per layer per step: the gather reads and writes
    B*T*H*D elements for K and again for V, which attention then reads once
    more; i.e. ~2x the bytes of the live context rows, against ~1x for

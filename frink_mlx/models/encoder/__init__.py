@@ -10,16 +10,9 @@ sentence-transformers config is followed, bert.py for why this is our own model.
 
 from __future__ import annotations
 
-from ...config import EncoderConfig
+from .causal import encoder_from_generative
 from .encoder import Encoder, shrink
 from .load import load_encoder
 from .pooling import HeadConfig
 
 __all__ = ["Encoder", "HeadConfig", "load_encoder", "shrink", "encoder_from_generative"]
-
-
-def encoder_from_generative(loaded: object, config: EncoderConfig) -> Encoder:
-    """Lazy import: keeps mlx-lm out of the encoder-only path."""
-    from .causal import encoder_from_generative as build
-
-    return build(loaded, config)

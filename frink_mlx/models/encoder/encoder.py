@@ -12,8 +12,8 @@ Batching (`embed`), stated before the loop:
    (settings.embed_batch_size), and also where the next row is shorter
    than `MIN_FILL` of the batch's longest: on the CPU backend a batch of
    ~80-token rows is already compute-bound, so more, tighter batches cost
-   nothing while padding costs its full share (measured here: 32 mixed
-   3-60-word sentences in one batch ran at 17 sentences/s, one at a time at 25).
+   nothing while padding costs its full share
+   (benchmarks/results/design-notes.md, "Encoder batches").
 3. Per batch: right-pad to the batch's longest row with a 0/1 mask,
 
         row 0: [CLS] a  b  c  [SEP]          mask 1 1 1 1 1

@@ -1,0 +1,96 @@
+"""The scheduler's vocabulary: requests, rows and the plan of one engine step.
+
+Why a module of its own: the scheduler (scheduler.py) writes these, the
+runner (runner.py) turns a `SchedulerOutput` into arrays and the engine
+(engine.py) reads `Finished` records, so the types are shared, and like the
+scheduler they are plain integers and lists: nothing here imports MLX.
+
+A *request* (`SeqRequest`, with n rows) becomes a `Group`; each row is a
+`Seq` with its own block table in the `KVCacheManager`. See scheduler.py for
+the rules that fill them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .types import EngineFinish, SeqRequest
+
+
+@dataclass(slots=True)
+class Group:
+    """One request: n rows sharing a prompt."""
+
+    request: SeqRequest
+    extra_key: tuple
+    arrival_s: float
+    seqs: list["Seq"] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    activated: bool = False  # row 0's prompt was prefilled; every row is live
+
+
+@dataclass(slots=True)
+class Seq:
+    seq_id: int
+    group: Group
+    index: int
+    token_ids: list[int]
+    num_prompt: int
+    max_tokens: int
+    num_pending: int = 0
+    num_computed: int = 0
+    num_scheduled_outputs: int = 0   # outputs known + pending + scheduled this step
+    prefill_target: int = 0          # positions to prefill before decoding (0 = decoding)
+    finish: EngineFinish | None = None
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.token_ids) - self.num_prompt + self.num_pending
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    seq_id: int
+    token_ids: list[int]
+    start: int
+    block_table: list[int]
+    sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
+
+
+@dataclass(slots=True)
+class DecodeRow:
+    seq_id: int
+    position: int
+    block_table: list[int]
+    token_id: int | None  # None: the token the previous step sampled (still on device)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    decode: list[DecodeRow] = field(default_factory=list)
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
+    preempted: list[int] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+    @property
+    def sample_seq_ids(self) -> list[int]:
+        """The order of sampled rows: decode rows, then each final chunk's rows."""
+        ids = [row.seq_id for row in self.decode]
+        for chunk in self.prefill:
+            ids.extend(chunk.sample_seq_ids)
+        return ids
+
+
+@dataclass(slots=True)
+class Finished:
+    seq: Seq
+    reason: EngineFinish
+    error: str | None = None

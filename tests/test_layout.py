@@ -1,0 +1,53 @@
+"""The size rules of docs/ARCHITECTURE.md, pinned: small files, small functions, no dominant folder.
+
+Files about <= 400 lines and functions about <= 60 lines keep each piece readable in
+one sitting; no folder of the package may hold more than a third of its code, so the
+layout keeps telling a newcomer where things live. The limits carry a small margin
+("about"): a file may run to MAX_FILE_LINES.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import frink_mlx
+
+PACKAGE = Path(frink_mlx.__file__).parent
+MAX_FILE_LINES = 420
+MAX_FUNCTION_LINES = 60
+MAX_FOLDER_SHARE = 1 / 3
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_file_is_long() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in SOURCES if (n := _lines(p)) > MAX_FILE_LINES}
+    assert long == {}
+
+
+def test_no_function_is_long() -> None:
+    long = {}
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(PACKAGE)}:{node.name}"] = size
+    assert long == {}
+
+
+def test_no_folder_holds_more_than_a_third_of_the_code() -> None:
+    per_folder: Counter[str] = Counter()
+    for path in SOURCES:
+        parts = path.relative_to(PACKAGE).parts
+        per_folder[parts[0] if len(parts) > 1 else "."] += _lines(path)
+    total = sum(per_folder.values())
+    heavy = {folder: round(n / total, 3) for folder, n in per_folder.items()
+             if n > MAX_FOLDER_SHARE * total}
+    assert heavy == {}
