@@ -36,12 +36,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import tomllib
 
 from .errors import ConfigError, ModelNotFound, RegistryError
 from .settings import Settings

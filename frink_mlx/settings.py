@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from .errors import ConfigError
 from .config import BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+from .errors import ConfigError
 
 DEFAULT_PORT = 8177
 ENV_PREFIX = "FRINK_MLX_"

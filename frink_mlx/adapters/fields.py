@@ -26,7 +26,8 @@ from typing import Any
 
 from .anthropic import wire as anthropic_wire
 from .llamacpp import wire as llamacpp_wire
-from .openai import responses_wire, wire as openai_wire
+from .openai import responses_wire
+from .openai import wire as openai_wire
 from .openai.embeddings import EmbeddingsRequest
 
 Rule = tuple[str, str]   # (treatment, note)

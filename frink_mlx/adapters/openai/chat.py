@@ -28,10 +28,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, TokenLogprob,
-                            ToolCallDelta, ToolCallEnd, ToolCallStart, Usage)
-from ...core.request import (GenRequest, Message, ResponseFormat, SamplingParams, Tool,
-                             ToolCall)
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body

@@ -29,8 +29,7 @@ from ...http.body import decode_body
 from ...http.errors import endpoint, error_body, openai_error
 from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
 from . import wire
-from .chat import (ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, note_run,
-                   sampling_of)
+from .chat import ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, note_run, sampling_of
 
 
 def _prompts(prompt: Any) -> list[Any]:

@@ -42,8 +42,8 @@ from ...core.events import Done, ErrorEvent, choice_events, drain_choice
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import decode_body, validation_param
-from ...http.fields import report, unknown_fields
 from ...http.errors import endpoint, openai_error
+from ...http.fields import report, unknown_fields
 from ...http.sse import run_until_disconnect, sse_frame, sse_response
 from . import responses_wire as w
 from .responses_events import ResponseBuilder, created_now, new_id
