@@ -125,7 +125,8 @@ def registry(default: str, chat: dict[str, Any], tiny: Path) -> Any:
 
 
 def settings(**kw: Any) -> Settings:
-    return Settings(embed_batch_size=4, min_generation_s=0.0, access_log=False, fallback=False, **kw)
+    return Settings(**{"embed_batch_size": 4, "min_generation_s": 0.0, "access_log": False,
+                       "fallback": False, **kw})
 
 
 @pytest.fixture(scope="module")
