@@ -90,7 +90,7 @@ class ToolParam(msgspec.Struct, forbid_unknown_fields=False):
     description: str = ""
     type: str | None = None            # "custom" or absent; server tools are refused by name
     cache_control: dict[str, Any] | None = None
-    strict: bool | None = None         # true is refused (no constrained tool arguments)
+    strict: bool | None = None         # true: arguments grammar-bound (core/structured.py rule 6)
     eager_input_streaming: bool | None = None   # input is always streamed as generated
 
 

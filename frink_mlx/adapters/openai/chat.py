@@ -107,7 +107,8 @@ def _tools(body: wire.ChatCompletionRequest) -> tuple[list[Tool], str]:
         if t.type != "function":
             raise UnsupportedField(f"tools[{i}].type", f"'{t.type}' tools are not supported")
         params = t.function.parameters or {"type": "object", "properties": {}}
-        tools.append(Tool(t.function.name, t.function.description, params))
+        tools.append(Tool(t.function.name, t.function.description, params,
+                          strict=bool(t.function.strict)))
     choice = body.tool_choice
     if choice is None:
         return tools, "auto"

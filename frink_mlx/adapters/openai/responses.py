@@ -127,7 +127,8 @@ def to_tools(tools: list[w.FunctionTool] | None) -> list[Tool]:
         if not tool.name:
             raise InvalidRequest(f"'tools[{i}].name' is required.", param=f"tools[{i}].name")
         out.append(Tool(tool.name, tool.description or "",
-                        tool.parameters or {"type": "object", "properties": {}}))
+                        tool.parameters or {"type": "object", "properties": {}},
+                        strict=tool.strict is not False))  # the Responses API's default: true
     return out
 
 
