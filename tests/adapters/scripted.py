@@ -144,8 +144,8 @@ def mixed_factory(scripts: dict[str, Script], engines: dict[str, ScriptedEngine]
     """Registry entries named in `scripts` get a ScriptedEngine; the rest the real engine."""
     from daemon_support import generation_factory
 
-    from frink_mlx.serving.generation import Generation
     from frink_mlx.models.loader import load_model
+    from frink_mlx.serving.generation import Generation
 
     real = generation_factory()
 
