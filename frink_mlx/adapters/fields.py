@@ -162,7 +162,8 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "timings_per_token": (N, "timings come with the final frame"),
     "mirostat": (R, "unless 0"), "typical_p": (R, "unless 1"), "dynatemp_range": (R, "unless 0"),
     "xtc_probability": (R, "unless 0"), "dry_multiplier": (R, "unless 0"),
-    "top_n_sigma": (R, "unless -1"), "n_cmpl": (R, "unless 1"), "lora": (R, ""),
+    "top_n_sigma": (R, "unless -1"), "lora": (R, ""),
+    "n_cmpl": (H, "1-4 completions, answered as an array (not with stream)"),
     "post_sampling_probs": (R, "unless false"),
 }
 

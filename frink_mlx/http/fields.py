@@ -88,10 +88,11 @@ def _walk_union(raw: Any, info: mi.UnionType, path: str, out: list[str]) -> None
         if tagged:
             tag = raw.get(tagged[0].tag_field)
             structs = [t for t in tagged if t.tag == tag] or structs
-        chosen: list[mi.Type] = structs[:1] or [t for t in members if isinstance(t, mi.DictType)]
+        chosen: list[mi.Type] = [*structs[:1]] or [
+            t for t in members if isinstance(t, mi.DictType)]
     elif isinstance(raw, list):
-        chosen = [t for t in members if isinstance(t, (mi.ListType, mi.TupleType,
-                                                        mi.VarTupleType))][:1]
+        chosen = [*[t for t in members if isinstance(t, (mi.ListType, mi.TupleType,
+                                                          mi.VarTupleType))][:1]]
     else:
         chosen = []
     for member in chosen:

@@ -20,6 +20,7 @@ field rules; this module resolves prompts and vocabulary through AppState:
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, AsyncIterator
 
@@ -93,7 +94,7 @@ async def _respond(request: Request, body: wire._Sampling, prompt: str | list[in
                                   prompt_tokens=run.prompt_tokens, settings=settings,
                                   n_probs=body.n_probs, return_tokens=body.return_tokens,
                                   warmup=body.n_predict == 0,
-                                  output_ids=lambda i=i: run.output_ids(i))
+                                  output_ids=functools.partial(run.output_ids, i))
                 for i in range(gen.n)]
     if body.stream:
         return sse_response(_stream(run, builders[0]), on_close=run.abort)

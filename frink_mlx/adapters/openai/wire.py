@@ -230,19 +230,18 @@ def max_tokens(*sent: tuple[str, int | None]) -> int | None:
 def llamacpp_format(req: SamplingWire, rf: ResponseFormatWire | None = None
                     ) -> ResponseFormat | None:
     """llama-server's `grammar` / `json_schema` / `response_format.schema`, as a ResponseFormat."""
-    sent = [(name, value) for name, value in (("grammar", req.grammar),
-                                              ("json_schema", req.json_schema)) if value]
-    if rf is not None and rf.schema is not None and rf.type != "text":
-        sent.append(("response_format.schema", rf.schema))
+    schema_rf = rf.schema if rf is not None and rf.type != "text" else None
+    sent = [name for name, value in (("grammar", req.grammar), ("json_schema", req.json_schema),
+                                     ("response_format.schema", schema_rf)) if value]
     if len(sent) > 1 or (sent and rf is not None and rf.json_schema is not None):
         raise InvalidRequest("Send one of 'grammar', 'json_schema' and 'response_format'.",
-                             param=sent[0][0])
-    if not sent:
-        return None
-    name, value = sent[0]
-    if name == "grammar":
-        return ResponseFormat("grammar", grammar=value, param=name)
-    return ResponseFormat("json_schema", schema=value, param=name)
+                             param=sent[0])
+    if req.grammar:
+        return ResponseFormat("grammar", grammar=req.grammar, param="grammar")
+    schema = req.json_schema or schema_rf
+    if schema:
+        return ResponseFormat("json_schema", schema=schema, param=sent[0])
+    return None
 
 
 def logit_bias_ids(bias: dict[str, float] | None) -> dict[int, float] | None:
