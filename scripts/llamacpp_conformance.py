@@ -20,7 +20,8 @@ stories260K text, its 512-token context, slot counts) are expected and named.
 
 Without `--url` the script starts `frink-mlx serve --port 0 --fallback` (the
 packaged default model, SmolLM2-135M) and stops it at the end. Results are
-read from pytest's JUnit XML; each failure is printed with its first line.
+read from pytest's JUnit XML, one run per test file (each bounded by
+`--file-timeout`, printed as it ends); each failure is printed with its first line.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections import defaultdict
 from pathlib import Path
 
 TESTS_IN_SDIST = "vendor/llama.cpp/tools/server/tests"
@@ -82,45 +82,64 @@ def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
     sys.exit("frink-mlx serve did not get ready in 600 s")
 
 
-def run_tests(tests: Path, url: str, only: list[str], junit: Path) -> None:
+def run_file(tests: Path, url: str, name: str, junit: Path, timeout_s: float) -> str | None:
+    """One unit test file; None when it finished, else why not (timeout)."""
     port = url.rsplit(":", 1)[1].strip("/")
     env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": port}
-    targets = [f"unit/{name}" for name in only] or ["unit"]
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "-o", "addopts=", f"--junitxml={junit}", *targets],
-                   cwd=tests, env=env, check=False)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           f"--junitxml={junit}", f"unit/{name}"]
+    try:
+        subprocess.run(cmd, cwd=tests, env=env, check=False, timeout=timeout_s,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s:.0f} s"
+    return None
 
 
-def report(junit: Path) -> int:
-    """Print passed / failed / skipped per file and each failure's first line."""
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: {"passed": 0, "failed": 0,
-                                                            "skipped": 0})
+def read_junit(junit: Path, file: str) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
+    """passed / failed / skipped of one file's run, and each failure's first line."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
     failures: list[tuple[str, str, str]] = []
+    if not junit.exists():
+        return counts, failures
     for case in ET.parse(junit).getroot().iter("testcase"):
-        file = (case.get("classname") or "").split(".")[-1] + ".py"
         bad = case.find("failure")
         if bad is None:
             bad = case.find("error")
         if bad is not None:
-            counts[file]["failed"] += 1
-            reason = (bad.get("message") or bad.text or "").strip().splitlines()
-            failures.append((file, case.get("name") or "", reason[0][:160] if reason else ""))
+            counts["failed"] += 1
+            lines = (bad.get("message") or bad.text or "").strip().splitlines()
+            failures.append((file, case.get("name") or "", lines[0][:200] if lines else ""))
         elif case.find("skipped") is not None:
-            counts[file]["skipped"] += 1
+            counts["skipped"] += 1
         else:
-            counts[file]["passed"] += 1
+            counts["passed"] += 1
+    return counts, failures
+
+
+def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float) -> None:
+    """Each file in turn, its line printed as soon as it ends; then totals and failures."""
+    names = only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
     total = {"passed": 0, "failed": 0, "skipped": 0}
-    print(f"\n{'file':32} {'passed':>7} {'failed':>7} {'skipped':>8}")
-    for file in sorted(counts):
-        c = counts[file]
-        print(f"{file:32} {c['passed']:7} {c['failed']:7} {c['skipped']:8}")
+    failures: list[tuple[str, str, str]] = []
+    print(f"{'file':34} {'passed':>7} {'failed':>7} {'skipped':>8}", flush=True)
+    for name in names:
+        junit = work / f"junit-{name}.xml"
+        junit.unlink(missing_ok=True)
+        why = run_file(tests, url, name, junit, timeout_s)
+        counts, bad = read_junit(junit, name)
+        failures += bad
+        if why is not None:
+            failures.append((name, "*", why))
         for key in total:
-            total[key] += c[key]
-    print(f"{'total':32} {total['passed']:7} {total['failed']:7} {total['skipped']:8}")
+            total[key] += counts[key]
+        note = f"  ({why})" if why else ""
+        print(f"{name:34} {counts['passed']:7} {counts['failed']:7} {counts['skipped']:8}{note}",
+              flush=True)
+    print(f"{'total':34} {total['passed']:7} {total['failed']:7} {total['skipped']:8}")
     print("\nfailures:")
-    for file, name, reason in failures:
-        print(f"  {file}::{name}: {reason}")
-    return 0
+    for file, test, reason in failures:
+        print(f"  {file}::{test}: {reason}")
 
 
 def main() -> int:
@@ -129,6 +148,8 @@ def main() -> int:
     parser.add_argument("--url", help="a running daemon (default: start one)")
     parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temp dir)")
     parser.add_argument("--only", nargs="*", default=[], help="unit test files to run")
+    parser.add_argument("--file-timeout", type=float, default=1200.0,
+                        help="seconds one test file may take (a CPU daemon is slow)")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="frink-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -139,9 +160,8 @@ def main() -> int:
     if url is None:
         proc, url = start_daemon(work / "daemon.log")
     try:
-        junit = work / "junit.xml"
-        run_tests(tests, url, args.only, junit)
-        return report(junit)
+        run_all(tests, url, args.only, work, args.file_timeout)
+        return 0
     finally:
         if proc is not None:
             proc.terminate()
