@@ -80,7 +80,7 @@ LLAMACPP_PATHS = frozenset({
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 KEY_FILE_NAME = "api_key"
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_EXPOSE = "request-id, x-request-id, retry-after"
+CORS_EXPOSE = "request-id, x-request-id, retry-after, x-frink-ignored-fields"
 CORS_MAX_AGE_S = 600
 _TOKEN_LIST = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 
