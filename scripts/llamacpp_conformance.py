@@ -11,10 +11,13 @@ folder holding one); without it the script runs
 How they run: the harness is theirs, unchanged -- `utils.py`'s ServerProcess
 already has an external-server mode (`DEBUG_EXTERNAL=1`, `PORT=N`) in which
 `start()` and `stop()` leave the server alone and every request goes to
-127.0.0.1:N. The only adaptation is a stand-in `wget` module (their utils.py
+127.0.0.1:N. The adaptations are a stand-in `wget` module (their utils.py
 imports it to fetch models; nothing is downloaded here, and a test that tries
-fails with that reason). Server options a test sets (n_slots, n_ctx, --jinja,
-a test model's name...) have no effect on an external server: the daemon
+fails with that reason) and a per-test time limit (`--test-timeout`, a pytest
+plugin written next to it: their server's `-n 64` default has no daemon-wide
+twin, so a request without a length limit would run to the context ceiling).
+Server options a test sets (n_slots, n_ctx, --jinja, a test model's name...)
+have no effect on an external server: the daemon
 serves what it serves, so failures tied to llama.cpp's test models (exact
 stories260K text, its 512-token context, slot counts) are expected and named.
 
@@ -46,6 +49,32 @@ def download(url, out=None, bar=None):
 '''
 
 
+# A per-test time limit (SIGALRM), so one request that runs to the context ceiling -- their
+# server's `-n 64` default has no daemon-wide twin -- fails that test, not the whole file.
+TIMEOUT_PLUGIN = '''"""Per-test time limit for the frink-mlx conformance run."""
+import os
+import signal
+
+import pytest
+
+LIMIT_S = int(os.environ.get("FRINK_TEST_TIMEOUT_S", "120"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    def expire(signum, frame):
+        raise TimeoutError(f"test took over {LIMIT_S} s (frink-mlx conformance limit)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+'''
+
+
 def fetch_sdist(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "llama-cpp-python", "--no-binary", ":all:",
            "--no-deps", "-d", str(dest)]
@@ -63,6 +92,7 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
         tar.extractall(dest, members=members, filter="data")
     tests = next(dest.glob(f"*/{TESTS_IN_SDIST}"))
     (tests / "wget.py").write_text(WGET_SHIM)
+    (tests / "frink_timeout.py").write_text(TIMEOUT_PLUGIN)
     return tests
 
 
@@ -82,12 +112,14 @@ def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
     sys.exit("frink-mlx serve did not get ready in 600 s")
 
 
-def run_file(tests: Path, url: str, name: str, junit: Path, timeout_s: float) -> str | None:
+def run_file(tests: Path, url: str, name: str, junit: Path, timeout_s: float,
+             test_timeout_s: int) -> str | None:
     """One unit test file; None when it finished, else why not (timeout)."""
     port = url.rsplit(":", 1)[1].strip("/")
-    env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": port}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-           f"--junitxml={junit}", f"unit/{name}"]
+    env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": port,
+           "FRINK_TEST_TIMEOUT_S": str(test_timeout_s)}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "frink_timeout",
+           "-o", "addopts=", f"--junitxml={junit}", f"unit/{name}"]
     try:
         subprocess.run(cmd, cwd=tests, env=env, check=False, timeout=timeout_s,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -117,7 +149,8 @@ def read_junit(junit: Path, file: str) -> tuple[dict[str, int], list[tuple[str, 
     return counts, failures
 
 
-def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float) -> None:
+def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float,
+            test_timeout_s: int) -> None:
     """Each file in turn, its line printed as soon as it ends; then totals and failures."""
     names = only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
     total = {"passed": 0, "failed": 0, "skipped": 0}
@@ -126,7 +159,7 @@ def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float
     for name in names:
         junit = work / f"junit-{name}.xml"
         junit.unlink(missing_ok=True)
-        why = run_file(tests, url, name, junit, timeout_s)
+        why = run_file(tests, url, name, junit, timeout_s, test_timeout_s)
         counts, bad = read_junit(junit, name)
         failures += bad
         if why is not None:
@@ -150,6 +183,8 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=[], help="unit test files to run")
     parser.add_argument("--file-timeout", type=float, default=1200.0,
                         help="seconds one test file may take (a CPU daemon is slow)")
+    parser.add_argument("--test-timeout", type=int, default=120,
+                        help="seconds one test may take")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="frink-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -160,7 +195,7 @@ def main() -> int:
     if url is None:
         proc, url = start_daemon(work / "daemon.log")
     try:
-        run_all(tests, url, args.only, work, args.file_timeout)
+        run_all(tests, url, args.only, work, args.file_timeout, args.test_timeout)
         return 0
     finally:
         if proc is not None:
