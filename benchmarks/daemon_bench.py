@@ -38,12 +38,15 @@ class MlxLmBaseline:
     """The same registry entry loaded in this process, decoded by mlx_lm itself."""
 
     def __init__(self, model_name: str | None, models_path: str | None) -> None:
+        from frink_mlx.backend import select_backend
         from frink_mlx.models.loader import load_model
         from frink_mlx.registry import load_registry
         from frink_mlx.settings import Settings
 
         settings = Settings.load(models_path=models_path)
-        self.loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config())
+        self.backend = select_backend(settings.backend_config())
+        self.loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config(),
+                                 self.backend)
         self.tok = self.loaded.tokenizer
         self.tok.eos_token_ids = set()  # decode exactly `tokens` tokens, like ignore_eos
         self.ids = self.tok.apply_chat_template(PROMPT, add_generation_prompt=True)
@@ -63,20 +66,20 @@ class EngineInProcess:
     from serving overhead."""
 
     def __init__(self, baseline: MlxLmBaseline) -> None:
-        from frink_mlx.models.budget import plan_kv
         from frink_mlx.engine.engine import Engine, EngineConfig
         from frink_mlx.engine.gate import DecodeGate
+        from frink_mlx.models.budget import plan_kv
         from frink_mlx.settings import Settings
 
         settings = Settings.load()
-        plan = plan_kv(baseline.loaded, settings.budget_config())
+        plan = plan_kv(baseline.loaded, settings.budget_config(), baseline.backend.memory_budget())
         config = EngineConfig(block_size=plan.block_size, num_blocks=plan.num_blocks,
                               max_batch=settings.max_batch,
                               prefill_chunk_tokens=settings.prefill_chunk_tokens,
                               batching=settings.batching, context_ceiling=plan.context_ceiling,
                               max_queue=settings.max_queue,
                               queue_timeout_s=settings.queue_timeout_s, generation=1)
-        self.engine = Engine(baseline.loaded, config, DecodeGate())
+        self.engine = Engine(baseline.loaded, config, DecodeGate(), baseline.backend)
         self.engine.start()
         self.ids = list(baseline.ids)
 
@@ -136,8 +139,8 @@ def pipeline_overhead_us(tokenizer, num_tokens: int = 2000) -> float:
     from frink_mlx.adapters.openai.chat import chat_frames
     from frink_mlx.core.output import OutputPipeline
     from frink_mlx.core.request import GenRequest, Message
-    from frink_mlx.serving.handles import markup_of, token_text
     from frink_mlx.engine.types import StepOutput
+    from frink_mlx.serving.handles import markup_of, token_text
 
     text = "The quick brown fox jumps over the lazy dog, again and again. " * 200
     ids = tokenizer.encode(text, add_special_tokens=False)[:num_tokens]

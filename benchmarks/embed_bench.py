@@ -43,10 +43,13 @@ def sentences() -> list[str]:
 
 def frink_embedder(model_dir: Path):  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT))
+    from frink_mlx.backend import select_backend
     from frink_mlx.models.encoder import load_encoder
     from frink_mlx.settings import Settings
 
-    encoder = load_encoder(model_dir, None, Settings.load(embed_batch_size=max(BATCHES)).encoder_config())  # FRINK_MLX_* apply
+    settings = Settings.load(embed_batch_size=max(BATCHES))  # FRINK_MLX_* apply
+    encoder = load_encoder(model_dir, None, settings.encoder_config(),
+                           select_backend(settings.backend_config()))
     return lambda texts: encoder.embed(encoder.check_lengths(encoder.tokenize(texts)))
 
 

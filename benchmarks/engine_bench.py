@@ -27,11 +27,12 @@ import mlx.core as mx
 from mlx_lm import stream_generate
 from mlx_lm.models.cache import make_prompt_cache
 
+from frink_mlx.backend import Backend, select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.models.loader import load_model
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
@@ -87,11 +88,11 @@ def stream_generate_tps(model, tokenizer, prompt: list[int], num_tokens: int) ->
     return last.generation_tps
 
 
-def make_engine(loaded, num_blocks: int, max_batch: int) -> Engine:
+def make_engine(loaded, num_blocks: int, max_batch: int, backend: Backend) -> Engine:
     cfg = EngineConfig(block_size=16, num_blocks=num_blocks, max_batch=max_batch,
                        prefill_chunk_tokens=256, batching=True, context_ceiling=2048,
                        max_queue=64, queue_timeout_s=300.0, generation=1)
-    engine = Engine(loaded, cfg, DecodeGate())
+    engine = Engine(loaded, cfg, DecodeGate(), backend)
     engine.start()
     return engine
 
@@ -107,12 +108,13 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    loaded = load_model(spec, settings.load_config())
+    backend = select_backend(settings.backend_config())
+    loaded = load_model(spec, settings.load_config(), backend)
     model, vocab = loaded.model, loaded.model.args.vocab_size
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     print(f"model {spec.name} dtype {loaded.dtype} tokens/row {args.tokens} prompt {args.prompt_len}")
 
-    engine = make_engine(loaded, num_blocks=256, max_batch=max(batches, default=1))
+    engine = make_engine(loaded, num_blocks=256, max_batch=max(batches, default=1), backend=backend)
     best = lambda f: max(f() for _ in range(args.repeat))  # noqa: E731 - best of N on a shared CPU
     for batch in batches:
         raw = best(lambda: raw_decode_tps(model, batch, args.tokens, args.prompt_len, vocab))
@@ -130,7 +132,7 @@ def main() -> None:
     engine.shutdown(5.0)
 
     for num_blocks in [int(b) for b in args.pools.split(",") if b.strip()]:
-        engine = make_engine(loaded, num_blocks=num_blocks, max_batch=8)
+        engine = make_engine(loaded, num_blocks=num_blocks, max_batch=8, backend=backend)
         eng = best(lambda: engine_decode_tps(engine, 8, args.tokens, args.prompt_len, vocab))
         print(f"pool {num_blocks:5d} blocks ({engine.store.nbytes / 2**20:.0f} MiB): "
               f"engine batch 8 {eng:.1f} tok/s", flush=True)

@@ -321,12 +321,14 @@ def make_fp32_dir(model_name: str | None, out: Path) -> None:
     """Registry entry -> frink's loader with dequantize on -> a plain fp32 MLX checkpoint dir."""
     from mlx_lm.utils import save_config, save_model
 
+    from frink_mlx.backend import select_backend
     from frink_mlx.models.loader import load_model
     from frink_mlx.registry import load_registry
     from frink_mlx.settings import Settings
 
     settings = Settings.load(dequantize=True)
-    loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config())
+    loaded = load_model(load_registry(settings).resolve(model_name), settings.load_config(),
+                        select_backend(settings.backend_config()))
     if str(loaded.dtype) != "mlx.core.float32":
         raise SystemExit(f"expected float32 weights after dequantize, got {loaded.dtype}")
     out.mkdir(parents=True, exist_ok=True)

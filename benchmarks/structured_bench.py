@@ -23,13 +23,14 @@ import threading
 import time
 from typing import Any
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import ResponseFormat, SamplingParams
 from frink_mlx.core.structured import grammar_for_format
 from frink_mlx.engine.constraints import GrammarCompiler
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.models.loader import load_model
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
@@ -128,7 +129,8 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
-    loaded = load_model(spec, settings.load_config())
+    backend = select_backend(settings.backend_config())
+    loaded = load_model(spec, settings.load_config(), backend)
     tok = loaded.tokenizer
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
                                          add_generation_prompt=True)
@@ -144,7 +146,7 @@ def main() -> None:
     cfg = EngineConfig(block_size=16, num_blocks=256, max_batch=max(8, args.batch),
                        prefill_chunk_tokens=256, batching=True, context_ceiling=2048,
                        max_queue=64, queue_timeout_s=300.0, generation=1)
-    engine = Engine(loaded, cfg, DecodeGate())
+    engine = Engine(loaded, cfg, DecodeGate(), backend)
     engine.start()
     try:
         decode_tps(engine, prompt_ids, 8, 1, compiler)  # warm-up

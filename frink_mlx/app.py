@@ -2,7 +2,8 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, metrics). The
+(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
 This is the composition root: the only place below the CLI that reads
@@ -28,8 +29,9 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
-from .adapters import admin, anthropic, llamacpp, openai
+from .adapters import admin, anthropic, llamacpp, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
+from .backend import Backend, select_backend
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
@@ -38,7 +40,7 @@ from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
 from .errors import InvalidRequest
 from .http import security
-from .http.access import track_run
+from .http.access import RecentRequests, track_run
 from .http.fields import IgnoredFieldsHeader
 from .metrics import Metrics
 from .models.encoder import Encoder
@@ -54,7 +56,7 @@ log = logging.getLogger("frink_mlx.app")
 
 # Modules whose `routes` are mounted, in order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
-    openai, anthropic, llamacpp, openai_embeddings, admin, metrics_module,
+    openai, anthropic, llamacpp, openai_embeddings, admin, status, page, metrics_module,
 )
 
 
@@ -75,6 +77,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
+    recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
 
@@ -199,13 +202,15 @@ def _on_load(state: AppState, gen: Generation) -> None:
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
-               factory: GenerationFactory | None = None) -> Starlette:
-    """The daemon app. `factory` replaces model loading (tests only)."""
+               factory: GenerationFactory | None = None, backend: Backend | None = None) -> Starlette:
+    """The daemon app. `factory` replaces model loading (tests only); `backend` is
+    the entry point's choice (server.py), else chosen here, once per app."""
+    chosen = backend if backend is not None else select_backend(settings.backend_config())
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
-        hub = Hub(settings.hub_config(), reg, factory=factory or build_generation)
+        hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)

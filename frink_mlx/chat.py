@@ -23,7 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .settings import Settings
+from .backend import Backend, select_backend
+from .local_daemon import daemon_answers, daemon_url
+from .settings import Settings, environ_snapshot
 
 Messages = list[dict[str, str]]
 Emit = Callable[[str], None]
@@ -65,16 +67,18 @@ class LocalModel:
 
     settings: Settings
     model: str | None
+    backend: Backend
     generation: Any = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
 
     def load(self) -> "LocalModel":
         from .engine.gate import DecodeGate
-        from .serving.generation import build_generation
         from .registry import load_registry
+        from .serving.generation import build_generation
 
         spec = load_registry(self.settings).resolve(self.model)
-        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate())
+        self.generation = build_generation(spec, self.settings.hub_config(), 1, DecodeGate(),
+                                           self.backend)
         return self
 
     def generate(self, req: Any, emit: Emit) -> Stats:
@@ -82,8 +86,8 @@ class LocalModel:
 
     async def _generate(self, req: Any, emit: Emit) -> Stats:
         from .core.events import Done, ErrorEvent, TextDelta
-        from .serving.handles import DecodeHandles
         from .errors import EngineFailure
+        from .serving.handles import DecodeHandles
 
         started = time.perf_counter()
         run = DecodeHandles.take(self.generation).start(req)
@@ -115,12 +119,11 @@ def _sampling(args: argparse.Namespace) -> Any:
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     from .core.request import GenRequest, Message
 
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         req = GenRequest(model=args.model or "default", max_tokens=args.max_tokens,
                          sampling=_sampling(args))
@@ -138,13 +141,6 @@ def generate_command(settings: Settings, args: argparse.Namespace) -> int:
 
 # --- over HTTP -------------------------------------------------------------------
 
-def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
-    if args.url:
-        return args.url.rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    return f"http://{host}:{settings.port}"
-
-
 def _auth_headers(settings: Settings) -> dict[str, str]:
     try:
         from .http.security import resolve_api_key
@@ -153,16 +149,6 @@ def _auth_headers(settings: Settings) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - no key file: talk without one
         key = settings.api_key
     return {"authorization": f"Bearer {key}"} if key else {}
-
-
-def daemon_answers(url: str, headers: dict[str, str]) -> bool:
-    import httpx
-
-    try:
-        r = httpx.get(url + "/health", headers=headers, timeout=2.0)
-    except httpx.HTTPError:
-        return False
-    return r.status_code in (200, 503) and "state" in r.text
 
 
 @dataclass
@@ -253,11 +239,10 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     if not args.local and daemon_answers(url, headers):
         print(f"[talking to the daemon at {url}]", flush=True)
         return repl(RemoteChat(url, headers, args), args.system)
-    from .backend.cpu.blas import maybe_reexec_with_openblas
-
-    maybe_reexec_with_openblas(settings, sys.argv)
+    # may re-exec with OpenBLAS, so before anything loads MLX (backend/select.py rule 3)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     print("[no daemon answered; loading the model in process]", flush=True)
-    local = LocalModel(settings, args.model).load()
+    local = LocalModel(settings, args.model, backend).load()
     try:
         return repl(LocalChat(local, args), args.system)
     finally:

@@ -6,6 +6,7 @@
     frink-mlx models    [--models FILE]
     frink-mlx import    PATH.gguf
     frink-mlx service   install|uninstall|start|stop|status|logs
+    frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
 
 Each command's implementation lives in its own module and is imported lazily,
 so `frink-mlx models` does not pay for importing MLX. A `ConfigError` (bad
@@ -40,6 +41,17 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+
+
+def _open_parser(sub: Any) -> None:
+    page = sub.add_parser("open", help="open the daemon's status page in the default browser")
+    page.add_argument("--host", help="the daemon's address (default: the configured one)")
+    page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
+    page.add_argument("--url", default=None, help="the daemon's base URL (overrides host/port)")
+    page.add_argument("--print", dest="print_only", action="store_true",
+                      help="print the page's URL instead of opening it")
+    page.add_argument("--no-check", action="store_true",
+                      help="open even if no daemon answers /health")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(imp)
     imp.add_argument("path")
 
+    _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     _common(svc)
     svc.add_argument("action", choices=["install", "uninstall", "start", "stop", "status", "logs"])
@@ -121,6 +134,9 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name in ("models", "import"):
         from . import registry_cli as reg
         fn = reg.models_command if name == "models" else reg.import_command
+    elif name == "open":
+        from .page_cli import open_command
+        fn = open_command
     elif name == "service":
         from .service import service_command
         fn = service_command

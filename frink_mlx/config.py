@@ -11,6 +11,7 @@ the slice they need without a whole daemon's configuration.
                                             │    └─ encoder: EncoderConfig  models/encoder/
                                             ├─ budget: BudgetConfig   models/budget.py
                                             └─ engine: EngineLimits   engine/engine.py (EngineConfig)
+    Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
 
 The slices hold no defaults of their own: Settings is the one source of
 defaults, so a default can never differ between two layers. They import
@@ -30,7 +31,6 @@ class EncoderConfig(_Slice, frozen=True):
     """Embedding encoders (models/encoder/)."""
 
     embed_batch_size: int
-    cpu_matmul_parts: int | None
 
 
 class LoadConfig(_Slice, frozen=True):
@@ -60,7 +60,6 @@ class EngineLimits(_Slice, frozen=True):
     idle_prefill_tokens: int       # ... and in a step that decodes nothing
     admission_window_ms: float     # an idle engine gathers a burst this long
     pipeline: bool | None          # None = the backend decides
-    cpu_matmul_parts: int | None   # CPU backend only; None = one part per usable core
     max_queue: int
     queue_timeout_s: float
 
@@ -75,3 +74,10 @@ class HubConfig(_Slice, frozen=True):
     load: LoadConfig
     budget: BudgetConfig
     engine: EngineLimits
+
+
+class BackendConfig(_Slice, frozen=True):
+    """The device backend (backend/), chosen once at start-up by `select_backend`."""
+
+    use_openblas: bool             # CPU backend on Linux: re-exec with OpenBLAS preloaded
+    cpu_matmul_parts: int | None   # CPU backend: parts per matmul; None = one per usable core

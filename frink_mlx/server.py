@@ -1,7 +1,8 @@
 """`frink-mlx serve`: bind, load the default model, print one ready line, drain on signals.
 
 Rules:
-1. OpenBLAS re-exec first (engine/blas.py), before anything imports MLX.
+1. The backend is selected first, before anything imports MLX: on the CPU
+   backend that may re-exec with OpenBLAS (backend/select.py rule 3).
 2. The socket is bound here (port 0 picks a free one), so the ready line can
    name the real address; a non-loopback bind without an API key is refused
    (http/security.py `check_bind`).
@@ -31,7 +32,7 @@ import threading
 from typing import Any, Iterator, NoReturn
 
 from . import __version__
-from .settings import Settings
+from .settings import Settings, environ_snapshot
 
 log = logging.getLogger("frink_mlx.server")
 
@@ -110,9 +111,9 @@ def configure_logging(settings: Settings) -> None:
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
-    from .backend.cpu.blas import maybe_reexec_with_openblas
+    from .backend import select_backend
 
-    maybe_reexec_with_openblas(settings, sys.argv)
+    backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
     from .http.security import check_bind
 
@@ -122,7 +123,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .app import create_app
     from .registry import load_registry
 
-    app = create_app(settings, registry=load_registry(settings))
+    app = create_app(settings, registry=load_registry(settings), backend=backend)
     sock = bind_socket(settings.host, settings.port)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",

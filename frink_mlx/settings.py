@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .config import BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
 from .errors import ConfigError
 
 DEFAULT_PORT = 8177
@@ -75,7 +75,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
                                                  # None: on Metal yes, on the CPU backend no
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
-                                                 # MLX streams (engine/cpu_split.py); None = one
+                                                 # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
@@ -132,11 +132,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
                             admission_window_ms=self.admission_window_ms,
-                            pipeline=self.pipeline, cpu_matmul_parts=self.cpu_matmul_parts,
-                            max_queue=self.max_queue, queue_timeout_s=self.queue_timeout_s)
+                            pipeline=self.pipeline, max_queue=self.max_queue,
+                            queue_timeout_s=self.queue_timeout_s)
 
     def encoder_config(self) -> EncoderConfig:
-        return EncoderConfig(embed_batch_size=self.embed_batch_size,
+        return EncoderConfig(embed_batch_size=self.embed_batch_size)
+
+    def backend_config(self) -> BackendConfig:
+        return BackendConfig(use_openblas=self.use_openblas,
                              cpu_matmul_parts=self.cpu_matmul_parts)
 
     def hub_config(self) -> HubConfig:
@@ -151,11 +154,7 @@ def user_config_home() -> str:
     return os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
 
 
-def blas_reexec_marker() -> str | None:
-    """The marker set by the one-time OpenBLAS re-exec (see engine/blas.py)."""
-    return os.environ.get(ENV_PREFIX + "BLAS_REEXEC")
-
-
 def environ_snapshot() -> dict[str, str]:
-    """A copy of the environment, for the one place that must re-exec the process."""
+    """A copy of the environment, for the one place that must re-exec the process
+    (backend/cpu/blas.py, through backend/select.py)."""
     return dict(os.environ)

@@ -41,8 +41,8 @@ def write_registry(tmp: Path, a: Path, b: Path, extra: str = "") -> Path:
 
 def real_engine_available() -> bool:
     try:
-        import frink_mlx.models.budget  # noqa: F401
         import frink_mlx.engine.engine  # noqa: F401
+        import frink_mlx.models.budget  # noqa: F401
     except ImportError:
         return False
     return True
@@ -141,12 +141,12 @@ class ThreadEngine:
             t.join(timeout_s)
 
 
-def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+def thread_engine_factory(spec: Any, settings: Any, number: int, gate: Any, backend: Any) -> Any:
     """A Generation factory: the real loader, ThreadEngine (test-only fallback)."""
-    from frink_mlx.serving.generation import Generation
     from frink_mlx.models.loader import load_model
+    from frink_mlx.serving.generation import Generation
 
-    loaded = load_model(spec, settings.load)
+    loaded = load_model(spec, settings.load, backend)
     return Generation(number, spec, loaded, ThreadEngine(loaded, None, gate), None, time.monotonic())
 
 

@@ -26,9 +26,10 @@ Why it is shaped this way:
    leaves the row unconstrained (`allowed_mask() -> None`) until the model
    closes the block (`think_end` seen in the decoded output); the grammar
    then shapes the answer, never the reasoning.
-5. `apply_constraints` masks a batch of logits: on Metal with llguidance's own
-   kernel (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal
-   back-end" elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
+5. `apply_constraints` masks a batch of logits: where the backend says so
+   (`Backend.device_token_masks`: Metal) with llguidance's own kernel
+   (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal back-end"
+   elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
 """
 
 from __future__ import annotations
@@ -285,18 +286,19 @@ async def build_constraints(req: GenRequest, markup: MarkupInfo,
     return list(rows)
 
 
-def apply_constraints(logits: Any, rows: Sequence[RowConstraint | None]) -> Any:
+def apply_constraints(logits: Any, rows: Sequence[RowConstraint | None], *,
+                      device_masks: bool = False) -> Any:
     """Mask a (batch, vocab) mx.array of logits row by row; None rows stay as they are.
 
-    GrammarConstraints on Metal go through llguidance's kernel; everything
-    else through bool masks and `mx.where`. A row whose `allowed_mask()` is
+    With `device_masks` (rule 5), GrammarConstraints go through llguidance's
+    kernel; everything else through bool masks and `mx.where`. A row whose `allowed_mask()` is
     None is left unconstrained; a mask shorter than the logits forbids the rest.
     """
     import mlx.core as mx
 
     if all(r is None for r in rows):
         return logits
-    if mx.metal.is_available() and all(isinstance(r, GrammarConstraint) or r is None for r in rows):
+    if device_masks and all(isinstance(r, GrammarConstraint) or r is None for r in rows):
         from llguidance.mlx import apply_token_bitmask
 
         words = _stack_bitmasks(rows, logits.shape[-1])

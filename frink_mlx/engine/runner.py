@@ -21,22 +21,21 @@ One step, in order:
 5. `mx.async_eval` of the tokens and the KV pools; `StepResult.read()`
    blocks until the host has the values.
 
-Both forwards run inside `_forward`: on the CPU backend that selects our own
-attention, SwiGLU and RoPE (cpu_kernels.py) and matmuls split over one MLX
-stream per core (cpu_split.py); elsewhere the stock paths run.
+Both forwards run inside the `ForwardScope` the backend returned when it
+prepared the model (backend/base.py): on the CPU backend that selects our own
+attention, SwiGLU and RoPE and matmuls split over one MLX stream per core
+(backend/cpu/); on Metal it is a no-op and stock mlx-lm runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from ..backend.cpu import kernels as cpu_kernels
-from ..backend.cpu import split as cpu_split
+from ..backend import ForwardScope
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
 from .sampling import RowSampler, SampleOutput, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
@@ -88,12 +87,15 @@ class StepResult:
 
 
 class Runner:
-    def __init__(self, model: Any, store: PagedKVStore, side_streams: Sequence[Any] = ()) -> None:
+    def __init__(self, model: Any, store: PagedKVStore, forward: ForwardScope, *,
+                 device_masks: bool = False) -> None:
+        """`forward`: what `backend.prepare_decoder(model)` returned (module docstring);
+        `device_masks`: the backend's `device_token_masks()` (constraints.py rule 5)."""
         self.model = model
         self.store = store
-        self._side_streams = list(side_streams)  # cpu_split.setup has swapped the layers
+        self._forward = forward
+        self._device_masks = device_masks
         self._split = _split_head(model)
-        cpu_kernels.install(model)  # acts on the engine's CPU float32 calls only
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
@@ -117,17 +119,11 @@ class Runner:
             mx.async_eval(self.store.arrays())
             return StepResult([], None, [])
         logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        out = sample(logits, rows)
+        out = sample(logits, rows, device_masks=self._device_masks)
         self._prev_tokens = out.tokens
         self._prev_index = {s: i for i, s in enumerate(seq_ids)}
         mx.async_eval(*out.arrays(), *self.store.arrays())
         return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
-
-    @contextlib.contextmanager
-    def _forward(self) -> Iterator[None]:
-        """The engine's model calls: CPU kernels (cpu_kernels.py), split matmuls (cpu_split.py)."""
-        with cpu_kernels.engine_forward(), cpu_split.split_forward(self._side_streams):
-            yield
 
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""

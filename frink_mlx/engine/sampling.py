@@ -89,15 +89,17 @@ def step_key(seed: int, step: int) -> mx.array:
     return mx.random.key(splitmix64(splitmix64(seed & _MASK64) ^ step) >> 1)
 
 
-def sample(logits: mx.array, rows: Sequence[RowSampler]) -> SampleOutput:
-    """Pick one token per row of `logits` (R, V); advances each row's step."""
+def sample(logits: mx.array, rows: Sequence[RowSampler], *,
+           device_masks: bool = False) -> SampleOutput:
+    """Pick one token per row of `logits` (R, V); advances each row's step.
+    `device_masks`: grammar masks on the device (constraints.py rule 5)."""
     if len(rows) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} logits rows but {len(rows)} samplers")
     if all(r.is_plain_greedy for r in rows):
         for r in rows:
             r.step += 1
         return SampleOutput(mx.argmax(logits, axis=-1).astype(mx.int32))
-    logits = _process(logits.astype(mx.float32), rows)
+    logits = _process(logits.astype(mx.float32), rows, device_masks)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     tokens = _draw(logprobs, rows)
     out = SampleOutput(tokens)
@@ -114,7 +116,7 @@ def sample(logits: mx.array, rows: Sequence[RowSampler]) -> SampleOutput:
     return out
 
 
-def _process(logits: mx.array, rows: Sequence[RowSampler]) -> mx.array:
+def _process(logits: mx.array, rows: Sequence[RowSampler], device_masks: bool) -> mx.array:
     """Rule 1: bias, penalties and constraint masks, batched on the host where cheap."""
     num_rows, vocab = logits.shape
     bias = [(i, tok, val) for i, r in enumerate(rows)
@@ -141,7 +143,7 @@ def _process(logits: mx.array, rows: Sequence[RowSampler]) -> mx.array:
     if any(r.constraint is not None for r in rows):
         # llguidance's Metal kernel on Metal; bool masks + mx.where elsewhere. Ids past
         # the tokenizer's vocabulary (a short mask) are never allowed.
-        logits = apply_constraints(logits, [r.constraint for r in rows])
+        logits = apply_constraints(logits, [r.constraint for r in rows], device_masks=device_masks)
     return logits
 
 

@@ -29,6 +29,13 @@ Rules:
 4. One JSON object per line on the `frink_mlx.access` logger at INFO:
    id, method, route, path, status, model, generation, prompt_tokens,
    completion_tokens, cached_tokens, ttft_ms, duration_ms.
+5. The same facts (less the path) also go into a bounded ring,
+   `RecentRequests` on `AppState.recent_requests`, which the status page
+   shows (adapters/status.py) whether or not the log line is enabled. The
+   ring keeps work, not observation: requests to QUIET_ROUTES (the page, its
+   assets, its status poll, /health, /metrics) are left out, or a page polling
+   every second would push every real request out within minutes. Each record
+   gets a sequence number, so a poller can tell which records are new.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ import logging
 import re
 import time
 import uuid
+from collections import deque
 from contextvars import ContextVar
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +62,53 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 UNMATCHED_ROUTE = "<unmatched>"
 STATE_FIELDS = ("model", "generation", "prompt_tokens", "completion_tokens", "cached_tokens",
                 "ttft_s")
+# Rule 5: route templates whose requests the ring leaves out (tests/http pins that they exist).
+QUIET_ROUTES = frozenset({"/", "/ui/{name}", "/admin/status", "/health", "/metrics"})
+RECENT_CAPACITY = 100
+
+
+class AccessRecord(msgspec.Struct, frozen=True):
+    """One finished request, as the ring keeps it (rule 5). None = not measured."""
+
+    seq: int
+    at_unix: float          # when the response ended
+    id: str
+    method: str
+    route: str
+    status: int
+    model: str | None
+    generation: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    ttft_ms: float | None
+    duration_ms: float
+
+
+class RecentRequests:
+    """The last `capacity` non-quiet requests, oldest first (rule 5)."""
+
+    def __init__(self, capacity: int = RECENT_CAPACITY) -> None:
+        self._records: deque[AccessRecord] = deque(maxlen=capacity)
+        self._seq = 0
+
+    def add(self, line: dict[str, Any]) -> None:
+        """Keep `line` (the access-log fields) unless its route is quiet."""
+        if line["route"] in QUIET_ROUTES:
+            return
+        self._seq += 1
+        fields = {k: v for k, v in line.items() if k != "path"}
+        self._records.append(AccessRecord(seq=self._seq, at_unix=time.time(), **fields))
+
+    def snapshot(self) -> list[AccessRecord]:
+        return list(self._records)
+
+
+def recent_requests_of(app: Any) -> RecentRequests | None:
+    """The app's ring (AppState.recent_requests), or None before start-up."""
+    frink = getattr(getattr(app, "state", None), "frink", None)
+    ring = getattr(frink, "recent_requests", None)
+    return ring if isinstance(ring, RecentRequests) else None
 
 
 # The Runs started while serving the current request (rule 3); None outside a request.
@@ -166,12 +222,15 @@ class AccessLogMiddleware:
         metrics = metrics_of(scope.get("app"))
         if metrics is not None:
             _observe(metrics, route, method, status, duration_s, noted)
+        ttft = noted.pop("ttft_s")
+        line = {"id": request_id, "method": method, "route": route,
+                "path": scope.get("path", ""), "status": status, **noted,
+                "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+                "duration_ms": round(duration_s * 1000, 1)}
+        ring = recent_requests_of(scope.get("app"))
+        if ring is not None:
+            ring.add(line)
         if self.enabled and access_log.isEnabledFor(logging.INFO):
-            ttft = noted.pop("ttft_s")
-            line = {"id": request_id, "method": method, "route": route,
-                    "path": scope.get("path", ""), "status": status, **noted,
-                    "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
-                    "duration_ms": round(duration_s * 1000, 1)}
             access_log.info(json.dumps(line, separators=(",", ":")))
 
 

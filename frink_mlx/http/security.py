@@ -24,14 +24,16 @@ and disconnect detection):
    on chunked bodies).
 4. API key, when one is configured (`resolve_api_key`): `Authorization:
    Bearer KEY` or `x-api-key: KEY`, compared with `hmac.compare_digest`.
-   `/health` stays open; everything else (admin, metrics) is gated.
+   `/health` and the status page's shell (`/`, `/ui/*`: static files that
+   hold no data) stay open; everything else (admin, status, metrics) is
+   gated, so the page shows nothing until it is given the key.
 5. Body deadline. While the body is incomplete, each `receive()` waits at
    most `settings.body_timeout_s`; a stall raises `RequestTimeout` (408) into
    the endpoint's body read, so a slow client cannot hold a slot forever.
 6. Concurrency bound. At most `settings.max_batch + settings.max_queue`
    requests are in flight (running + queued); beyond that, 503 with
-   `Retry-After`. `/health` and `/metrics` are exempt so a flooded daemon
-   still answers them.
+   `Retry-After`. `/health`, `/metrics`, `/admin/status` and the page's
+   shell are exempt so a flooded daemon still answers them (and can show why).
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
 Anthropic for /v1/messages*, llama.cpp for its native routes, OpenAI for the
@@ -70,8 +72,10 @@ from ..settings import Settings
 from .access import AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, openai_error
 
-OPEN_PATHS = frozenset({"/health", "/v1/health"})  # no key needed
-UNBOUNDED_PATHS = frozenset({"/health", "/v1/health", "/metrics"})  # cheap; answer in a flood
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/"})  # no key needed
+OPEN_PREFIXES = ("/ui/",)                           # the page's static assets (no data)
+# cheap; must answer during a flood
+UNBOUNDED_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/admin/status", "/"})
 # llama.cpp's native routes answer in its envelope; /v1/messages* in Anthropic's.
 LLAMACPP_PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/infill", "/embedding",
@@ -225,7 +229,7 @@ class SecurityMiddleware:
         if refusal is not None:
             await self._refuse(scope, path, refusal, origin, receive, send)
             return
-        if path in UNBOUNDED_PATHS:
+        if path in UNBOUNDED_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, self._with_cors(origin, send))
             return
         if self.in_flight >= self.max_in_flight:
@@ -275,7 +279,7 @@ class SecurityMiddleware:
         return None
 
     def _check_key(self, path: str, headers: Headers) -> FrinkError | None:
-        if self.api_key is None or path in OPEN_PATHS:
+        if self.api_key is None or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return None
         presented = _presented_key(headers)
         if presented is None:
@@ -364,6 +368,6 @@ def build_middleware(settings: Settings) -> list[Middleware]:
 
 
 __all__ = [
-    "OPEN_PATHS", "SecurityMiddleware", "build_middleware", "check_bind", "default_key_file",
+    "OPEN_PATHS", "OPEN_PREFIXES", "SecurityMiddleware", "build_middleware", "check_bind", "default_key_file",
     "envelope_for_path", "is_loopback_host", "read_key_file", "resolve_api_key",
 ]

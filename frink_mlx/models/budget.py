@@ -6,8 +6,8 @@ stream; one that knows its pool size can refuse a prompt that can never fit
 
 The arithmetic, in order:
 1. device budget: an explicit override (config.kv_budget_bytes, else the
-   model's models.toml kv_budget_bytes); else Metal's recommended working
-   set on macOS; else physical RAM (Linux).
+   model's models.toml kv_budget_bytes); else what the backend reports
+   (`Backend.memory_budget`: Metal's recommended working set, or physical RAM).
 2. KV budget = device budget - weight bytes - headroom * device budget.
 3. bytes per token = 2 (K and V) * layers * kv heads * head dim * dtype size;
    a block holds block_size tokens.
@@ -19,14 +19,13 @@ The arithmetic, in order:
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..backend import MemoryBudget
 from ..config import BudgetConfig
 from ..engine.kv.paged import model_kv_geometry
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,23 +43,12 @@ class KVPlan:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
 
-def device_budget_bytes(config: BudgetConfig, spec: Any = None) -> tuple[int, str]:
-    """Rule 1: (bytes, source)."""
+def device_budget_bytes(config: BudgetConfig, spec: Any, device: MemoryBudget) -> tuple[int, str]:
+    """Rule 1: (bytes, source); `device` is the backend's `memory_budget()`."""
     override = config.kv_budget_bytes or getattr(spec, "kv_budget_bytes", None)
     if override:
         return int(override), "override"
-    if sys.platform == "darwin":
-        try:
-            import mlx.core as mx
-
-            if mx.metal.is_available():
-                info = mx.metal.device_info()
-                size = int(info.get("max_recommended_working_set_size", 0))
-                if size > 0:
-                    return size, "metal"
-        except Exception:  # noqa: BLE001 - fall back to physical RAM
-            pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "ram"
+    return device.nbytes, device.source
 
 
 def weights_nbytes(model: Any) -> int:
@@ -76,12 +64,13 @@ def kv_bytes_per_token(model: Any, dtype: Any) -> int:
     return 2 * layers * kv_heads * head_dim * int(dtype.size)
 
 
-def plan_kv(loaded: Any, config: BudgetConfig) -> KVPlan:
-    """Size the block pool and the context ceiling for `loaded` (rules 1-5)."""
+def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget) -> KVPlan:
+    """Size the block pool and the context ceiling for `loaded` (rules 1-5);
+    `device` is the backend's `memory_budget()`."""
     block_size = config.block_size
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
-    budget, source = device_budget_bytes(config, getattr(loaded, "spec", None))
+    budget, source = device_budget_bytes(config, getattr(loaded, "spec", None), device)
     weights = weights_nbytes(loaded.model)
     per_token = kv_bytes_per_token(loaded.model, loaded.dtype)
     kv_budget = budget - weights - int(config.memory_headroom_fraction * budget)

@@ -1,10 +1,10 @@
 """Registry entry -> a loaded, warmed-up model (`load_model`).
 
 Why: every source kind (MLX checkpoint dir, GGUF file, pip-package resource)
-must end as the same `LoadedModel`, and the CPU backend needs one deliberate
-choice: MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes
-through BLAS, so quantized weights are dequantized to float32 on the CPU
-backend when memory allows.
+must end as the same `LoadedModel`, and one choice depends on the device:
+MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes through
+BLAS, so the CPU backend dequantizes quantized weights to float32 when memory
+allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
 1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
@@ -12,9 +12,9 @@ Rules:
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
-   when set (True forces, even past the memory check). Unset means automatic:
-   on the CPU backend only, and only if the float32 weights fit in
-   `DEQUANT_RAM_FRACTION` of physical RAM.
+   when set (True forces, even past the memory check). Unset means the
+   backend decides (`Backend.dequantize_by_default`): Metal never, the CPU
+   backend when the float32 weights fit in its share of physical RAM.
 4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
@@ -27,7 +27,6 @@ This module is blocking; call it off the event loop.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,13 @@ from typing import Any, cast
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..backend import Backend
+from ..config import LoadConfig
 from ..errors import ModelFormatError
 from ..registry import ModelSpec, resolve_source
 from .encoder import Encoder, load_encoder
 from .gguf import import_gguf
-from ..config import LoadConfig
 
-DEQUANT_RAM_FRACTION = 0.25
 WARMUP_TOKENS = 4
 
 
@@ -72,11 +71,11 @@ def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
     return source
 
 
-def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedModel:
     started = time.perf_counter()
     path = checkpoint_path(spec, config)
     if spec.kind == "encoder":
-        return _load_encoder(spec, config, path, started)
+        return _load_encoder(spec, config, path, started, backend)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
@@ -85,7 +84,7 @@ def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
             str(path), tokenizer_config=tokenizer_config, return_config=True))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
-    if should_dequantize(model, spec, config):
+    if should_dequantize(model, spec, config, backend):
         dequantize_to_float32(model)
     _warm_up(model, tokenizer)
     return LoadedModel(
@@ -95,8 +94,9 @@ def load_model(spec: ModelSpec, config: LoadConfig) -> LoadedModel:
     )
 
 
-def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float) -> LoadedModel:
-    encoder = load_encoder(path, spec, config.encoder)
+def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float,
+                  backend: Backend) -> LoadedModel:
+    encoder = load_encoder(path, spec, config.encoder, backend)
     model_config = json.loads((path / "config.json").read_text())
     model = getattr(encoder, "model", None)
     return LoadedModel(
@@ -110,13 +110,6 @@ def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: floa
 def context_length(config: dict[str, Any], spec: ModelSpec) -> int:
     trained = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
     return min(trained, spec.context_length) if spec.context_length else trained
-
-
-def physical_ram_bytes() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def float32_nbytes(model: nn.Module) -> int:
@@ -141,17 +134,15 @@ def _is_quantized(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
-def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig) -> bool:
+def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
+                      backend: Backend) -> bool:
     """Rule 3."""
     if not _is_quantized(model):
         return False
     choice = config.dequantize if config.dequantize is not None else spec.dequantize
     if choice is not None:
         return choice
-    if mx.metal.is_available():
-        return False
-    ram = physical_ram_bytes()
-    return ram > 0 and float32_nbytes(model) <= DEQUANT_RAM_FRACTION * ram
+    return backend.dequantize_by_default(float32_nbytes(model))
 
 
 def dequantize_to_float32(model: nn.Module) -> None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import anyio
 import numpy as np
 
+from ..backend import Backend
 from ..config import LoadConfig
 from ..errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
 from ..models.encoder import encoder_from_generative
@@ -57,7 +58,8 @@ class EmbedResult:
 
 
 # --- loading (called by the hub, in its worker thread) ------------------------------
-def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig) -> Generation:
+def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig,
+                    backend: Backend) -> Generation:
     """The generation with its `embedder` set (rule 3); unchanged when it has none."""
     if gen.embedder is not None:
         return gen
@@ -65,9 +67,9 @@ def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig) -> 
     if spec.kind == "encoder":
         embedder = gen.loaded.encoder
     elif spec.embeddings == SELF:
-        embedder = encoder_from_generative(gen.loaded, config.encoder)
+        embedder = encoder_from_generative(gen.loaded, config.encoder, backend)
     elif spec.embeddings:
-        embedder = load_model(registry.resolve(spec.embeddings), config).encoder
+        embedder = load_model(registry.resolve(spec.embeddings), config, backend).encoder
     else:
         return gen
     return dataclasses.replace(gen, embedder=embedder)

@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 
 import mlx.core as mx
 
+from ..backend import Backend
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
 from ..models.budget import KVPlan, plan_kv
@@ -56,16 +57,17 @@ class Generation:
         return name is None or name in ("default", self.spec.name, *self.spec.aliases)
 
 
-# (spec, config, number, gate) -> Generation; blocking, run in a worker thread
-GenerationFactory = Callable[[ModelSpec, HubConfig, int, Gate], Generation]
+# (spec, config, number, gate, backend) -> Generation; blocking, run in a worker thread
+GenerationFactory = Callable[[ModelSpec, HubConfig, int, Gate, Backend], Generation]
 
 
-def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate) -> Generation:
-    """Load `spec` and start its engine (the production factory)."""
-    loaded = load_model(spec, config.load)
+def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate,
+                     backend: Backend) -> Generation:
+    """Load `spec` and start its engine on `backend` (the production factory)."""
+    loaded = load_model(spec, config.load, backend)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
-    plan = plan_kv(loaded, config.budget)
+    plan = plan_kv(loaded, config.budget, backend.memory_budget())
     limits = config.engine
     engine_config = EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
@@ -74,8 +76,8 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         queue_timeout_s=limits.queue_timeout_s, generation=number,
         idle_prefill_tokens=limits.idle_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
-        pipeline=limits.pipeline, matmul_parts=limits.cpu_matmul_parts)
-    engine = Engine(loaded, engine_config, gate)  # type: ignore[arg-type]
+        pipeline=limits.pipeline)
+    engine = Engine(loaded, engine_config, gate, backend)  # type: ignore[arg-type]
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())
 

@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
 
+from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
@@ -69,14 +70,16 @@ class Lease:
 class Hub:
     """Owns the active generation pointer (see module rules)."""
 
-    def __init__(self, config: HubConfig, registry: Registry, *,
+    def __init__(self, config: HubConfig, registry: Registry, *, backend: Backend,
                  factory: GenerationFactory = build_generation, gate: Gate | None = None,
                  on_load: Callable[[Generation], None] | None = None) -> None:
         self.config, self.registry, self.factory = config, registry, factory
+        self.backend = backend  # chosen once at start-up (backend/select.py)
         self.gate: Gate = gate if gate is not None else DecodeGate()
         self.on_load = on_load
         self.current: Generation | None = None
         self.loading: str | None = None
+        self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -194,7 +197,7 @@ class Hub:
         if self.loading is not None or self._swap_lock.locked():
             raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
                            "try again when it finishes.", param="model")
-        self.loading = spec.name
+        self.loading, self.loading_since = spec.name, time.monotonic()
         task = asyncio.get_running_loop().create_task(self._reserved_load(spec))
         self._tasks.add(task)
         task.add_done_callback(self._load_done)
@@ -221,9 +224,11 @@ class Hub:
                 self.loading = None
 
     async def _load_locked(self, spec: ModelSpec) -> Generation:
-        self.loading = spec.name
         number = self._numbers + 1
         started = time.monotonic()
+        if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
+            self.loading_since = started
+        self.loading = spec.name
         try:
             gen = await anyio.to_thread.run_sync(
                 self._build, spec, number, abandon_on_cancel=False)
@@ -245,9 +250,9 @@ class Hub:
 
     def _build(self, spec: ModelSpec, number: int) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
-        gen = self.factory(spec, self.config, number, self.gate)
+        gen = self.factory(spec, self.config, number, self.gate, self.backend)
         try:
-            return attach_embedder(gen, self.registry, self.config.load)
+            return attach_embedder(gen, self.registry, self.config.load, self.backend)
         except BaseException:
             free_generation(gen, self.config.drain_timeout_s)
             raise

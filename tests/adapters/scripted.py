@@ -149,10 +149,10 @@ def mixed_factory(scripts: dict[str, Script], engines: dict[str, ScriptedEngine]
 
     real = generation_factory()
 
-    def factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+    def factory(spec: Any, settings: Any, number: int, gate: Any, backend: Any) -> Any:
         if spec.name not in scripts:
-            return real(spec, settings, number, gate)
-        loaded = load_model(spec, settings.load)
+            return real(spec, settings, number, gate, backend)
+        loaded = load_model(spec, settings.load, backend)
         engine = engines[spec.name] = ScriptedEngine(loaded, scripts[spec.name])
         return Generation(number, spec, loaded, engine, None, time.monotonic())
 

@@ -20,7 +20,7 @@ def test_reexec_env_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     lib = tmp_path / "libopenblas.so.0"
     monkeypatch.setattr(blas, "openblas_path", lambda: lib)
     monkeypatch.setattr(blas.sys, "platform", "linux")
-    on, off = Settings(), Settings(use_openblas=False)
+    on, off = Settings().backend_config(), Settings(use_openblas=False).backend_config()
     env = blas.reexec_env(on, {"PATH": "/bin", "LD_PRELOAD": "/x.so"})
     assert env == {"PATH": "/bin", "LD_PRELOAD": f"{lib}:/x.so", "FRINK_MLX_BLAS_REEXEC": "1"}
     assert blas.reexec_env(on, {})["LD_PRELOAD"] == str(lib)  # type: ignore[index]
@@ -68,12 +68,12 @@ def test_detected_core_names_a_kernel_class() -> None:
 SCRIPT = """
 import os, sys
 sys.path.insert(0, {root!r})
-from frink_mlx.settings import Settings
+from frink_mlx.settings import Settings, environ_snapshot
 from frink_mlx.backend.cpu.blas import maybe_reexec_with_openblas
 print("run", os.environ.get("LD_PRELOAD", ""), os.environ.get("FRINK_MLX_BLAS_REEXEC", ""), sys.argv[1:], flush=True)
-maybe_reexec_with_openblas(Settings.load(), sys.argv)
+maybe_reexec_with_openblas(Settings.load().backend_config(), sys.argv, environ_snapshot())
 import mlx.core
-maybe_reexec_with_openblas(Settings.load(), sys.argv)
+maybe_reexec_with_openblas(Settings.load().backend_config(), sys.argv, environ_snapshot())
 print("done", flush=True)
 """
 

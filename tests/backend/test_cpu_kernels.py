@@ -98,21 +98,28 @@ def test_dispatch_takes_the_fast_path_only_for_paged_fp32_calls(monkeypatch):
     assert calls[-1] == "PagedLayerCache"
 
 
-def test_install_patches_the_model_module_once():
-    module = types.ModuleType("fake_model_module")
-    module.scaled_dot_product_attention = lambda *a, **k: None
-    module.swiglu = lambda g, x: None
-    model_cls = type("Model", (), {"__module__": "fake_model_module"})
-    import sys
-    sys.modules["fake_model_module"] = module
-    try:
-        assert cpu_kernels.install(model_cls())
-        first, act = module.scaled_dot_product_attention, module.swiglu
-        assert cpu_kernels.install(model_cls()) and module.scaled_dot_product_attention is first
-        assert module.swiglu is act and getattr(act, "_frink_cpu_kernel", False)
-        assert not cpu_kernels.install(object())  # a module without the name
-    finally:
-        del sys.modules["fake_model_module"]
+def test_install_routes_the_models_own_layers_once_and_leaves_mlx_lm_alone(tiny_llama_dir):
+    from mlx_lm import load
+    from mlx_lm.models import llama
+
+    stock_sdpa, stock_swiglu = llama.scaled_dot_product_attention, llama.swiglu
+    model, _ = load(str(tiny_llama_dir))
+    other, _ = load(str(tiny_llama_dir))
+    ids = mx.array([[1, 30, 60, 90]])
+    want = model(ids)
+    assert cpu_kernels.install(model)
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    first = type(attn)
+    assert first is not llama.Attention and isinstance(attn, llama.Attention)
+    assert type(mlp) is not llama.MLP and isinstance(mlp, llama.MLP)
+    assert getattr(first.__call__.__globals__["scaled_dot_product_attention"], "_frink_cpu_kernel", False)
+    assert getattr(type(mlp).__call__.__globals__["swiglu"], "_frink_cpu_kernel", False)
+    assert cpu_kernels.install(model) and type(attn) is first  # idempotent
+    # the module and every other model keep the stock functions and classes
+    assert llama.scaled_dot_product_attention is stock_sdpa and llama.swiglu is stock_swiglu
+    assert type(other.layers[0].self_attn) is llama.Attention and type(other.layers[0].mlp) is llama.MLP
+    assert np.array_equal(np.array(model(ids)), np.array(want))  # outside the engine: stock
+    assert not cpu_kernels.install(object())  # nothing to route
 
 
 def test_swiglu_matches_mlx_lm_and_only_runs_inside_the_engine_forward(monkeypatch):

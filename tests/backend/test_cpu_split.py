@@ -9,6 +9,8 @@ from mlx.utils import tree_flatten
 
 from frink_mlx.backend.cpu import split as cpu_split
 
+POOL = cpu_split.SideStreams()  # rule 5: one pool, as one CPU backend holds
+
 
 def _model() -> nn.Module:
     model = nn.Module()
@@ -44,7 +46,7 @@ def test_parts_setting():
     assert cpu_split.auto_parts(0) == 1
     assert cpu_split.auto_parts(3) == 3
     assert 1 <= cpu_split.auto_parts(None) <= cpu_split.MAX_PARTS
-    assert cpu_split.prepare(1) == []
+    assert cpu_split.prepare(1, cpu_split.SideStreams()) == []
 
 
 def test_install_swaps_plain_layers_and_shares_their_arrays():
@@ -68,7 +70,7 @@ def test_split_products_equal_stock(parts, rows):
     want = _outputs(model, x, h)
     cpu_split.install(model)
     assert all(mx.array_equal(a, b) for a, b in zip(_outputs(model, x, h), want))  # outside: stock
-    with cpu_split.split_forward(cpu_split.prepare(parts)):
+    with cpu_split.split_forward(cpu_split.prepare(parts, POOL)):
         got = _outputs(model, x, h)
     assert len(getattr(model.up, "_frink_ranges").parts) == min(parts, 192 // cpu_split.MIN_ROWS)
     assert not getattr(model.small, "_frink_ranges").parts  # 40 rows: stock
@@ -83,7 +85,7 @@ def test_other_dtypes_take_the_stock_path():
     x = mx.random.normal((3, 64)).astype(mx.float16)
     want = model.up(x)
     cpu_split.install(model)
-    with cpu_split.split_forward(cpu_split.prepare(2)):
+    with cpu_split.split_forward(cpu_split.prepare(2, POOL)):
         got = model.up(x)
     assert mx.array_equal(got, want)
     assert getattr(model.up, "_frink_ranges", None) is None  # not even looked at

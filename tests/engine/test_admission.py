@@ -10,11 +10,15 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.errors import InvalidRequest, Overloaded
+from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -29,7 +33,7 @@ def _engine(tiny, **overrides) -> Engine:
     cfg = dict(block_size=4, num_blocks=28, max_batch=8, prefill_chunk_tokens=8, batching=True,
                context_ceiling=112, max_queue=64, queue_timeout_s=0.05, generation=1)
     cfg.update(overrides)
-    return Engine(tiny, EngineConfig(**cfg), DecodeGate())
+    return Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
 
 
 def test_a_queue_timeout_is_raised_by_admitted_and_the_runner_loses_nothing(tiny) -> None:

@@ -15,11 +15,15 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -38,7 +42,7 @@ def make_engine(tiny):
         cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=8, batching=True,
                    context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
         cfg.update(overrides)
-        engine = Engine(tiny, EngineConfig(**cfg), DecodeGate())
+        engine = Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
         if start:
             engine.start()
         engines.append(engine)
@@ -109,7 +113,7 @@ def test_submit_validates_synchronously(make_engine):
 
 
 def test_full_queue_is_overloaded(tiny):
-    engine = Engine(tiny, EngineConfig(4, 64, 8, 8, True, 128, 2, 30.0), DecodeGate())  # not started
+    engine = Engine(tiny, EngineConfig(4, 64, 8, 8, True, 128, 2, 30.0), DecodeGate(), BACKEND)  # not started
     engine.submit(SeqRequest("a", [5, 6], GREEDY, 2))
     engine.submit(SeqRequest("b", [5, 6], GREEDY, 2))
     with pytest.raises(Overloaded) as err:

@@ -15,7 +15,6 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generate_step
-
 from test_runner_parity import drive  # noqa: E402  (tests/engine is on sys.path under pytest)
 
 from frink_mlx.core.request import SamplingParams

@@ -14,16 +14,19 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.backend.cpu import split as cpu_split
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.kv.paged import PagedKVStore, model_kv_geometry
 from frink_mlx.engine.runner import Runner
 from frink_mlx.engine.sampling import RowSampler
 from frink_mlx.engine.scheduler import Scheduler
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.settings import Settings
 
 NUM_TOKENS = 10
+# This machine's backend with unsplit matmuls: on the CPU backend, our kernels alone.
+UNSPLIT = select_backend(Settings(cpu_matmul_parts=1).backend_config())
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +40,14 @@ def reference(model, prompt, num_tokens=NUM_TOKENS):
 
 
 def drive(model, arrivals, *, block_size=4, num_blocks=96, chunk=5, max_batch=8, pipelined=True,
-          side_streams=()):
+          backend=UNSPLIT):
     """Run scheduler + runner by hand. arrivals: {step: [SeqRequest]}; returns {request_id: {row: tokens}}."""
     layers, heads, head_dim = model_kv_geometry(model)
     store = PagedKVStore(num_layers=layers, num_blocks=num_blocks, block_size=block_size,
                          n_kv_heads=heads, head_dim=head_dim, dtype=mx.float32)
     sched = Scheduler(KVCacheManager(num_blocks, block_size), max_batch=max_batch,
                       prefill_chunk_tokens=chunk)
-    runner = Runner(model, store, side_streams)
+    runner = Runner(model, store, backend.prepare_decoder(model))
     samplers: dict[int, RowSampler] = {}
     outs: dict[str, dict[int, list[int]]] = {}
     pending = None
@@ -98,14 +101,15 @@ def test_rows_joining_at_different_steps_match_generate(tiny, pipelined):
 
 @pytest.mark.parametrize("parts", [2, 3])
 def test_matmuls_split_over_streams_keep_parity(tiny, parts):
-    """cpu_split.py: the runner's forward with each product cut over `parts` CPU streams."""
-    streams = cpu_split.setup(tiny, parts)
-    assert len(streams) == parts - 1
+    """backend/cpu/split.py: the runner's forward with each product cut over `parts` CPU streams."""
+    backend = select_backend(Settings(cpu_matmul_parts=parts).backend_config(), name="cpu")
     prompts = _prompts(7, (7, 3, 13, 30))
     arrivals: dict[int, list[SeqRequest]] = {}
     for i, (p, at) in enumerate(zip(prompts, [0, 0, 2, 5])):
         arrivals.setdefault(at, []).append(SeqRequest(f"r{i}", p, GREEDY, NUM_TOKENS))
-    outs = drive(tiny, arrivals, side_streams=streams)
+    outs = drive(tiny, arrivals, backend=backend)
+    up_proj = tiny.model.layers[0].mlp.up_proj  # 128 rows: one range per part
+    assert len(up_proj._frink_ranges.parts) == parts
     for i, p in enumerate(prompts):
         assert outs[f"r{i}"][0] == reference(tiny, p), f"row r{i}"
 
@@ -161,7 +165,7 @@ def test_pools_stay_in_place_when_decode_and_prefill_share_a_step(tiny):
     store = PagedKVStore(num_layers=layers, num_blocks=64, block_size=4, n_kv_heads=heads,
                          head_dim=head_dim, dtype=mx.float32)
     sched = Scheduler(KVCacheManager(64, 4), max_batch=4, prefill_chunk_tokens=6)
-    runner = Runner(tiny, store)
+    runner = Runner(tiny, store, UNSPLIT.prepare_decoder(tiny))
     samplers = {}
     for i, n in enumerate((5, 17)):
         for seq in sched.add(SeqRequest(f"r{i}", _prompts(9 + i, (n,))[0], GREEDY, 4)).seqs:

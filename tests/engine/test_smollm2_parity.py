@@ -10,13 +10,16 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.models.loader import load_model
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.models.loader import load_model
 from frink_mlx.registry import ModelSpec
 from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 pytestmark = pytest.mark.slow
 NUM_TOKENS = 12
@@ -24,7 +27,7 @@ NUM_TOKENS = 12
 
 def test_smollm2_batched_greedy_equals_generate(smollm2_dir, tmp_path):
     loaded = load_model(ModelSpec(name="smollm2", source=str(smollm2_dir)),
-                        Settings(cache_dir=str(tmp_path)).load_config())
+                        Settings(cache_dir=str(tmp_path)).load_config(), BACKEND)
     tok = loaded.tokenizer
     texts = ["The capital of France is", "def fibonacci(n):",
              "Once upon a time, in a land far away, there lived a"]
@@ -34,7 +37,7 @@ def test_smollm2_batched_greedy_equals_generate(smollm2_dir, tmp_path):
                 for p in prompts]
     config = EngineConfig(block_size=4, num_blocks=128, max_batch=4, prefill_chunk_tokens=5,
                           batching=True, context_ceiling=512, max_queue=8, queue_timeout_s=120.0)
-    engine = Engine(loaded, config, DecodeGate())
+    engine = Engine(loaded, config, DecodeGate(), BACKEND)
     engine.start()
     try:
         greedy = SamplingParams(temperature=0)

@@ -12,6 +12,7 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.admission import ArrivalForecast
 from frink_mlx.engine.engine import Engine, EngineConfig
@@ -19,6 +20,9 @@ from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.scheduler import Scheduler
 from frink_mlx.engine.types import SeqRequest
+from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -57,7 +61,7 @@ def _engine(tiny, **overrides) -> tuple[Engine, list]:
     cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=64, batching=True,
                context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
     cfg.update(overrides)
-    engine = Engine(tiny, EngineConfig(**cfg), DecodeGate())
+    engine = Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
     plans: list = []
     run = engine.runner.run
 
@@ -167,15 +171,15 @@ def test_steps_with_first_tokens_are_read_before_the_next_is_planned(tiny, pipel
 
 @pytest.mark.parametrize("setting", [None, True, False])
 def test_the_daemon_pipelines_decode_steps_only_on_a_gpu_unless_told(tiny_llama_dir, tmp_path, setting):
-    from frink_mlx.engine.engine import default_pipeline
-    from frink_mlx.serving.generation import build_generation, free_generation
     from frink_mlx.registry import ModelSpec
+    from frink_mlx.serving.generation import build_generation, free_generation
     from frink_mlx.settings import Settings
 
-    assert default_pipeline() is (mx.default_device().type == mx.DeviceType.gpu)
+    assert BACKEND.pipelines_steps() is (mx.default_device().type == mx.DeviceType.gpu)
     settings = Settings(config_dir=str(tmp_path), pipeline=setting, max_kv_pool_bytes=1 << 24)
-    gen = build_generation(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings.hub_config(), 1, DecodeGate())
+    gen = build_generation(ModelSpec(name="tiny", source=str(tiny_llama_dir)), settings.hub_config(), 1,
+                           DecodeGate(), BACKEND)
     try:
-        assert gen.engine.config.pipeline is (default_pipeline() if setting is None else setting)
+        assert gen.engine.config.pipeline is (BACKEND.pipelines_steps() if setting is None else setting)
     finally:
         free_generation(gen, 5.0)

@@ -8,9 +8,18 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.models.budget import plan_kv
+from frink_mlx.backend import MemoryBudget, select_backend
+from frink_mlx.config import BudgetConfig
 from frink_mlx.errors import ConfigError
+from frink_mlx.models import budget
+from frink_mlx.models.budget import KVPlan
 from frink_mlx.settings import Settings
+
+DEVICE = select_backend(Settings().backend_config()).memory_budget()  # this machine's, as the hub asks
+
+
+def plan_kv(loaded: object, config: BudgetConfig, device: MemoryBudget = DEVICE) -> KVPlan:
+    return budget.plan_kv(loaded, config, device)
 
 
 class _Attn(nn.Module):
@@ -66,3 +75,11 @@ def test_headroom_and_half_precision():
 def test_a_model_that_leaves_no_room_is_a_config_error():
     with pytest.raises(ConfigError, match="no room"):
         plan_kv(_loaded(), Settings(kv_budget_bytes=5000, memory_headroom_fraction=0.0).budget_config())
+
+
+def test_without_an_override_the_backends_budget_is_the_start():
+    config = Settings(memory_headroom_fraction=0.0, block_size=16, max_batch=16).budget_config()
+    plan = plan_kv(_loaded(), config, MemoryBudget(1_004_000, "metal"))
+    assert plan.budget_bytes == 1_004_000 and plan.budget_source == "metal"
+    assert plan.num_blocks == 1_000_000 // 8192
+    assert DEVICE.nbytes > 0 and DEVICE.source in ("metal", "ram")

@@ -17,12 +17,15 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from frink_mlx.backend import select_backend
+from frink_mlx.errors import InvalidRequest, ModelFormatError, UnsupportedField
 from frink_mlx.models.encoder import HeadConfig, load_encoder, shrink
 from frink_mlx.models.encoder.bert import BertArgs, BertModel
 from frink_mlx.models.encoder.pooling import pool, read_head_config
 from frink_mlx.serving.embeddings import check_dimensions, embed_blocking
-from frink_mlx.errors import InvalidRequest, ModelFormatError, UnsupportedField
 from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "minilm_reference.json"
 
@@ -36,7 +39,7 @@ def minilm_path() -> Path:
 
 @pytest.fixture(scope="module")
 def minilm() -> Any:
-    return load_encoder(minilm_path(), None, Settings(embed_batch_size=4).encoder_config())
+    return load_encoder(minilm_path(), None, Settings(embed_batch_size=4).encoder_config(), BACKEND)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +215,7 @@ def _tiny_checkpoint(path: Path, **config: Any) -> Path:
 
 def test_roberta_positions_start_after_padding(tmp_path: Path) -> None:
     path = _tiny_checkpoint(tmp_path, model_type="roberta", pad_token_id=1, type_vocab_size=1)
-    encoder = load_encoder(path, None, Settings().encoder_config())
+    encoder = load_encoder(path, None, Settings().encoder_config(), BACKEND)
     assert encoder.arch == "roberta" and encoder.dim == 32
     assert encoder.max_length == 40 - 2  # no sentence_bert_config: positions minus offset
     tokens = encoder.check_lengths(encoder.tokenize(["one", "two words here"]))
@@ -223,7 +226,7 @@ def test_roberta_positions_start_after_padding(tmp_path: Path) -> None:
 def test_unsupported_architectures_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**TINY_BERT, "model_type": "nomic_bert"}))
     with pytest.raises(ModelFormatError, match="nomic_bert"):
-        load_encoder(tmp_path, None, Settings().encoder_config())
+        load_encoder(tmp_path, None, Settings().encoder_config(), BACKEND)
 
 
 # --- a generative model embedding itself (explicit "self") -------------------------
@@ -240,7 +243,7 @@ def test_generative_self_embeddings_ignore_right_padding(tiny_llama_dir: Path) -
     loaded = Loaded()
     loaded.model, loaded.tokenizer, loaded.config, loaded.context_length = (
         model, tokenizer, config, 128)
-    encoder = encoder_from_generative(loaded, Settings(embed_batch_size=8))
+    encoder = encoder_from_generative(loaded, Settings(embed_batch_size=8).encoder_config(), BACKEND)
     assert encoder.dim == 64 and encoder.head == HeadConfig.for_hidden_states()
     tokens = encoder.check_lengths(encoder.tokenize(["a much longer input sentence", "hi"]))
     batched = encoder.embed(tokens)

@@ -11,12 +11,21 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from frink_mlx.models import loader
-from frink_mlx.models.loader import LoadedModel, float32_nbytes, load_model
-from frink_mlx.errors import ConfigError, ModelFormatError
-from frink_mlx.registry import ModelSpec, load_registry
+from frink_mlx.backend import Backend, select_backend
+from frink_mlx.backend.cpu.backend import CpuBackend
+from frink_mlx.backend.metal import MetalBackend
 from frink_mlx.config import LoadConfig
+from frink_mlx.errors import ConfigError, ModelFormatError
+from frink_mlx.models import loader
+from frink_mlx.models.loader import LoadedModel, float32_nbytes
+from frink_mlx.registry import ModelSpec, load_registry
 from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
+
+
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend = BACKEND) -> LoadedModel:
+    return loader.load_model(spec, config, backend)
 
 IDS = mx.array([[1, 30, 60, 90, 120, 7]])
 
@@ -97,18 +106,16 @@ def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir
     assert expected_bytes == sum(v.nbytes for _, v in tree_flatten(flat.model.parameters()))
 
 
-def test_dequantize_decision_order(quantized_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dequantize_decision_order(quantized_dir: Path, tmp_path: Path) -> None:
     off = ModelSpec(name="q", source=str(quantized_dir), dequantize=False)
     assert is_quantized(load_model(off, load_config(tmp_path)).model)          # spec decides when unset
     assert not is_quantized(load_model(off, load_config(tmp_path, dequantize=True)).model)  # setting wins
     auto = ModelSpec(name="q", source=str(quantized_dir))
-    monkeypatch.setattr(loader.mx.metal, "is_available", lambda: False)
-    assert not is_quantized(load_model(auto, load_config(tmp_path)).model)     # CPU: fits -> dequantize
-    monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1000)
-    assert is_quantized(load_model(auto, load_config(tmp_path)).model)         # too big for RAM -> keep
-    monkeypatch.setattr(loader.mx.metal, "is_available", lambda: True)
-    monkeypatch.setattr(loader, "physical_ram_bytes", lambda: 1 << 40)
-    assert is_quantized(load_model(auto, load_config(tmp_path)).model)         # Metal: keep
+    cpu, small_cpu, metal = CpuBackend(ram_bytes=1 << 40), CpuBackend(ram_bytes=1000), MetalBackend()
+    assert not is_quantized(load_model(auto, load_config(tmp_path), cpu).model)  # CPU: fits -> dequantize
+    assert is_quantized(load_model(auto, load_config(tmp_path), small_cpu).model)  # too big for RAM -> keep
+    assert is_quantized(load_model(auto, load_config(tmp_path), metal).model)      # Metal: keep
+    assert not is_quantized(load_model(auto, load_config(tmp_path, dequantize=True), metal).model)
 
 
 def test_gguf_source_is_imported_into_the_cache(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from frink_mlx.serving.hub import Generation, Hub
+from frink_mlx.backend import select_backend
 from frink_mlx.errors import Conflict, EngineFailure, ModelNotFound, NoModelLoaded
 from frink_mlx.registry import ModelSpec, Registry
+from frink_mlx.serving.hub import Generation, Hub
 from frink_mlx.settings import Settings
 
 
@@ -39,7 +40,7 @@ def registry() -> Registry:
 def make_hub(load_s: float = 0.0, **settings) -> tuple[Hub, list[str]]:
     loads: list[str] = []
 
-    def factory(spec, settings_, number, gate):
+    def factory(spec, settings_, number, gate, backend):
         time.sleep(load_s)
         if spec.name == "broken":
             raise RuntimeError("no such checkpoint")
@@ -47,7 +48,8 @@ def make_hub(load_s: float = 0.0, **settings) -> tuple[Hub, list[str]]:
         return Generation(number, spec, object(), FakeEngine(), None, time.monotonic())
 
     s = Settings.load(**{"min_generation_s": 0.0, **settings})
-    return Hub(s.hub_config(), registry(), factory=factory, gate=threading.Lock()), loads
+    return Hub(s.hub_config(), registry(), backend=select_backend(s.backend_config()), factory=factory,
+               gate=threading.Lock()), loads
 
 
 def run(coro):

@@ -6,13 +6,13 @@ MLX's shared library loads, so the only reliable switch is `LD_PRELOAD` before
 the interpreter starts: we exec the same interpreter with the same argv once.
 
 Rules:
-1. Only on Linux, only when `settings.use_openblas`, only when Debian's
+1. Only on Linux, only when `config.use_openblas`, only when Debian's
    `libopenblas0-pthread` library exists (PyPI's `cmeel-openblas` dies with an
    illegal instruction on some CPUs, so it is not used).
 2. Never loops: the new process carries `FRINK_MLX_BLAS_REEXEC=1`; if that
    marker is set (or OpenBLAS is already in LD_PRELOAD) nothing happens.
-3. The environment comes from `settings.environ_snapshot()` (settings.py is the
-   only reader of os.environ).
+3. The environment is handed in by the entry point (`settings.environ_snapshot()`:
+   settings.py is the only reader of os.environ).
 4. Must run before anything imports mlx; a failed exec is not fatal.
 5. Kernel choice: OpenBLAS picks its kernels from the CPU's model number and
    falls back to generic SSE3 ("Prescott") kernels on CPUs it does not know,
@@ -24,7 +24,7 @@ Rules:
    `OPENBLAS_CORETYPE` to the strongest class the flags support. A value the
    user already set is kept.
 6. Threads: where the engine splits its matmuls over MLX CPU streams itself
-   (cpu_split.py), OpenBLAS's own threads are set to 1 at run time through
+   (split.py), OpenBLAS's own threads are set to 1 at run time through
    `openblas_set_num_threads`, which the preloaded library exports.
 """
 
@@ -34,12 +34,12 @@ import ctypes
 import os
 import platform
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable
 
-from ...settings import ENV_PREFIX, Settings, blas_reexec_marker, environ_snapshot
+from ...config import BackendConfig
 
-MARKER = ENV_PREFIX + "BLAS_REEXEC"
+MARKER = "FRINK_MLX_BLAS_REEXEC"  # settings.ENV_PREFIX + "BLAS_REEXEC"
 _ARCH_DIRS = {"x86_64": "x86_64-linux-gnu", "amd64": "x86_64-linux-gnu",
               "aarch64": "aarch64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 
@@ -122,10 +122,10 @@ def suggested_coretype(lib: Path | None = None,
     return coretype_override(probe(lib), flags)
 
 
-def reexec_env(settings: Settings, environ: dict[str, str],
+def reexec_env(config: BackendConfig, environ: dict[str, str],
                probe: Callable[[Path], str | None] = detected_core) -> dict[str, str] | None:
     """The environment to re-exec with, or None when no re-exec is wanted (rules 1-2, 5)."""
-    if not sys.platform.startswith("linux") or not settings.use_openblas:
+    if not sys.platform.startswith("linux") or not config.use_openblas:
         return None
     if environ.get(MARKER):
         return None
@@ -155,13 +155,12 @@ def reexec_args(argv: list[str]) -> list[str]:
     return [sys.executable, *argv]
 
 
-def maybe_reexec_with_openblas(settings: Settings, argv: list[str]) -> None:
+def maybe_reexec_with_openblas(config: BackendConfig, argv: list[str],
+                               environ: Mapping[str, str]) -> None:
     """Exec this process again with OpenBLAS preloaded, at most once; returns if not.
 
     `argv` is this process's `sys.argv` (argv[0] = the script)."""
-    if blas_reexec_marker():
-        return
-    env = reexec_env(settings, environ_snapshot())
+    env = reexec_env(config, dict(environ))
     if env is None:
         return
     if "mlx" in sys.modules or "mlx.core" in sys.modules:

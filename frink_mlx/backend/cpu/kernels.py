@@ -54,26 +54,35 @@ dropping them took 8 x 31 tokens from 634-681 to 516-629 ms, alternating).
 `mx.compile` fuses at most ~11 nodes deep and, shapeless, each constant
 adds broadcast nodes, so SwiGLU still runs as ~6 vectorised loops.
 
-Scope, so that stock numerics stay everywhere else:
-- attention: only `PagedLayerCache` calls (the engine's forward), float32,
-  no attention sinks, CPU device, at least `MIN_SCORES` scores (below it the
-  fixed cost of the extra ops loses: one decode row over 64 keys 0.11 ms
-  stock vs 0.21); installed by replacing `scaled_dot_product_attention` in
-  the model's own module (mlx-lm's model files import it by name and call
-  it with the layer's cache), the same cache-type dispatch mlx-lm itself
-  uses for quantized caches;
+Scope, so that stock numerics stay everywhere else, and mlx-lm stays untouched:
+- installed only by the CPU backend (cpu/backend.py), into the one model
+  instance it prepares: `install` gives each layer whose class's `__call__`
+  calls mlx-lm's `scaled_dot_product_attention` or `swiglu` by name (llama,
+  qwen2, qwen3, mistral, gemma, ...: `from .base import ...`) a subclass whose
+  `__call__` is the same code run over a copy of its module's globals in which
+  those two names are our dispatchers. The mlx-lm module itself, and every
+  other model of the same family, keep the stock functions (no module
+  attribute is ever replaced: tests/backend/test_seam.py);
+- attention: only `PagedLayerCache`-shaped calls (the engine's forward; the
+  cache is recognised by its `layout_memo`, so this module does not import
+  the engine), float32, no attention sinks, CPU device, at least
+  `MIN_SCORES` scores (below it the fixed cost of the extra ops loses: one
+  decode row over 64 keys 0.11 ms stock vs 0.21), the same cache-type
+  dispatch mlx-lm itself uses for quantized caches;
 - SwiGLU and RoPE carry no cache to dispatch on, so the runner marks its own
-  forward calls (`engine_forward`, a thread-local flag) and only those, on
-  CPU float32, take these paths; RoPE only for layers whose `self_attn.rope`
-  is exactly `nn.RoPE` (scaled variants such as Llama3RoPE stay stock) and
-  only for per-row (array) offsets, which is what the paged cache passes.
+  forward calls (`engine_forward`, a thread-local flag: the same model may
+  also run on another thread, e.g. pooling its own hidden states for
+  embeddings) and only those, on CPU float32, take these paths; RoPE only
+  for layers whose `self_attn.rope` is exactly `nn.RoPE` (scaled variants
+  such as Llama3RoPE stay stock) and only for per-row (array) offsets, which
+  is what the paged cache passes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from functools import lru_cache, partial
 from typing import Any
@@ -83,7 +92,6 @@ import mlx.nn as nn
 import numpy as np
 
 from .split import on_cpu
-from ...engine.kv.paged import PagedLayerCache
 
 # e^y on [-0.75, 0], lowest degree first: least squares (relative error) on
 # Chebyshev nodes; with five squarings it covers e^t on [-24, 0].
@@ -279,7 +287,7 @@ class RoPEDispatch(nn.Module):
         return rope(x, entry[1], entry[2], st.dims, st.traditional)
 
 
-def _bias(cache: PagedLayerCache, mask: Any, length: int, width: int) -> mx.array | None:
+def _bias(cache: Any, mask: Any, length: int, width: int) -> mx.array | None:
     """The additive form of the mask mlx-lm passed (None, "causal" or a bool array)."""
     if mask is None:
         return None
@@ -301,7 +309,7 @@ def _bias(cache: PagedLayerCache, mask: Any, length: int, width: int) -> mx.arra
 
 def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
     b, h, length, _ = queries.shape
-    return (isinstance(cache, PagedLayerCache) and sinks is None
+    return (getattr(type(cache), "layout_memo", None) is not None and sinks is None
             and b * h * length * cache.size() >= MIN_SCORES
             and queries.dtype == mx.float32 and on_cpu())
 
@@ -321,24 +329,53 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
     return scaled_dot_product_attention
 
 
-def install(model: Any) -> bool:
-    """Route the model module's attention (and SwiGLU) calls through the
-    dispatchers above; True if its attention was routed.
+_DISPATCHERS: dict[str, Callable[[Callable[..., mx.array]], Callable[..., mx.array]]] = {
+    "scaled_dot_product_attention": make_dispatch, "swiglu": make_swiglu_dispatch}
 
-    Only modules that import mlx-lm's `scaled_dot_product_attention` / `swiglu`
-    by those names (llama, qwen2, qwen3, mistral, gemma, ...) are touched;
-    idempotent.
+
+def install(model: Any) -> bool:
+    """Route this model's RoPE, attention and SwiGLU calls through the dispatchers
+    above (module docstring, "Scope"); True if its attention was routed.
+
+    Touches the model instance only, never a module; idempotent.
     """
     for layer in getattr(model, "layers", None) or []:
         attn = getattr(layer, "self_attn", None)
         if attn is not None and type(getattr(attn, "rope", None)) is nn.RoPE:
             attn.rope = RoPEDispatch(attn.rope)
-    module = sys.modules.get(type(model).__module__)
-    if module is None:
+    named = getattr(model, "named_modules", None)
+    if named is None:
         return False
-    for name, make in (("scaled_dot_product_attention", make_dispatch),
-                       ("swiglu", make_swiglu_dispatch)):
-        stock = getattr(module, name, None)
-        if stock is not None and not getattr(stock, _MARK, False):
-            setattr(module, name, make(stock))
-    return getattr(module, "scaled_dot_product_attention", None) is not None
+    rebound: dict[type, type | None] = {}
+    routed = False
+    for _, module in named():
+        cls = type(module)
+        if _MARK not in cls.__dict__:  # not rebound yet
+            if cls not in rebound:
+                rebound[cls] = _rebound_class(cls)
+            sub = rebound[cls]
+            if sub is None:
+                continue
+            module.__class__ = cls = sub
+        routed = routed or "scaled_dot_product_attention" in cls.__dict__[_MARK]
+    return routed
+
+
+def _rebound_class(cls: type) -> type | None:
+    """A subclass of `cls` whose `__call__` sees our dispatchers under the
+    kernel names its code calls; None when it calls none of them."""
+    call = next((vars(k)["__call__"] for k in cls.__mro__ if "__call__" in vars(k)), None)
+    if not isinstance(call, types.FunctionType):
+        return None
+    names = [n for n in _DISPATCHERS if n in call.__code__.co_names and n in call.__globals__]
+    if not names:
+        return None
+    scope = dict(call.__globals__)
+    for name in names:
+        scope[name] = _DISPATCHERS[name](call.__globals__[name])
+    rebound = types.FunctionType(call.__code__, scope, call.__name__, call.__defaults__,
+                                 call.__closure__)
+    rebound.__kwdefaults__ = call.__kwdefaults__
+    rebound.__qualname__, rebound.__doc__ = call.__qualname__, call.__doc__
+    return type(cls.__name__, (cls,), {"__call__": rebound, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, _MARK: tuple(names)})

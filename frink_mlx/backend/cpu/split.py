@@ -30,20 +30,22 @@ Rules:
    one-row product may take another BLAS path, ~1e-6 apart).
 3. The ranges are row slices, which MLX makes as views of the weight's
    buffer; they are cached per weight array.
-4. `prepare(parts)` (which `setup` calls): OpenBLAS's own threads would now
+4. `prepare(parts, pool)` (which `setup` calls): OpenBLAS's own threads would now
    compete with the streams for the same cores, so it sets them to 1
    (process-wide, see blas.py). Nothing happens with one part or off the CPU.
-5. Side streams are `ThreadLocalStream`s made once per count and shared by
-   every model: each thread that runs a split forward gets its own MLX
-   streams (each is a worker thread). The engine's thread destroys its own
-   when it ends (engine.py); an encoder's worker threads keep theirs, one
-   set per thread however many models come and go.
+5. Side streams are `ThreadLocalStream`s made once per count by the CPU
+   backend's `SideStreams` pool and shared by every model it prepares: each
+   thread that runs a split forward gets its own MLX streams (each is a
+   worker thread). The engine's thread destroys its own when it ends
+   (engine/engine.py); an encoder's worker threads keep theirs, one set per
+   thread however many models come and go.
+6. Only the CPU backend (cpu/backend.py) calls `setup`; the thread-local
+   "inside a split forward" mark is a per-call flag, like the kernels' one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -78,22 +80,31 @@ def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
-def prepare(parts: int) -> list[Any]:
+class SideStreams:
+    """Rule 5: the side streams of one CPU backend, made once per count."""
+
+    def __init__(self) -> None:
+        self._by_count: dict[int, tuple[Any, ...]] = {}
+
+    def get(self, count: int) -> list[Any]:
+        streams = self._by_count.get(count)
+        if streams is None:
+            streams = self._by_count[count] = tuple(
+                mx.new_thread_local_stream(mx.cpu) for _ in range(count))
+        return list(streams)
+
+
+def prepare(parts: int, pool: SideStreams) -> list[Any]:
     """The side streams for a split forward of `parts` parts (rules 4, 5); [] = no split."""
     if parts < 2 or not on_cpu():
         return []
     set_openblas_threads(1)
-    return list(_side_streams(parts - 1))
+    return pool.get(parts - 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _side_streams(count: int) -> tuple[Any, ...]:
-    return tuple(mx.new_thread_local_stream(mx.cpu) for _ in range(count))
-
-
-def setup(model: nn.Module, setting: int | None) -> list[Any]:
+def setup(model: nn.Module, setting: int | None, pool: SideStreams) -> list[Any]:
     """`prepare` for the setting's parts and, if it splits, `install` into `model`."""
-    streams = prepare(auto_parts(setting))
+    streams = prepare(auto_parts(setting), pool)
     if streams:
         install(model)
     return streams

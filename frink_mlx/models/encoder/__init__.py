@@ -1,8 +1,8 @@
 """Embedding models: encoder-only checkpoints (BERT family) and, on explicit
 request, a generative model pooling its own hidden states.
 
-    load_encoder(path, spec, config) -> Encoder     (encoder-only checkpoint dir)
-    encoder_from_generative(loaded, config) -> Encoder   (registry `embeddings = "self"`)
+    load_encoder(path, spec, config, backend) -> Encoder   (encoder-only checkpoint dir)
+    encoder_from_generative(loaded, config, backend) -> Encoder   (registry `embeddings = "self"`)
 
 See encoder.py for the batching contract, pooling.py for how the
 sentence-transformers config is followed, bert.py for why this is our own model.

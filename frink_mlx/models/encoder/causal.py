@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from ...backend import Backend
 from ...config import EncoderConfig
 from ...errors import ModelFormatError
-from ...backend.cpu import split as cpu_split
 from .encoder import Encoder
 from .pooling import HeadConfig
 
@@ -50,7 +50,7 @@ class LMTokenizer:
         return str(self._wrapper.convert_ids_to_tokens(int(token_id)))
 
 
-def encoder_from_generative(loaded: Any, config: EncoderConfig) -> Encoder:
+def encoder_from_generative(loaded: Any, config: EncoderConfig, backend: Backend) -> Encoder:
     """Wrap a LoadedModel (kind generative) as an Encoder over its hidden states."""
     stack = getattr(loaded.model, "model", None)
     if stack is None or not callable(stack):
@@ -75,5 +75,5 @@ def encoder_from_generative(loaded: Any, config: EncoderConfig) -> Encoder:
         max_length=int(loaded.context_length),
         batch_size=max(1, config.embed_batch_size),
         arch=str(loaded.config.get("model_type", "generative")),
-        split_streams=cpu_split.setup(loaded.model, config.cpu_matmul_parts),
+        forward_scope=backend.prepare_encoder(loaded.model),
     )

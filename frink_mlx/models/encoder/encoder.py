@@ -32,14 +32,14 @@ sends what `tokenize` with special tokens returned.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
 import numpy as np
 
+from ...backend import ForwardScope, no_scope
 from ...errors import InvalidRequest
-from ...backend.cpu import split as cpu_split
 from .pooling import HeadConfig, pool
 
 Forward = Callable[[mx.array, mx.array], mx.array]  # (ids (B,L), mask (B,L)) -> states (B,L,D)
@@ -73,7 +73,7 @@ class Encoder:
     batch_size: int
     truncatable: bool = False  # Matryoshka-trained: `dimensions` may cut vectors
     arch: str = "bert"
-    split_streams: list[Any] = field(default_factory=list)  # cpu_split.setup's side streams
+    forward_scope: ForwardScope = no_scope  # the backend's prepare_encoder (backend/base.py)
 
     # --- tokens -------------------------------------------------------------
     def tokenize(self, texts: Sequence[str], *, truncate: bool = False) -> list[list[int]]:
@@ -139,7 +139,7 @@ class Encoder:
 
     def _run_batch(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)
-        with cpu_split.split_forward(self.split_streams):
+        with self.forward_scope():
             vectors = pool(self.model(ids_mx, mask_mx), mask_mx, self.head)
         mx.eval(vectors)
         return np.array(vectors, dtype=np.float32)

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
+from ...backend import Backend
 from ...config import EncoderConfig
 from ...errors import ModelFormatError
-from ...backend.cpu import split as cpu_split
 from .bert import BertArgs, BertModel
 from .encoder import Encoder
 from .pooling import read_head_config, read_max_seq_length
@@ -74,7 +74,7 @@ class HFTokenizer:
         return self._truncating[max_length]
 
 
-def load_encoder(path: Path, spec: Any, config: EncoderConfig) -> Encoder:
+def load_encoder(path: Path, spec: Any, config: EncoderConfig, backend: Backend) -> Encoder:
     """Build the Encoder for `spec` (a registry ModelSpec) from checkpoint dir `path`.
 
     Blocking (reads weights); call off the event loop.
@@ -100,7 +100,7 @@ def load_encoder(path: Path, spec: Any, config: EncoderConfig) -> Encoder:
         batch_size=max(1, config.embed_batch_size),
         truncatable=bool(getattr(spec, "matryoshka", False)),
         arch=args.model_type,
-        split_streams=cpu_split.setup(model, config.cpu_matmul_parts),
+        forward_scope=backend.prepare_encoder(model),
     )
 
 

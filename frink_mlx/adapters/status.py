@@ -1,0 +1,210 @@
+"""GET /admin/status: everything the status page shows, in one JSON object.
+
+Why one endpoint: the page (adapters/page.py) polls every second; one request
+per poll keeps it cheap and every number from the same instant. /health stays
+the small open probe; this answer names models, sources and recent requests,
+so it sits behind the API key like the rest of /admin (http/security.py) and,
+like /health, outside the in-flight bound, so a flooded daemon can still say
+why it is slow.
+
+Pure translation of what the hub, the engine stats, the access ring and the
+backend report; nothing here imports MLX (backend/info.py does, lazily).
+
+Rules:
+1. Honest nulls: a number not measured (no model loaded, a counter this MLX
+   lacks) is null, never 0.
+2. Each registry entry has one `state`:
+     resident     the active generation (or the encoder it carries as side-car)
+     loading      being loaded now; `loading_s` is how long it has been (the
+                  loader reports no fraction done, so there is no percentage)
+     draining     retired, finishing requests it had started
+     available    not loaded, its source is there (the next request may load it;
+                  `reason` says when it was unloaded for idleness)
+     unavailable  its source is missing or its last load failed; `reason` says why
+3. Counters (`prompt_tokens_total`, `generated_tokens_total`, ...) are the
+   current generation's engine counters: they restart at 0 with each
+   generation, so a rate is taken between two polls of the same `generation`.
+   `prefix_hit_rate` = prefix-cache hit tokens / prompt tokens, over that
+   generation; null before its first prompt.
+4. `recent` is the access ring (http/access.py rule 5), oldest first; `seq`
+   grows by one per record, so a poller knows which records it has not seen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from .. import __version__
+from ..backend.info import DeviceFacts, device_facts
+from ..errors import ConfigError
+from ..http.access import AccessRecord, RecentRequests
+from ..http.errors import endpoint, openai_error
+from ..registry import resolve_source
+from .openai.models import context_length_of
+
+if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
+    from ..engine.types import EngineStats
+    from ..registry import ModelSpec, Registry
+    from ..serving.generation import Generation
+    from ..serving.hub import Hub
+
+
+class StatusSource(Protocol):
+    """What the status reads (AppState has it); no import of the composition root."""
+
+    hub: Hub
+    registry: Registry
+    recent_requests: RecentRequests
+
+    @property
+    def uptime_s(self) -> float: ...
+
+    def engine_stats(self) -> EngineStats | None: ...
+
+
+class ModelState(msgspec.Struct):
+    name: str
+    kind: str
+    aliases: list[str]
+    default: bool
+    state: str                      # rule 2
+    reason: str | None = None
+    generation: int | None = None
+    loading_s: float | None = None
+
+
+class Backend(msgspec.Struct):
+    name: str                       # "Metal" | "CUDA" | "CPU"
+    device: str
+
+
+class Memory(msgspec.Struct):
+    held_bytes: int | None          # MLX allocator: what arrays hold now
+    peak_bytes: int | None
+    cache_bytes: int | None         # freed buffers MLX keeps for reuse
+    budget_bytes: int | None        # the device budget the KV plan started from
+    budget_source: str | None       # "override" | "metal" | "ram"
+    weights_bytes: int | None
+    kv_pool_bytes: int | None
+
+
+class Kv(msgspec.Struct):
+    blocks_total: int
+    blocks_used: int
+    blocks_cached: int
+    block_size: int
+
+
+class Counters(msgspec.Struct):
+    prompt_tokens_total: int
+    prefix_hit_tokens_total: int
+    generated_tokens_total: int
+    steps_total: int
+    prefix_hit_rate: float | None
+
+
+class Status(msgspec.Struct):
+    version: str
+    uptime_s: float
+    state: str                      # the hub's: ready | loading | idle | unavailable
+    backend: Backend
+    model: str | None
+    generation: int | None
+    models: list[ModelState]
+    memory: Memory
+    context_ceiling: int | None
+    kv: Kv | None
+    running: int | None
+    queued: int | None
+    counters: Counters | None
+    recent: list[AccessRecord]
+
+
+def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
+    """Rule 2 for every registry entry, in registry order."""
+    return [ModelState(name=spec.name, kind=spec.kind, aliases=list(spec.aliases),
+                       default=spec.name == registry.default, **_state_of(hub, spec, now))
+            for spec in registry.entries.values()]
+
+
+def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
+    current = hub.current
+    if current is not None and current.spec.name == spec.name:
+        return {"state": "resident", "generation": current.number}
+    if current is not None and current.embedder is not None and current.spec.embeddings == spec.name:
+        return {"state": "resident", "generation": current.number,
+                "reason": f"side-car encoder of {current.spec.name}"}
+    if hub.loading == spec.name:
+        since = hub.loading_since
+        return {"state": "loading", "loading_s": None if since is None else round(now - since, 1)}
+    draining = [g.number for g in hub.retired if g.spec.name == spec.name]
+    if draining:
+        return {"state": "draining", "generation": draining[-1]}
+    failed = hub.last_error
+    if failed is not None and failed.get("model") == spec.name:
+        return {"state": "unavailable", "reason": f"last load failed: {failed.get('message')}"}
+    try:
+        resolve_source(spec)
+    except ConfigError as exc:
+        return {"state": "unavailable", "reason": exc.message}
+    if hub.sleeping is not None and hub.sleeping.name == spec.name:
+        return {"state": "available", "reason": "unloaded after idling; the next request loads it"}
+    return {"state": "available"}
+
+
+def _memory(gen: Generation | None, facts: DeviceFacts) -> Memory:
+    plan = gen.plan if gen is not None else None
+    return Memory(held_bytes=facts.active_bytes, peak_bytes=facts.peak_bytes,
+                  cache_bytes=facts.cache_bytes,
+                  budget_bytes=plan.budget_bytes if plan is not None else None,
+                  budget_source=plan.budget_source if plan is not None else None,
+                  weights_bytes=plan.weights_bytes if plan is not None else None,
+                  kv_pool_bytes=plan.pool_bytes if plan is not None else None)
+
+
+def _counters(stats: EngineStats) -> Counters:
+    prompt = int(stats.prompt_tokens_total)
+    hits = int(stats.prefix_hit_tokens_total)
+    return Counters(prompt_tokens_total=prompt, prefix_hit_tokens_total=hits,
+                    generated_tokens_total=int(stats.generated_tokens_total),
+                    steps_total=int(stats.steps_total),
+                    prefix_hit_rate=round(hits / prompt, 4) if prompt else None)
+
+
+def collect(state: StatusSource) -> Status:
+    """The whole status (rules 1-4) of one AppState, read now."""
+    hub, gen = state.hub, state.hub.current
+    stats = state.engine_stats()
+    device = device_facts()
+    kv = None if stats is None else Kv(
+        blocks_total=stats.num_blocks_total, blocks_used=stats.num_blocks_used,
+        blocks_cached=stats.num_blocks_cached, block_size=stats.block_size)
+    return Status(
+        version=__version__, uptime_s=round(state.uptime_s, 3), state=hub.state,
+        backend=Backend(name=device.name, device=device.device),
+        model=gen.spec.name if gen else None, generation=gen.number if gen else None,
+        models=model_states(hub, state.registry, time.monotonic()), memory=_memory(gen, device),
+        context_ceiling=context_length_of(gen), kv=kv,
+        running=stats.num_running if stats else None,
+        queued=stats.num_waiting if stats else None,
+        counters=_counters(stats) if stats is not None else None,
+        recent=state.recent_requests.snapshot())
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+@endpoint(openai_error)
+async def status(request: Request) -> Response:
+    body = collect(request.app.state.frink)
+    return Response(_ENCODER.encode(body), media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
+
+
+routes: list[BaseRoute] = [Route("/admin/status", status, methods=["GET"])]
