@@ -114,7 +114,7 @@ class SamplingWire(Wire):
     """Fields shared by chat and completions."""
 
     model: str | None = None
-    max_tokens: int | None = None          # -1 = no limit; else at least 1 (MaxTokens)
+    max_tokens: int | None = None          # -1 = no limit; else at least 1 (max_tokens())
     temperature: Temperature | None = None
     top_p: Unit | None = None
     top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
