@@ -8,6 +8,8 @@ that turns them into responses, so every route answers the same way:
 2. Anything else is a bug: logged with its traceback and answered as a 500
    `internal_error` envelope -- never a hung request, never an HTML page.
 3. `retry_after_s` becomes a `Retry-After` header (whole seconds, at least 1).
+4. A client that went away before its non-streaming answer was ready
+   (`ClientDisconnected`) is logged as 499, not as an unhandled error.
 
 Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
@@ -29,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import ContextLengthExceeded, FrinkError
+from .sse import ClientDisconnected
 
 log = logging.getLogger("frink_mlx.http")
 
@@ -92,6 +95,8 @@ def endpoint(envelope: Envelope) -> Callable[[Handler], Handler]:
         async def run(request: Request) -> Response:
             try:
                 return await handler(request)
+            except ClientDisconnected:  # rule 4: nobody is left to answer
+                return Response(status_code=499)
             except Exception as exc:  # noqa: BLE001 - rule 2 above
                 return envelope(as_frink_error(exc))
 
