@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Route
 from .. import __version__
 from ..http.body import decode_body
 from ..http.errors import endpoint, openai_error
-from .openai.chat import json_response
+from .endpoint import json_response
 from .openai.models import context_length_of
 
 

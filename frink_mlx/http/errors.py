@@ -8,8 +8,10 @@ that turns them into responses, so every route answers the same way:
 2. Anything else is a bug: logged with its traceback and answered as a 500
    `internal_error` envelope -- never a hung request, never an HTML page.
 3. `retry_after_s` becomes a `Retry-After` header (whole seconds, at least 1).
-4. A client that went away before its non-streaming answer was ready
-   (`ClientDisconnected`) is logged as 499, not as an unhandled error.
+4. A client that went away -- mid-body (Starlette's `ClientDisconnect`) or
+   before a non-streaming answer was ready (`ClientDisconnected`) -- is not an
+   error of ours: an empty 499 (nobody reads it; the access line records it),
+   nothing logged at ERROR.
 
 Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
@@ -27,10 +29,11 @@ import logging
 import math
 from typing import Any, Awaitable, Callable
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import ContextLengthExceeded, FrinkError
+from .access import CLIENT_CLOSED
 from .sse import ClientDisconnected
 
 log = logging.getLogger("frink_mlx.http")
@@ -95,8 +98,8 @@ def endpoint(envelope: Envelope) -> Callable[[Handler], Handler]:
         async def run(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ClientDisconnected:  # rule 4: nobody is left to answer
-                return Response(status_code=499)
+            except (ClientDisconnect, ClientDisconnected):  # rule 4
+                return Response(status_code=CLIENT_CLOSED)
             except Exception as exc:  # noqa: BLE001 - rule 2 above
                 return envelope(as_frink_error(exc))
 

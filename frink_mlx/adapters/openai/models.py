@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...http.errors import endpoint, openai_error
-from .chat import json_response
+from ..endpoint import json_response
 
 
 def context_length_of(gen: Any) -> int | None:
