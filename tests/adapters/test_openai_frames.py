@@ -37,16 +37,18 @@ def test_chunks_for_two_choices_with_usage():
                   ToolCallStart(0, "call_1", "f", index=1), ToolCallDelta(0, "{}", index=1),
                   Done("tool_calls", usage, index=1)])
     chunks = payloads(out)
-    # the role rides on each choice's first real delta (issue 23: not before prefill)
-    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [
-        {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]
-    assert chunks[0]["choices"][0] == {"index": 0, "delta": {"role": "assistant", "content": "a"},
-                                       "logprobs": None, "finish_reason": None}
+    # each choice's role chunk comes right before its first real delta (issue 23: not
+    # before prefill), with content null as llama-server sends it
+    role = {"role": "assistant", "content": None}
+    assert [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks[:4]] == [
+        (0, role), (0, {"content": "a"}), (1, role), (1, {"content": "b"})]
+    assert chunks[1]["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None,
+                                       "finish_reason": None}
     finishes = [(c["choices"][0]["index"], c["choices"][0]["finish_reason"])
                 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finishes == [(0, "stop"), (1, "tool_calls")]
     assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 2
-    call = chunks[3]["choices"][0]["delta"]["tool_calls"][0]
+    call = chunks[5]["choices"][0]["delta"]["tool_calls"][0]
     assert call["id"] == "call_1" and call["function"]["name"] == "f"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 4
@@ -56,7 +58,7 @@ def test_chunks_for_two_choices_with_usage():
 def test_a_choice_without_deltas_still_gets_its_role_before_finishing():
     usage = Usage(prompt_tokens=5, completion_tokens=1, cached_tokens=0)
     chunks = payloads(frames([Done("stop", usage, index=0)], include_usage=False))
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": ""}, {}]
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": None}, {}]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 

@@ -3,11 +3,12 @@
 Rules:
 1. Everything that can fail (decoding, refusals, template, context ceiling,
    grammar) fails before the first SSE byte, as a real status code.
-2. A choice's first chunk carries `role: "assistant"` together with its first
-   real delta (as llama-server sends it), not ahead of prompt processing:
-   clients time prompt processing by the first chunk. A choice that ends
-   without a delta gets a role chunk right before its finish chunk. Then
-   content / reasoning / tool-call deltas, a finish chunk per choice; with
+2. A choice's role chunk (`{"role": "assistant", "content": null}`) goes out
+   when its first real delta is ready, right before it -- as llama-server sends
+   it -- not ahead of prompt processing: clients time prompt processing by the
+   first chunk. A choice that ends without a delta gets its role chunk right
+   before its finish chunk. Then content / reasoning / tool-call deltas (no
+   `role`), a finish chunk per choice; with
    `stream_options.include_usage` one more chunk with empty `choices` and
    `usage`; then `data: [DONE]`. An engine failure mid-stream is one
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
@@ -314,19 +315,16 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
         if isinstance(event, ErrorEvent):
             yield f"data: {dumps(error_body(event.to_error()))}\n\n"
             return
+        delta = None if isinstance(event, Done) else _delta(event)
+        if (delta is not None or isinstance(event, Done)) and event.index not in started:
+            started.add(event.index)
+            yield chunk(event.index, {"role": "assistant", "content": None})
         if isinstance(event, Done):
             usage.add_done(event)
-            if event.index not in started:
-                started.add(event.index)
-                yield chunk(event.index, {"role": "assistant", "content": ""})
             yield chunk(event.index, {}, finish_reason(event))
             continue
-        delta = _delta(event)
         if delta is None:
             continue
-        if event.index not in started:
-            started.add(event.index)
-            delta = {"role": "assistant", **delta}
         lps = None
         if want_logprobs and isinstance(event, TextDelta):
             lps = {"content": [logprob_entry(lp) for lp in event.logprobs]}
