@@ -26,6 +26,8 @@ from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
@@ -38,7 +40,7 @@ from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
-from .errors import InvalidRequest
+from .errors import FrinkError, InvalidRequest, NotFound
 from .http import security
 from .http.access import RecentRequests, track_run
 from .http.fields import IgnoredFieldsHeader
@@ -224,4 +226,18 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reaper.cancel()
             await hub.shutdown()
 
-    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan)
+    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan,
+                     exception_handlers={404: _no_route, 405: _no_route})
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An unknown path or method, in the envelope its protocol's clients parse (not text)."""
+    status = getattr(exc, "status_code", 404)
+    error: FrinkError = NotFound(f"No route for {request.method} {request.url.path}.")
+    if status == 405:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}.",
+                               code="method_not_allowed")
+        error.status = 405
+    response = security.envelope_for_path(request.url.path)(error)
+    response.headers.update(getattr(exc, "headers", None) or {})   # 405's Allow
+    return response

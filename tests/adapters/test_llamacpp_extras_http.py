@@ -113,3 +113,16 @@ def test_chat_role_rides_on_the_first_delta(live: Any) -> None:
     assert first == {"role": "assistant", "content": None}   # llama-server's first chunk
     assert chunks[1]["choices"][0]["delta"].get("content")   # ... then the first token at once
     assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 1
+
+
+def test_unknown_routes_answer_in_the_protocol_envelope(live: Any) -> None:
+    r = httpx.post(live.url + "/apply-template", json={}, timeout=10)     # llama.cpp's path
+    assert r.status_code == 404 and r.json()["error"] == {
+        "code": 404, "message": "No route for POST /apply-template.", "type": "not_found_error"}
+    r = httpx.get(live.url + "/v1/nope", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.get(live.url + "/v1/chat/completions", timeout=10)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in r.headers["allow"]
+    r = httpx.post(live.url + "/responses", json={"model": "scripted", "input": "hi"}, timeout=60)
+    assert r.status_code == 200 and r.json()["object"] == "response"   # llama-server's alias

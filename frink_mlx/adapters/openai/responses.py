@@ -313,6 +313,7 @@ async def delete_response(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/responses", create_response, methods=["POST"]),   # llama-server's alias
     Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
 ]
