@@ -8,7 +8,7 @@ allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
 1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
-   is imported first (cached by content hash, see gguf.py).
+   is imported first (cached by content hash, see models/gguf/).
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
