@@ -42,10 +42,8 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..backend.info import DeviceFacts, device_facts
-from ..errors import ConfigError
 from ..http.access import AccessRecord, RecentRequests
 from ..http.errors import endpoint, openai_error
-from ..registry import resolve_source
 from .openai.models import context_length_of
 
 if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
@@ -129,11 +127,12 @@ class Status(msgspec.Struct):
 def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
     """Rule 2 for every registry entry, in registry order."""
     return [ModelState(name=spec.name, kind=spec.kind, aliases=list(spec.aliases),
-                       default=spec.name == registry.default, **_state_of(hub, spec, now))
+                       default=spec.name == registry.default,
+                       **_state_of(hub, registry, spec, now))
             for spec in registry.entries.values()]
 
 
-def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
+def _state_of(hub: Hub, registry: Registry, spec: ModelSpec, now: float) -> dict[str, Any]:
     current = hub.current
     if current is not None and current.spec.name == spec.name:
         return {"state": "resident", "generation": current.number}
@@ -149,10 +148,9 @@ def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
     failed = hub.last_error
     if failed is not None and failed.get("model") == spec.name:
         return {"state": "unavailable", "reason": f"last load failed: {failed.get('message')}"}
-    try:
-        resolve_source(spec)
-    except ConfigError as exc:
-        return {"state": "unavailable", "reason": exc.message}
+    problem = registry.problem(spec)  # registry rule 5, as /v1/models and requests see it
+    if problem is not None:
+        return {"state": "unavailable", "reason": problem}
     if hub.sleeping is not None and hub.sleeping.name == spec.name:
         return {"state": "available", "reason": "unloaded after idling; the next request loads it"}
     return {"state": "available"}

@@ -94,5 +94,12 @@ class Backend(ABC):
     def prepare_encoder(self, model: Any) -> ForwardScope:
         """Ready an embedding model (models/encoder/) for its forwards (rule 3)."""
 
+    def release_freed_memory(self) -> None:
+        """Hand a freed generation's memory back to the OS: gc, MLX's buffer cache and,
+        on glibc, the free heap (backend/memory.py). Blocking; run off the event loop."""
+        from .memory import release_freed_memory
+
+        release_freed_memory()
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -20,6 +20,7 @@ Envelopes:
                status (invalid_request_error, authentication_error, permission_error,
                not_found_error, not_supported_error, unavailable_error, server_error); a
                context overflow is `exceed_context_size_error` with `n_prompt_tokens`, `n_ctx`
+    Ollama     {"error": "<message>"}
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def llamacpp_error(exc: FrinkError) -> JSONResponse:
                      n_ctx=exc.limit)
     body = {"error": error}
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
+
+
+def ollama_error(exc: FrinkError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=_headers(exc))
 
 
 def as_frink_error(exc: BaseException) -> FrinkError:

@@ -51,6 +51,10 @@ ROUTES: list[tuple[str, dict[str, Any], bytes]] = [
                      "ignore_eos": True, "temperature": 0}, b"\n\n"),
     ("/infill", {"model": "coder", "input_prefix": "def f(", "input_suffix": ")\n",
                  "n_predict": LONG, "ignore_eos": True, "temperature": 0}, b"\n\n"),
+    ("/api/chat", {"model": "tiny", "messages": MSGS,
+                   "options": {"num_predict": LONG, "temperature": 0}}, b"\n"),
+    ("/api/generate", {"model": "tiny", "prompt": "Tell me a very long story.",
+                       "options": {"num_predict": LONG, "temperature": 0}}, b"\n"),
 ]
 
 
