@@ -54,6 +54,16 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
+def _client_policy(serve: argparse.ArgumentParser) -> None:
+    """What the daemon does with what clients send that it does not know (issue 23)."""
+    serve.add_argument("--strict-fields", dest="strict_fields", action="store_const", const=True,
+                       help="refuse unknown request fields (400) instead of reporting them")
+    serve.add_argument("--fallback", dest="fallback", action="store_const", const=True,
+                       help="serve unknown model names as 'default' (the default on loopback)")
+    serve.add_argument("--no-fallback", dest="fallback", action="store_const", const=False,
+                       help="unknown model names get 404 (the default off loopback)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frink-mlx", description="Local MLX inference daemon.")
     parser.add_argument("--version", action="version", version=f"frink-mlx {__version__}")
@@ -70,12 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-host", dest="allowed_hosts", action="append")
     serve.add_argument("--cors-origin", dest="cors_origins", action="append")
     serve.add_argument("--no-auto-swap", dest="auto_swap", action="store_const", const=False)
-    serve.add_argument("--strict-fields", dest="strict_fields", action="store_const", const=True,
-                       help="refuse unknown request fields (400) instead of reporting them")
-    serve.add_argument("--fallback", dest="fallback", action="store_const", const=True,
-                       help="route unknown model names to the default model")
-    serve.add_argument("--no-fallback", dest="fallback", action="store_const", const=False,
-                       help="unknown model names get 404 (the default off loopback)")
+    _client_policy(serve)
     serve.add_argument("--no-batching", dest="batching", action="store_const", const=False)
     serve.add_argument("--max-batch", dest="max_batch", type=int)
     serve.add_argument("--keep-alive", dest="keep_alive_s", type=float, help="idle unload after seconds")
@@ -121,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 _SETTINGS_KEYS = {
     "models_path", "cache_dir", "dequantize", "use_openblas", "host", "port", "default_model",
     "api_key", "api_key_file", "allowed_hosts", "cors_origins", "auto_swap", "batching",
-    "max_batch", "keep_alive_s", "log_level",
+    "max_batch", "keep_alive_s", "log_level", "strict_fields", "fallback",
 }
 
 

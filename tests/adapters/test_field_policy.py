@@ -93,3 +93,14 @@ def test_strict_fields_refuses_by_name(tmp_path: Path, tiny_llama_dir: Path) -> 
         r = client.post("/infill", json={"input_prefix": "a", "input_extra": [
             {"text": "t", "filename": "f", "time": 3, "color": "red"}]})
         assert r.status_code == 400 and "input_extra[].color" in r.json()["error"]["message"]
+
+
+def test_serve_flags_reach_the_settings() -> None:
+    from frink_mlx.cli import _SETTINGS_KEYS, build_parser
+
+    args = build_parser().parse_args(["serve", "--strict-fields", "--no-fallback"])
+    overrides = {k: v for k, v in vars(args).items() if k in _SETTINGS_KEYS}
+    settings = Settings.load(**overrides)
+    assert settings.strict_fields and settings.fallback is False
+    assert Settings.load(**{k: v for k, v in vars(build_parser().parse_args(
+        ["serve", "--fallback"])).items() if k in _SETTINGS_KEYS}).fallback_enabled()
