@@ -38,6 +38,8 @@ from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
@@ -50,9 +52,10 @@ from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
-from .errors import InvalidRequest, Unavailable
+from .errors import FrinkError, InvalidRequest, NotFound, Unavailable
 from .http import security
 from .http.access import RecentRequests, track_run
+from .http.fields import IgnoredFieldsHeader
 from .metrics import Metrics
 from .models.encoder import Encoder
 from .models.sources import source_checker
@@ -77,7 +80,7 @@ def route_list() -> list[BaseRoute]:
 
 
 def middleware_list(settings: Settings) -> list[Middleware]:
-    return list(security.build_middleware(settings))
+    return [*security.build_middleware(settings), Middleware(IgnoredFieldsHeader)]
 
 
 @dataclass
@@ -128,6 +131,7 @@ class AppState:
     def _refuse_encoder_target(self, name: str | None) -> None:
         """Do not swap the generative model out just to refuse the request."""
         current = self.hub.current
+        name = self.registry.route(name)
         if current is not None and current.answers_to(name):
             return
         spec = self.registry.resolve(name)
@@ -284,4 +288,18 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reaper.cancel()
             await hub.shutdown()
 
-    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan)
+    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan,
+                     exception_handlers={404: _no_route, 405: _no_route})
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An unknown path or method, in the envelope its protocol's clients parse (not text)."""
+    status = getattr(exc, "status_code", 404)
+    error: FrinkError = NotFound(f"No route for {request.method} {request.url.path}.")
+    if status == 405:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}.",
+                               code="method_not_allowed")
+        error.status = 405
+    response = security.envelope_for_path(request.url.path)(error)
+    response.headers.update(getattr(exc, "headers", None) or {})   # 405's Allow
+    return response

@@ -40,6 +40,14 @@ Rules:
 7. `max_tokens` caps generation for requests that name no limit (OpenAI's
    "up to the context" when absent); a client's own limit is still honoured
    up to the context ceiling.
+8. Fallback (`settings.fallback`; unset = on for a loopback daemon): clients
+   hard-code model names (Claude Code's `claude-...`, `gpt-4o-mini`,
+   llama.vscode's `GPT-4`, `text-embedding-3-small`, `ada-002`). `route()`
+   turns a name that is neither an entry nor an alias into "default", so it is
+   served as "default" is -- by the active generative model (its side-car
+   encoder for embeddings), else the registry's default -- and the response's
+   `model` names what answered. `resolve()` stays strict (GET /v1/models/{id},
+   admin loads). Names the user wants pinned go in `aliases`.
 """
 
 from __future__ import annotations
@@ -106,6 +114,17 @@ class Registry:
     # rule 5's check; a registry parsed from a models.toml checks its files, one built in
     # code (tests with stand-in factories) names no files and checks nothing
     source_check: Callable[[ModelSpec], str | None] | None = None
+    fallback: bool = False   # rule 8
+
+    def knows(self, name: str) -> bool:
+        return name == "default" or name in self.entries or any(
+            name in spec.aliases for spec in self.entries.values())
+
+    def route(self, name: str | None) -> str | None:
+        """Rule 8: `name`, or "default" for an unknown name when fallback is on."""
+        if name is None or not self.fallback or self.knows(name):
+            return name
+        return "default"
 
     def resolve(self, name: str | None) -> ModelSpec:
         """None / "default" -> the default entry; else a name or an alias."""
@@ -163,6 +182,7 @@ def load_registry(settings: Settings) -> Registry:
     except (OSError, UnicodeDecodeError) as exc:
         raise _refuse(path, "file", f"cannot read ({exc})") from None
     registry = parse_registry(data, path)
+    registry.fallback = settings.fallback_enabled()
     if settings.default_model:
         try:
             registry.default = registry.resolve(settings.default_model).name

@@ -57,6 +57,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
     cors_origins: tuple[str, ...] = ()           # exact origins; none by default
     max_body_bytes: int = 8 * 1024 * 1024
+    strict_fields: bool = False                  # unknown request fields: 400 instead of
+                                                 # a x-frink-ignored-fields header (http/fields.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
     body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
@@ -67,6 +69,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cache_dir: str = msgspec.field(default_factory=_default_cache_dir)
     default_model: str | None = None             # overrides the registry's `default`
     auto_swap: bool = True
+    fallback: bool | None = None                 # unknown model names -> the default model (its
+                                                 # side-car for embeddings); None = on when the
+                                                 # daemon binds a loopback address only
     min_generation_s: float = 2.0                # a generation lives at least this long before a swap
     keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
     dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
@@ -122,6 +127,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid setting: {exc}") from None
+
+    def fallback_enabled(self) -> bool:
+        """`fallback`, or when unset: on for a daemon bound to a loopback address only."""
+        if self.fallback is not None:
+            return self.fallback
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
 
     # --- slices for the layers below the composition root (config.py) ----------
     def load_config(self) -> LoadConfig:
@@ -200,6 +211,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
                                  "else 408"),
     "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
+    "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
+                                "accepting and reporting them (x-frink-ignored-fields)"),
     # --- models ---
     "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
                               "~/.config/frink-mlx/models.toml, then the packaged one",
@@ -211,6 +224,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
                                     "$XDG_CACHE_HOME/frink-mlx or ~/.cache/frink-mlx"),
     "default_model": SettingDoc("model to load at start; unset: the registry's `default`",
                                 ("--model",)),
+    "fallback": SettingDoc("serve unknown model names with the default model (embeddings: the "
+                           "embedding model); unset: on for a loopback-only daemon"),
     "auto_swap": SettingDoc("a request naming another registry entry swaps to it "
                             "(--no-auto-swap answers 409 instead)"),
     "min_generation_s": SettingDoc("a loaded model lives at least this many seconds before "

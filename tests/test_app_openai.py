@@ -33,7 +33,8 @@ def settings(checkpoints, tmp_path_factory):
     encoder = '\n[models.enc]\nsource = "/nonexistent/encoder"\nkind = "encoder"\n'
     path = write_registry(tmp_path_factory.mktemp("reg"), *checkpoints, extra=encoder)
     return Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                         max_body_bytes=64 * 1024, cache_dir=str(tmp_path_factory.mktemp("c")))
+                         max_body_bytes=64 * 1024, fallback=False,
+                         cache_dir=str(tmp_path_factory.mktemp("c")))
 
 
 @pytest.fixture(scope="module")

@@ -119,6 +119,7 @@ async def unload_model(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),   # llama-server's alias
     Route("/admin/models", list_admin_models, methods=["GET"]),
     Route("/admin/models/load", load_model, methods=["POST"]),
     Route("/admin/models/unload", unload_model, methods=["POST"]),

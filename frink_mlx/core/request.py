@@ -66,6 +66,7 @@ class Tool:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False   # arguments must match `parameters` (core/structured.py rule 6)
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than the three = that function's name

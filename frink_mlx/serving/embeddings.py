@@ -104,6 +104,7 @@ async def embed(
     *, truncate: bool = False, dimensions: int | None = None,
 ) -> EmbedResult:
     """Lease the generation serving `name`, embed `inputs` in a worker thread."""
+    name = registry.route(name)  # registry rule 8: unknown names -> "default"
     current = hub.current
     if current is not None and serves(current, name, registry):
         lease = await hub.acquire(current.spec.name)  # no await before the lease: no race

@@ -331,6 +331,10 @@ class Run:
     def n(self) -> int:
         return self._pipeline.request.n
 
+    def output_ids(self, index: int = 0) -> list[int]:
+        """The ids choice `index` has generated so far (EOS included once generated)."""
+        return list(self._pipeline.choices[index].ids)
+
     @property
     def handles(self) -> DecodeHandles:
         return self._handles

@@ -140,8 +140,9 @@ class Hub:
 
     # --- leases ----------------------------------------------------------------
     async def acquire(self, name: str | None) -> Lease:
-        """Lease the generation that serves `name` (rules 1-2, 7)."""
+        """Lease the generation that serves `name` (rules 1-2, 7; registry rule 8 first)."""
         self._refuse_while_draining()
+        name = self.registry.route(name)
         gen = self._active_for(name)
         if gen is not None:
             return self._pin(gen)

@@ -136,11 +136,8 @@ def to_tools(tools: list[wire.ToolParam] | None) -> list[Tool]:
         if tool.type not in (None, "custom"):
             raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' is a server tool; only "
                                    "client tools (custom) are supported")
-        if tool.strict:
-            raise UnsupportedField(f"tools[{i}].strict", "is not supported: tool arguments are "
-                                   "not grammar-constrained")
         schema = tool.input_schema or {"type": "object", "properties": {}}
-        out.append(Tool(tool.name, tool.description, schema))
+        out.append(Tool(tool.name, tool.description, schema, strict=bool(tool.strict)))
     return out
 
 

@@ -3,8 +3,12 @@
 Rules:
 1. Everything that can fail (decoding, refusals, template, context ceiling,
    grammar) fails before the first SSE byte, as a real status code.
-2. Streams start with one role chunk per choice, then content / reasoning /
-   tool-call deltas, then a finish chunk per choice; with
+2. A choice's role chunk (`{"role": "assistant", "content": null}`) goes out
+   when its first real delta is ready, right before it -- as llama-server sends
+   it -- not ahead of prompt processing: clients time prompt processing by the
+   first chunk. A choice that ends without a delta gets its role chunk right
+   before its finish chunk. Then content / reasoning / tool-call deltas (no
+   `role`), a finish chunk per choice; with
    `stream_options.include_usage` one more chunk with empty `choices` and
    `usage`; then `data: [DONE]`. An engine failure mid-stream is one
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
@@ -97,7 +101,8 @@ def _tools(body: wire.ChatCompletionRequest) -> tuple[list[Tool], str]:
         if t.type != "function":
             raise UnsupportedField(f"tools[{i}].type", f"'{t.type}' tools are not supported")
         params = t.function.parameters or {"type": "object", "properties": {}}
-        tools.append(Tool(t.function.name, t.function.description, params))
+        tools.append(Tool(t.function.name, t.function.description, params,
+                          strict=bool(t.function.strict)))
     choice = body.tool_choice
     if choice is None:
         return tools, "auto"
@@ -112,7 +117,11 @@ def _tools(body: wire.ChatCompletionRequest) -> tuple[list[Tool], str]:
     return tools, choice.function.name
 
 
-def _response_format(rf: wire.ResponseFormatWire | None) -> ResponseFormat | None:
+def _response_format(body: wire.ChatCompletionRequest) -> ResponseFormat | None:
+    rf = body.response_format
+    extra = wire.llamacpp_format(body, rf)
+    if extra is not None:
+        return extra
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
@@ -144,21 +153,25 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         raise InvalidRequest("'logprobs' must be a boolean.", param="logprobs")
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    if body.parallel_tool_calls is False:
-        raise UnsupportedField("parallel_tool_calls", "= false is not supported")
+    if body.add_generation_prompt is True and body.continue_final_message:
+        raise InvalidRequest("'add_generation_prompt' and 'continue_final_message' cannot both "
+                             "be true.", param="continue_final_message")
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
     sampling, sent = sampling_of(body, logprobs=bool(body.logprobs),
                                  top_logprobs=body.top_logprobs or 0)
     tools, tool_choice = _tools(body)
     return GenRequest(
-        model=body.model, messages=[_message(m, i) for i, m in enumerate(body.messages)],
-        tools=tools, tool_choice=tool_choice,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        model=body.model or "default",
+        messages=[_message(m, i) for i, m in enumerate(body.messages)],
+        tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls
+        is not False, cache_prompt=body.cache_prompt,
+        max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),
+                                   ("max_tokens", body.max_tokens), ("n_predict", body.n_predict)),
         stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent, n=body.n,
         stream=body.stream, cache_salt=body.cache_salt, thinking=_thinking(body),
-        response_format=_response_format(body.response_format),
-        add_generation_prompt=body.add_generation_prompt,
+        response_format=_response_format(body),
+        add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
         user=body.user)
 
@@ -296,18 +309,20 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return f"data: {dumps({**head, 'choices': [choice]})}\n\n"
 
-    for i in range(run.n):
-        yield chunk(i, {"role": "assistant", "content": ""})
+    started: set[int] = set()   # rule 2: choices whose role went out
     usage = UsageSum()
     async for event in run.events():
         if isinstance(event, ErrorEvent):
             yield f"data: {dumps(error_body(event.to_error()))}\n\n"
             return
+        delta = None if isinstance(event, Done) else _delta(event)
+        if (delta is not None or isinstance(event, Done)) and event.index not in started:
+            started.add(event.index)
+            yield chunk(event.index, {"role": "assistant", "content": None})
         if isinstance(event, Done):
             usage.add_done(event)
             yield chunk(event.index, {}, finish_reason(event))
             continue
-        delta = _delta(event)
         if delta is None:
             continue
         lps = None
@@ -338,4 +353,7 @@ async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answ
 
 chat_completions = generating(OPENAI, wire.ChatCompletionRequest, start_chat)
 
-routes: list[BaseRoute] = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+routes: list[BaseRoute] = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),   # llama-server's alias
+]

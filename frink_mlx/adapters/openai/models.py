@@ -66,5 +66,6 @@ async def get_model(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),   # llama-server's alias
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
 ]
