@@ -72,6 +72,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
+    speculative: bool = True                     # prompt-lookup speculative decoding in the batch
+                                                 # (engine/spec.py); per request `speculative: false`
+    spec_max_draft: int = 8                      # most tokens a row drafts per step
+    spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
@@ -117,7 +121,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             max_kv_pool_bytes=self.max_kv_pool_bytes)
 
     def engine_limits(self) -> EngineLimits:
+        if self.spec_max_draft < 1 or self.spec_ngram < 2:
+            raise ConfigError("invalid setting: spec_max_draft must be >= 1 and spec_ngram >= 2")
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
+                            speculative=self.speculative, spec_max_draft=self.spec_max_draft,
+                            spec_ngram=self.spec_ngram,
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
                             admission_window_ms=self.admission_window_ms,

@@ -16,7 +16,9 @@ see engine.py):
 So the device works on t+1 while the host turns step t into events. A row
 that finished at step t costs one wasted row in step t+1. A step that sampled
 first tokens (final prefill chunks) is read back before the next step is
-dispatched, and without `pipeline` every step is (engine.py says why).
+dispatched, and without `pipeline` every step is (engine.py says why); so
+is a step with verify rows (speculation, spec.py): how many drafts a row
+kept decides its next input and positions.
 
 The inbox carries three messages, `Submit`, `Abort` and `Drain`; failure
 rules 2 and 3 of engine.py are implemented here.
@@ -99,7 +101,7 @@ class StepLoop:
                 if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
                     break
                 self._expire_waiting()
-                if pending is not None and (not self.config.pipeline or pending.has_first_tokens
+                if pending is not None and (not self.config.pipeline or pending.must_read
                                             or self.router.needs_host(pending)):
                     self._deliver(pending)
                     pending = None
@@ -172,6 +174,8 @@ class StepLoop:
                                         param="request_id"))
             return
         group = self.scheduler.add(seq)
+        if seq.constraints and not all(hasattr(c, "masks_along") for c in seq.constraints):
+            group.speculative = False  # a verify row needs every position's mask (spec.py)
         self._recount_queue()
         router.streams[seq.request_id] = stream
         base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
@@ -240,6 +244,9 @@ class StepLoop:
             log.exception("engine step failed while evaluating")
             self._reset_after_eval_error(exc)
             return
+        speculator = self.scheduler.speculator
+        if speculator is not None and step.num_positions:
+            speculator.cost.observe(step.num_positions, step.elapsed_s)  # spec.py rule 3
         self.router.deliver(step, rows)
 
     def _finish(self, finished: list[Finished]) -> None:

@@ -13,6 +13,9 @@ Rules:
 4. `cache_control` (per block and top-level) is accepted everywhere the API allows it and has no effect
    beyond what the automatic prefix cache already does (it is a hint, not a
    semantic change); `citations` on text blocks sent back by a client likewise.
+5. `speculative: false` (a frink extension, e.g. through the SDK's `extra_body`)
+   turns speculative decoding off for the request; it never changes the answer.
+   Usage then carries `draft_tokens` / `draft_accepted` only when it speculated.
 """
 
 from __future__ import annotations
@@ -157,6 +160,7 @@ class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
+    speculative: bool = True  # frink extension: False opts out of speculative decoding
 
 
 class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -122,7 +122,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       max_tokens=None if body.n_predict == -1 else body.n_predict,
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
-                      ignore_eos=body.ignore_eos, response_format=_response_format(body),
+                      speculative=body.speculative, ignore_eos=body.ignore_eos,
+                      response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 
 
@@ -131,7 +132,8 @@ def stop_type(done: Done) -> str:
 
 
 def timings(done: Done) -> dict[str, float]:
-    """llama.cpp's timings block from Done.timings (prompt_ms, predicted_ms)."""
+    """llama.cpp's timings block from Done.timings (prompt_ms, predicted_ms), with
+    `draft_n` / `draft_n_accepted` when the request speculated."""
     usage = done.usage
     prompt_n = usage.prompt_tokens - usage.cached_tokens
     prompt_ms = float(done.timings.get("prompt_ms", 0.0))
@@ -142,7 +144,9 @@ def timings(done: Done) -> dict[str, float]:
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms else 0.0}
+            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms else 0.0,
+            **({"draft_n": usage.draft_tokens, "draft_n_accepted": usage.draft_accepted or 0}
+               if usage.draft_tokens is not None else {})}
 
 
 def final_fields(done: Done, model: str, prompt: str | None) -> dict[str, Any]:

@@ -4,6 +4,8 @@ Rules:
 1. Unknown fields are refused by name (msgspec's "unknown field `mirostat`"):
    llama.cpp has dozens of sampler knobs; the ones listed here are honoured.
 2. `model` is a frink extension (llama.cpp serves one model); absent = default.
+   So is `speculative` (false: no speculative decoding for this request); the
+   drafts counts come back as llama-server's `timings.draft_n` / `draft_n_accepted`.
 3. `prompt` is a string, a list of token ids, or a mix of both; a list of
    strings only is llama.cpp's "several prompts" form, refused in translate.py.
 """
@@ -36,6 +38,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     grammar: str | None = None
     logit_bias: Union[list[list[Any]], dict[str, Any], None] = None
     id_slot: int | None = None           # accepted only as -1 ("any slot")
+    speculative: bool = True             # frink extension: False = no speculative drafts
 
 
 class CompletionRequest(_Sampling):

@@ -68,6 +68,7 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
     reqs = [GenRequest(model=body.model, prompt=p, max_tokens=body.max_tokens or 16,
                        stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent,
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
+                       speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
@@ -207,6 +208,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
         usage.prompt_tokens += u.prompt_tokens
         usage.cached_tokens += u.cached_tokens
         usage.completion_tokens += u.completion_tokens
+        usage.add_drafts(u.draft_tokens, u.draft_accepted)
     note_run(request, first, usage)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
                for i in sorted(acc)]

@@ -7,7 +7,8 @@ field we know we cannot honour is declared here and refused *by name* in
 msgspec constraints, so a bad value is a 400 whose `param` names the field.
 
 Extensions beyond OpenAI (as vLLM / mlx-lm accept them): `top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`, `cache_salt`, `chat_template_kwargs`
+`repetition_penalty`, `ignore_eos`, `cache_salt`, `speculative` (false opts out of
+speculative decoding; it never changes the output), `chat_template_kwargs`
 (`enable_thinking` only), `add_generation_prompt`, `continue_final_message`,
 `reasoning_content` on assistant messages.
 """
@@ -122,6 +123,7 @@ class SamplingWire(Wire):
     user: str | None = None
     ignore_eos: bool = False
     cache_salt: str | None = None
+    speculative: bool = True  # extension: False opts out of speculative decoding
     # known but not honoured: refused by name
     best_of: int | None = None
     suffix: Any = None
