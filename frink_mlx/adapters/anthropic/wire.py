@@ -160,7 +160,6 @@ class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
-    speculative: bool = True  # frink extension: False opts out of speculative decoding
 
 
 class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -179,3 +178,4 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
+    speculative: bool = True  # frink extension (rule 5): False opts out of speculation
