@@ -18,7 +18,8 @@ that finished at step t costs one wasted row in step t+1. A step that sampled
 first tokens (final prefill chunks) is read back before the next step is
 dispatched, and without `pipeline` every step is (engine.py says why); so
 is a step with verify rows (speculation, spec.py): how many drafts a row
-kept decides its next input and positions.
+kept decides its next input and positions; and so is a step with a row
+that would draft next (spec.py rule 4).
 
 The inbox carries three messages, `Submit`, `Abort` and `Drain`; failure
 rules 2 and 3 of engine.py are implemented here.
@@ -102,7 +103,8 @@ class StepLoop:
                     break
                 self._expire_waiting()
                 if pending is not None and (not self.config.pipeline or pending.must_read
-                                            or self.router.needs_host(pending)):
+                                            or self.router.needs_host(pending)
+                                            or self._wants_drafts(pending)):
                     self._deliver(pending)
                     pending = None
                 pending = self._step(pending)
@@ -118,6 +120,11 @@ class StepLoop:
             self._refuse_inbox()
             mx.synchronize()  # nothing of ours may still run on the device after the join
             self.runner.forget_pending()  # no array of this thread's stream outlives it
+
+    def _wants_drafts(self, step: StepResult) -> bool:
+        """Speculation needs a row's last token on the host to draft (spec.py rule 4)."""
+        speculator = self.scheduler.speculator
+        return speculator is not None and speculator.wants_host(step.seq_ids, self.scheduler.seqs)
 
     def _refuse_inbox(self) -> None:
         """Streams submitted while the engine was stopping end with Overloaded."""

@@ -29,7 +29,12 @@ Rules:
    E(k) = 1 + alpha + ... + alpha^k the expected tokens of a row drafting k.
    L = 1 (plain decode) is always a candidate, so speculation is chosen
    only when it is expected to pay for itself.
-4. Draft model speculation (a second, smaller model) is left out here; the
+4. Pipelined engines (Metal, loop.py) plan step t+1 before step t's tokens
+   are on the host, and a row can only draft from tokens the host knows. So
+   the loop reads a step back before planning the next whenever one of its
+   rows `expects_draft` (warm, and its recent lookups found matches);
+   rows that keep missing let the pipeline run, probing now and then.
+5. Draft model speculation (a second, smaller model) is left out here; the
    drafter interface is one function of the row's tokens, which is where
    it would plug in.
 """
@@ -49,6 +54,7 @@ ALPHA_DECAY = 0.3        # weight of the newest step in alpha
 PRIOR_COST_RATIO = 0.14  # rule 3: c1 / c0 before any step is timed
 PRIOR_WEIGHT = 4.0       # the prior counts as this many observed steps
 COST_DECAY = 0.98        # older timed steps fade
+MISSES_BEFORE_PIPELINE = 4  # rule 5: lookups without a match before pipelining resumes
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,7 @@ class RowDrafter:
     num_indexed: int = 0  # end positions < num_indexed are in `index`
     alpha: float = 0.6
     steps_since_draft: int = 0
+    num_misses: int = 0  # steps in a row that found no n-gram match
     num_drafted: int = 0
     num_accepted: int = 0
 
@@ -82,7 +89,9 @@ class RowDrafter:
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
             end = self.index.get(tuple(tokens[length - n:]))
             if end is not None:
+                self.num_misses = 0
                 return list(tokens[end:end + max_draft])
+        self.num_misses += 1
         return []
 
     def _extend(self, tokens: Sequence[int]) -> None:
@@ -101,6 +110,12 @@ class RowDrafter:
     def may_draft(self) -> bool:
         """Rule 2: warm rows draft every step, cold rows probe now and then."""
         return not self.is_cold or self.steps_since_draft >= PROBE_EVERY
+
+    @property
+    def expects_draft(self) -> bool:
+        """Worth reading the row's last token back before planning (rule 5)."""
+        return self.may_draft() and (self.num_misses < MISSES_BEFORE_PIPELINE
+                                     or self.steps_since_draft % PROBE_EVERY == 0)
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         """One verify step's outcome (num_drafted 0: a plain decode step)."""
@@ -200,10 +215,13 @@ class Speculator:
         candidates: list[tuple[DecodeRow, Seq, list[int]]] = []
         for row in out.decode:
             seq = seqs[row.seq_id]
-            if row.token_id is None or not seq.group.speculative:
-                continue  # its last token is still on the device, or opted out
+            if not seq.group.speculative:
+                continue
             if seq.drafter is None:
                 seq.drafter = RowDrafter(self.config.ngram_max, self.config.ngram_min)
+            if row.token_id is None:  # its last token is still on the device (rule 4)
+                seq.drafter.record(0, 0)
+                continue
             room = min(self.config.max_draft, seq.max_tokens - seq.num_scheduled_outputs)
             draft = seq.drafter.propose(seq.token_ids, room) if seq.drafter.may_draft() else []
             if draft:
@@ -225,6 +243,15 @@ class Speculator:
             seq.num_computed += k
             seq.num_scheduled_outputs += k
             seq.num_drafted = k
+
+    def wants_host(self, seq_ids: Sequence[int], seqs: dict[int, Seq]) -> bool:
+        """Rule 4: whether a row of these would draft next step if its token were known."""
+        for seq_id in seq_ids:
+            seq = seqs.get(seq_id)
+            if seq is not None and seq.group.speculative and \
+                    (seq.drafter is None or seq.drafter.expects_draft):
+                return True
+        return False
 
     def settle(self, seq: Seq, num_accepted: int) -> None:
         """A verify row's outcome: roll its positions back to the tokens it kept."""

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from daemon_support import generation_factory, start_server, write_registry
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, start_server, write_registry
 
 # A prompt that repeats itself, so prompt lookup has something to find.
 TEXT = "alpha beta gamma delta epsilon zeta eta theta " * 6
