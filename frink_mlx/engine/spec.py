@@ -6,7 +6,8 @@ k drafted tokens costs far less than k steps (every weight is streamed once
 per step, whatever the number of positions), so each accepted draft token is
 nearly free. This module decides *what* to draft and *how much*; the
 scheduler reserves the slots, the runner verifies the drafts in the one
-forward of the step (runner.py), sampling.py accepts or rejects them.
+forward of the step and keeps the longest prefix the model's own draws
+agree with (runner.py, sampling.py rule 4).
 Integers and floats only: like the scheduler, nothing here imports MLX.
 
 Rules:
@@ -21,8 +22,8 @@ Rules:
    so a row that starts quoting its prompt again is noticed.
 3. The step cost model: a step of B rows each with L positions (decode rows
    are padded to the longest verify row) costs about c0 + c1 * B * L. The
-   ratio c1 / c0 starts from a prior (30 layers' projections on the 2-core
-   CPU backend: 1 row 15 ms, 20 rows 50 ms, i.e. ~0.14) and is refitted
+   ratio c1 / c0 starts from a prior (the 2-core CPU backend's projections,
+   benchmarks/results/spec-notes.md) and is refitted
    from the steps the engine times (decayed least squares). The step's L is
    the one that maximises expected tokens per unit of cost,
    sum_i E_i(min(L - 1, draft_i)) / (c0 + c1 * B * L), with
@@ -54,7 +55,7 @@ ALPHA_DECAY = 0.3        # weight of the newest step in alpha
 PRIOR_COST_RATIO = 0.14  # rule 3: c1 / c0 before any step is timed
 PRIOR_WEIGHT = 4.0       # the prior counts as this many observed steps
 COST_DECAY = 0.98        # older timed steps fade
-MISSES_BEFORE_PIPELINE = 4  # rule 5: lookups without a match before pipelining resumes
+MISSES_BEFORE_PIPELINE = 4  # rule 4: lookups without a match before pipelining resumes
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,3 +84,17 @@ def test_metrics_count_drafts(live):
     text = httpx.get(live.url + "/metrics", timeout=30).text
     assert "frink_spec_draft_tokens_total" in text
     assert "frink_spec_draft_accepted_tokens_total" in text
+
+
+def test_stop_strings_cut_the_same_text_with_drafts(live):
+    base = {"model": "tiny-a", "prompt": TEXT, "max_tokens": 32, "temperature": 0}
+    full = _post(live, "/v1/completions", {**base, "speculative": False}).json()
+    text = full["choices"][0]["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    if not stop.strip():
+        pytest.skip("the tiny model's text has no usable stop string here")
+    on = _post(live, "/v1/completions", {**base, "stop": [stop]}).json()
+    off = _post(live, "/v1/completions", {**base, "stop": [stop], "speculative": False}).json()
+    assert on["choices"][0]["text"] == off["choices"][0]["text"] == text[:text.index(stop)]
+    assert on["choices"][0]["finish_reason"] == off["choices"][0]["finish_reason"] == "stop"
+    assert on["usage"]["completion_tokens"] == off["usage"]["completion_tokens"]
