@@ -15,8 +15,8 @@ context change every later token), so prompt lookup alone rarely fires on them:
 from __future__ import annotations
 
 import math
-import time
 import random
+import time
 import types
 
 import mlx.core as mx
