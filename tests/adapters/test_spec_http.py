@@ -65,8 +65,21 @@ def test_anthropic_and_llamacpp_take_the_opt_out(live):
     cpp = {"model": "tiny-a", "prompt": TEXT, "n_predict": 16, "temperature": 0}
     on = _post(live, "/completion", cpp).json()
     off = _post(live, "/completion", {**cpp, "speculative": False}).json()
-    assert on["timings"]["draft_n"] >= on["timings"]["draft_n_accepted"] >= 0
     assert "draft_n" not in off["timings"] and on["content"] == off["content"]
+
+
+def test_llamacpp_timings_carry_drafts_only_when_drafted():
+    from frink_mlx.adapters.llamacpp.translate import timings
+    from frink_mlx.core.events import Done, Usage
+
+    drafted = Done(index=0, finish_reason="length",
+                   usage=Usage(prompt_tokens=9, completion_tokens=8, draft_tokens=6,
+                               draft_accepted=4))
+    assert timings(drafted)["draft_n"] == 6 and timings(drafted)["draft_n_accepted"] == 4
+    none = Done(index=0, finish_reason="length",
+                usage=Usage(prompt_tokens=9, completion_tokens=8, draft_tokens=0,
+                            draft_accepted=0))
+    assert "draft_n" not in timings(none) and "draft_n_accepted" not in timings(none)
 
 
 @pytest.mark.parametrize("route,body", [

@@ -133,7 +133,8 @@ def stop_type(done: Done) -> str:
 
 def timings(done: Done) -> dict[str, float]:
     """llama.cpp's timings block from Done.timings (prompt_ms, predicted_ms), with
-    `draft_n` / `draft_n_accepted` when the request speculated."""
+    `draft_n` / `draft_n_accepted` when drafts were made (llama-server adds them only
+    when its own draft count is above zero)."""
     usage = done.usage
     prompt_n = usage.prompt_tokens - usage.cached_tokens
     prompt_ms = float(done.timings.get("prompt_ms", 0.0))
@@ -146,7 +147,7 @@ def timings(done: Done) -> dict[str, float]:
             "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
             "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms else 0.0,
             **({"draft_n": usage.draft_tokens, "draft_n_accepted": usage.draft_accepted or 0}
-               if usage.draft_tokens is not None else {})}
+               if usage.draft_tokens else {})}
 
 
 def final_fields(done: Done, model: str, prompt: str | None) -> dict[str, Any]:
