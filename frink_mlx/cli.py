@@ -4,7 +4,7 @@
     frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--temp T]
     frink-mlx chat      [--model NAME] [--max-tokens N] [--temp T] [--url URL]
     frink-mlx models    [--models FILE]
-    frink-mlx import    PATH.gguf
+    frink-mlx import    PATH.gguf [--float]
     frink-mlx service   install|uninstall|start|stop|status|logs
     frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
 
@@ -93,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     imp = sub.add_parser("import", help="convert a GGUF file to a cached MLX checkpoint")
     _common(imp)
-    imp.add_argument("path")
+    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix)")
+    imp.add_argument("--float", dest="as_float", action="store_true",
+                     help="store quantized tensors dequantized to float32 instead of MLX affine")
 
     _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")

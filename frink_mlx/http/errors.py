@@ -8,11 +8,16 @@ that turns them into responses, so every route answers the same way:
 2. Anything else is a bug: logged with its traceback and answered as a 500
    `internal_error` envelope -- never a hung request, never an HTML page.
 3. `retry_after_s` becomes a `Retry-After` header (whole seconds, at least 1).
+4. A client that went away -- mid-body (Starlette's `ClientDisconnect`) or
+   before a non-streaming answer was ready (`ClientDisconnected`) -- is not an
+   error of ours: an empty 499 (nobody reads it; the access line records it),
+   nothing logged at ERROR.
 
 Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
     Anthropic  {"type": "error", "error": {"type", "message"}}
     llama.cpp  {"error": {"code": <status>, "message", "type"}}
+    Ollama     {"error": "<message>"}
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import logging
 import math
 from typing import Any, Awaitable, Callable
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import FrinkError
+from .access import CLIENT_CLOSED
+from .sse import ClientDisconnected
 
 log = logging.getLogger("frink_mlx.http")
 
@@ -61,6 +68,10 @@ def llamacpp_error(exc: FrinkError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 
+def ollama_error(exc: FrinkError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=_headers(exc))
+
+
 def as_frink_error(exc: BaseException) -> FrinkError:
     """`exc` itself when it is a FrinkError, else a 500 that hides internals."""
     if isinstance(exc, FrinkError):
@@ -77,6 +88,8 @@ def endpoint(envelope: Envelope) -> Callable[[Handler], Handler]:
         async def run(request: Request) -> Response:
             try:
                 return await handler(request)
+            except (ClientDisconnect, ClientDisconnected):  # rule 4
+                return Response(status_code=CLIENT_CLOSED)
             except Exception as exc:  # noqa: BLE001 - rule 2 above
                 return envelope(as_frink_error(exc))
 

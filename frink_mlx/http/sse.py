@@ -1,4 +1,4 @@
-"""Server-sent events, and racing a request against its client's disconnect.
+"""Streamed responses (SSE, NDJSON), and racing a request against its client's disconnect.
 
 Why not Starlette's StreamingResponse as is: with ASGI spec >= 2.4 servers it
 stops listening for `http.disconnect` and only notices a gone client on the
@@ -11,6 +11,10 @@ Here the frame pump and a disconnect listener always run side by side:
    no-op after a normal finish and stops the decode within one step otherwise.
 3. While the producer is silent for `keepalive_s`, `keepalive_frame` is sent
    (an SSE comment by default), so proxies and clients keep the stream open.
+   A framing without a harmless keepalive (NDJSON: every line must be a JSON
+   object) passes `keepalive_frame=None` and sends nothing while silent.
+4. The media type is the framing's (`text/event-stream` for SSE,
+   `application/x-ndjson` for Ollama's NDJSON); the machinery is the same.
 
 `run_until_disconnect` is the same race for non-streaming requests: the
 handler awaits the whole answer while a listener watches the socket.
@@ -19,6 +23,7 @@ handler awaits the whole answer while a listener watches the socket.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -55,18 +60,24 @@ async def _wait_disconnect(receive: Receive) -> None:
             return
 
 
-class SSEResponse(Response):
-    """A text/event-stream response that races its frames against disconnect."""
+def ndjson_frame(obj: Any) -> str:
+    """One NDJSON line: a compact JSON object and a newline (Ollama's stream framing)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
 
-    media_type = "text/event-stream"
+
+class StreamResponse(Response):
+    """A streamed response that races its frames against disconnect (rules 1-4)."""
 
     def __init__(self, frames: AsyncIterator[bytes | str], *, on_close: OnClose | None = None,
-                 keepalive_s: float | None = 15.0, keepalive_frame: str = ": keepalive\n\n",
-                 status_code: int = 200, headers: dict[str, str] | None = None) -> None:
+                 keepalive_s: float | None = 15.0,
+                 keepalive_frame: str | None = ": keepalive\n\n",
+                 media_type: str = "text/event-stream", status_code: int = 200,
+                 headers: dict[str, str] | None = None) -> None:
         self.frames = frames
         self.on_close = on_close
-        self.keepalive_s = keepalive_s
-        self.keepalive_frame = keepalive_frame.encode()
+        self.keepalive_s = keepalive_s if keepalive_frame is not None else None
+        self.keepalive_frame = (keepalive_frame or "").encode()
+        self.media_type = media_type
         self.status_code = status_code
         self.background = None
         self.init_headers({**SSE_HEADERS, **(headers or {})})
@@ -80,7 +91,7 @@ class SSEResponse(Response):
                     async for frame in self.frames:
                         await send_chan.send(frame.encode() if isinstance(frame, str) else frame)
                 except Exception as exc:  # frames should end in an error frame; a bug ends here
-                    log.error("SSE producer failed", exc_info=exc)
+                    log.error("stream producer failed", exc_info=exc)
 
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
@@ -122,8 +133,8 @@ class SSEResponse(Response):
 def sse_response(frames: AsyncIterator[bytes | str], *, on_close: OnClose | None = None,
                  keepalive_s: float | None = 15.0,
                  keepalive_frame: str = ": keepalive\n\n") -> Response:
-    return SSEResponse(frames, on_close=on_close, keepalive_s=keepalive_s,
-                       keepalive_frame=keepalive_frame)
+    return StreamResponse(frames, on_close=on_close, keepalive_s=keepalive_s,
+                          keepalive_frame=keepalive_frame)
 
 
 class ClientDisconnected(Exception):

@@ -8,7 +8,7 @@ allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
 1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
-   is imported first (cached by content hash, see gguf.py).
+   is imported first (cached by content hash, see models/gguf/).
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
@@ -20,6 +20,12 @@ Rules:
 5. `context_length` = the trained length (`max_position_embeddings`), capped
    by `spec.context_length`.
 6. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
+7. Sampling defaults come from the model: the checkpoint's
+   `generation_config.json` (temperature, top_p, top_k, min_p,
+   repetition_penalty -- the fields vLLM's `generation_config="auto"` takes;
+   `do_sample` is not read, as there) fill what the registry's `[sampling]`
+   leaves unset; the merged spec is `LoadedModel.spec`. A file with values
+   out of range is logged and ignored, never half-applied.
 
 This module is blocking; call it off the event loop.
 """
@@ -27,6 +33,7 @@ This module is blocking; call it off the event loop.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +41,12 @@ from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+import msgspec
 
 from ..backend import Backend
 from ..config import LoadConfig
 from ..errors import ModelFormatError
-from ..registry import ModelSpec, resolve_source
+from ..registry import ModelSpec, SamplingDefaults, resolve_source
 from .encoder import Encoder, load_encoder
 from .gguf import import_gguf
 
@@ -59,6 +67,36 @@ class LoadedModel:
     encoder: Encoder | None = None
 
 
+log = logging.getLogger("frink_mlx.models")
+
+GENERATION_CONFIG_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def with_checkpoint_defaults(spec: ModelSpec, path: Path) -> ModelSpec:
+    """Rule 7: the checkpoint's generation_config.json under the registry's [sampling]."""
+    try:
+        raw = json.loads((path / "generation_config.json").read_text())
+    except FileNotFoundError:
+        return spec
+    except (OSError, ValueError) as exc:
+        log.warning("model %s: ignoring unreadable generation_config.json (%s)", spec.name, exc)
+        return spec
+    found = {k: raw[k] for k in GENERATION_CONFIG_FIELDS if isinstance(raw, dict)
+             and raw.get(k) is not None}
+    if not found:
+        return spec
+    try:
+        from_file = msgspec.convert(found, SamplingDefaults)
+    except msgspec.ValidationError as exc:
+        log.warning("model %s: ignoring generation_config.json sampling values (%s)",
+                    spec.name, exc)
+        return spec
+    mine = spec.sampling or SamplingDefaults()
+    merged = {f: getattr(mine, f) if getattr(mine, f) is not None else getattr(from_file, f)
+              for f in GENERATION_CONFIG_FIELDS}
+    return msgspec.structs.replace(spec, sampling=SamplingDefaults(**merged))
+
+
 def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
     """The MLX checkpoint dir behind `spec`, importing a GGUF if needed (rule 1)."""
     source = resolve_source(spec)
@@ -76,6 +114,7 @@ def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedM
     path = checkpoint_path(spec, config)
     if spec.kind == "encoder":
         return _load_encoder(spec, config, path, started, backend)
+    spec = with_checkpoint_defaults(spec, path)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None

@@ -5,14 +5,18 @@ package (llama.cpp's Python reader), not `mx.load`, and tokenization follows
 llama.cpp's `llama-vocab.cpp` steps literally:
 
 1. Split the text on special tokens (CONTROL / USER_DEFINED types), longest first.
-2. For pre-tokenizer "smollm" (also starcoder, refact, ...): regex `\\p{N}` splits
-   every digit off, then the GPT-2 regex splits each remaining piece.
-3. Each piece's UTF-8 bytes map to GPT-2's printable byte alphabet.
-4. BPE: repeatedly merge the adjacent pair with the lowest merge rank.
+2. Each regex of the pre-tokenizer's list (llama.cpp's `regex_exprs`; default for
+   "smollm" and kin: `\\p{N}` then GPT-2's) splits every piece the previous one
+   left, keeping the gaps between matches as pieces (`unicode_regex_split`).
+3. With `ignore_merges` (llama.cpp's llama3 family) a piece that is in the vocab
+   is one token.
+4. Each piece's UTF-8 bytes map to GPT-2's printable byte alphabet.
+5. BPE: repeatedly merge the adjacent pair with the lowest merge rank.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,10 +57,13 @@ class ReferenceBPE:
     vocab: dict[str, int]
     ranks: dict[tuple[str, str], int]
     specials: list[str]
-    digits_first: bool
+    splits: list[regex.Pattern[str]]
+    ignore_merges: bool = False
 
     @classmethod
-    def from_gguf(cls, path: Path) -> "ReferenceBPE":
+    def from_gguf(cls, path: Path, splits: list[str] | None = None,
+                  ignore_merges: bool = False) -> ReferenceBPE:
+        """`splits`: llama.cpp's regex list; None = by `tokenizer.ggml.pre` (gpt2 / digits)."""
         import gguf  # type: ignore[import-untyped]
 
         reader = gguf.GGUFReader(str(path))
@@ -72,9 +79,12 @@ class ReferenceBPE:
         pre_field = reader.fields["tokenizer.ggml.pre"]
         pre = bytes(pre_field.parts[pre_field.data[0]]).decode()
         specials = sorted((t for t, k in zip(tokens, types) if k in (3, 4)), key=len, reverse=True)
+        if splits is None:
+            splits = [r"\p{N}", GPT2.pattern] if pre in DIGIT_PRE else [GPT2.pattern]
         return cls(vocab={t: i for i, t in enumerate(tokens)},
                    ranks={tuple(m.split(" ", 1)): r for r, m in enumerate(merges)},  # type: ignore[misc]
-                   specials=specials, digits_first=pre in DIGIT_PRE)
+                   specials=specials, splits=[regex.compile(p) for p in splits],
+                   ignore_merges=ignore_merges)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -85,17 +95,21 @@ class ReferenceBPE:
             if chunk in self.vocab and chunk in self.specials:
                 ids.append(self.vocab[chunk])
                 continue
-            pieces = split_keep(regex.compile(r"\p{N}"), chunk) if self.digits_first else [chunk]
-            for piece in pieces:
-                for word in split_keep(GPT2, piece):
-                    ids.extend(self.vocab[t] for t in self.bpe(word))
+            pieces = [chunk]
+            for pattern in self.splits:
+                pieces = [p for piece in pieces for p in split_keep(pattern, piece)]
+            for word in pieces:
+                ids.extend(self.vocab[t] for t in self.bpe(word))
         return ids
 
     def bpe(self, word: str) -> list[str]:
         table = bytes_to_unicode()
-        parts = [table[b] for b in word.encode("utf-8")]
+        mapped = "".join(table[b] for b in word.encode("utf-8"))
+        if self.ignore_merges and mapped in self.vocab:
+            return [mapped]
+        parts = list(mapped)
         while len(parts) > 1:
-            pairs = [(self.ranks.get((a, b), 1 << 60), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            pairs = [(self.ranks.get(pair, 1 << 60), i) for i, pair in enumerate(itertools.pairwise(parts))]
             rank, i = min(pairs)
             if rank == 1 << 60:
                 break

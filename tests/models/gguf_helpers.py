@@ -98,17 +98,8 @@ def write_float_gguf(ckpt: Path, out: Path, dtype: mx.Dtype = mx.float32, **meta
     return out
 
 
-def write_quantized_gguf(ckpt: Path, out: Path, qtypes: dict[str, str]) -> tuple[Path, dict[str, Any]]:
-    """Quantize 2-D tensors with the gguf package; qtypes maps a GGUF name fragment
-    ("token_embd", "attn_q", ...) to "Q4_0" / "Q4_1" / "Q8_0" (others stay F32).
-
-    Returns (path, {gguf name: float32 numpy weight as llama.cpp would dequantize it}).
-    """
-    import gguf
-    import numpy as np
-
-    meta = gguf_metadata(ckpt)
-    writer = gguf.GGUFWriter(str(out), arch=meta["general.architecture"])
+def write_metadata(writer: Any, meta: dict[str, Any]) -> None:
+    """gguf_metadata()-style values (str, list, 0-d/1-d mx arrays) into a gguf.GGUFWriter."""
     for key, value in meta.items():
         if key == "general.architecture":
             continue
@@ -122,6 +113,35 @@ def write_quantized_gguf(ckpt: Path, out: Path, qtypes: dict[str, str]) -> tuple
             writer.add_uint32(key, int(value.item()))
         else:
             writer.add_float32(key, float(value.item()))
+
+
+def add_packed(writer: Any, name: str, packed: Any, qtype: Any, shape: tuple[int, ...]) -> Any:
+    """Add raw `qtype` blocks; return the gguf package's own dequantization (the reference)."""
+    import gguf
+
+    writer.add_tensor(name, packed, raw_dtype=qtype)
+    return gguf.quants.dequantize(packed, qtype).reshape(shape)
+
+
+def close_writer(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_quantized_gguf(ckpt: Path, out: Path, qtypes: dict[str, str]) -> tuple[Path, dict[str, Any]]:
+    """Quantize 2-D tensors with the gguf package; qtypes maps a GGUF name fragment
+    ("token_embd", "attn_q", ...) to "Q4_0" / "Q4_1" / "Q8_0" (others stay F32).
+
+    Returns (path, {gguf name: float32 numpy weight as llama.cpp would dequantize it}).
+    """
+    import gguf
+    import numpy as np
+
+    meta = gguf_metadata(ckpt)
+    writer = gguf.GGUFWriter(str(out), arch=meta["general.architecture"])
+    write_metadata(writer, meta)
     reference = {}
     for name, value in gguf_tensors(ckpt).items():
         array = np.array(value, dtype=np.float32)
@@ -131,13 +151,8 @@ def write_quantized_gguf(ckpt: Path, out: Path, qtypes: dict[str, str]) -> tuple
             reference[name] = array
             continue
         qtype = getattr(gguf.GGMLQuantizationType, qname)
-        packed = gguf.quants.quantize(array, qtype)
-        writer.add_tensor(name, packed, raw_dtype=qtype)
-        reference[name] = gguf.quants.dequantize(packed, qtype).reshape(array.shape)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        reference[name] = add_packed(writer, name, gguf.quants.quantize(array, qtype), qtype, array.shape)
+    close_writer(writer)
     return out, reference
 
 

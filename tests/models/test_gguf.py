@@ -3,6 +3,7 @@ and the real SmolLM2 file (config, tokenizer parity with an independent BPE)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -11,8 +12,8 @@ import mlx.core as mx
 import pytest
 from gguf_helpers import patch_tensor_type, write_float_gguf, write_quantized_gguf
 
-from frink_mlx.models.gguf import IMPORTER_VERSION, content_hash, import_gguf
 from frink_mlx.errors import ModelFormatError
+from frink_mlx.models.gguf import IMPORTER_VERSION, content_hash, import_gguf
 
 TOKENS = [[1, 5, 20, 100, 7, 300, 42, 2, 11]]
 TEXTS = [
@@ -41,9 +42,14 @@ def test_f32_round_trip_matches_original_logits(tiny_llama_dir: Path, tmp_path: 
     path = write_float_gguf(tiny_llama_dir, tmp_path / "tiny-f32.gguf")
     ckpt = import_gguf(path, tmp_path / "cache")
     config = json.loads((ckpt / "config.json").read_text())
-    assert config["rope_traditional"] is True and config["tie_word_embeddings"] is True
+    # Q/K rows are inverse-permuted back to the HF layout, so no traditional rope is needed
+    assert not config.get("rope_traditional") and config["tie_word_embeddings"] is True
     assert "quantization" not in config and config["gguf"]["tensor_types"] == ["F32"]
     assert mx.allclose(logits(ckpt), original, atol=1e-4).item()
+    imported = mx.load(str(ckpt / "model.safetensors"))
+    source = mx.load(str(tiny_llama_dir / "model.safetensors"))
+    assert imported.keys() == source.keys()
+    assert all(mx.array_equal(imported[k], source[k]).item() for k in source)
 
 
 def test_f16_round_trip_is_close(tiny_llama_dir: Path, tmp_path: Path, original: mx.array) -> None:
@@ -205,13 +211,16 @@ def test_refuses_missing_not_gguf_and_truncated(f32_gguf: Path, tmp_path: Path) 
     assert "truncated GGUF (header ends early)" in refused(short, tmp_path)
 
 
-def test_refuses_unsupported_tensor_type_by_name(f32_gguf: Path, tmp_path: Path) -> None:
+def test_refuses_every_unsupported_tensor_type_by_name(f32_gguf: Path, tmp_path: Path) -> None:
     path = tmp_path / "k.gguf"
     path.write_bytes(f32_gguf.read_bytes())
-    patch_tensor_type(path, "blk.0.attn_q.weight", 12)
+    patch_tensor_type(path, "blk.0.attn_q.weight", 15)  # Q8_K: llama.cpp-internal, no dequantizer
+    patch_tensor_type(path, "blk.1.attn_q.weight", 15)
+    patch_tensor_type(path, "blk.0.attn_k.weight", 26)  # I32
     message = refused(path, tmp_path)
-    assert "tensor blk.0.attn_q.weight has unsupported type Q4_K" in message
-    assert "supported: F32, F16, Q4_0, Q4_1, Q8_0" in message
+    assert "unsupported GGUF tensor types: I32 (1 tensors, e.g. blk.0.attn_k.weight); " \
+        "Q8_K (2 tensors, e.g. blk.0.attn_q.weight)" in message
+    assert "Q4_K" in message and "IQ4_XS" in message and "re-quantize" in message
 
 
 @pytest.mark.parametrize(
@@ -229,7 +238,7 @@ def test_refuses_unsupported_arch_and_tokenizer(tiny_llama_dir: Path, tmp_path: 
     assert message.startswith(f"{path}: ") and expected in message
 
 
-def test_rope_scaling_eot_and_refused_rope_freqs(tiny_llama_dir: Path, tmp_path: Path) -> None:
+def test_rope_scaling_eot_yarn_and_rope_freqs(tiny_llama_dir: Path, tmp_path: Path) -> None:
     from gguf_helpers import gguf_metadata, gguf_tensors
 
     tensors, meta = gguf_tensors(tiny_llama_dir), gguf_metadata(tiny_llama_dir)
@@ -238,13 +247,35 @@ def test_rope_scaling_eot_and_refused_rope_freqs(tiny_llama_dir: Path, tmp_path:
     mx.save_gguf(str(tmp_path / "lin.gguf"), tensors, meta)
     config = json.loads((import_gguf(tmp_path / "lin.gguf", tmp_path / "c1") / "config.json").read_text())
     assert config["rope_scaling"] == {"type": "linear", "factor": 2.0}
-    assert config["eos_token_id"] == [2, 1]
-    meta["llama.rope.scaling.type"] = "yarn"
+    assert config["eos_token_id"] == [2, 1, 0]  # + <|endoftext|>: llama.cpp's end-of-generation set
+    meta.update({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": mx.array(4.0),
+                 "llama.rope.scaling.original_context_length": mx.array(512, dtype=mx.uint32)})
     mx.save_gguf(str(tmp_path / "yarn.gguf"), tensors, meta)
-    assert "rope.scaling.type='yarn'" in refused(tmp_path / "yarn.gguf", tmp_path)
+    config = json.loads((import_gguf(tmp_path / "yarn.gguf", tmp_path / "c2") / "config.json").read_text())
+    assert config["rope_scaling"] == {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+    meta["llama.rope.scaling.type"] = "ntk-by-parts"
+    mx.save_gguf(str(tmp_path / "odd.gguf"), tensors, meta)
+    assert "rope.scaling.type='ntk-by-parts'" in refused(tmp_path / "odd.gguf", tmp_path)
     del meta["llama.rope.scaling.type"]
-    mx.save_gguf(str(tmp_path / "l3.gguf"), {**tensors, "rope_freqs.weight": mx.ones((8,))}, meta)
-    assert "rope_freqs.weight" in refused(tmp_path / "l3.gguf", tmp_path)
+    factors = mx.array([1.0, 1.0, 2.0, 8.0, 8.0, 8.0, 8.0, 8.0])
+    mx.save_gguf(str(tmp_path / "l3.gguf"), {**tensors, "rope_freqs.weight": factors}, meta)
+    config = json.loads((import_gguf(tmp_path / "l3.gguf", tmp_path / "c3") / "config.json").read_text())
+    assert config["rope_scaling"]["type"] == "longrope"
+    assert config["rope_scaling"]["long_factor"] == factors.tolist() == config["rope_scaling"]["short_factor"]
+
+
+def test_vision_tensors_are_skipped(tiny_llama_dir: Path, tmp_path: Path, original: mx.array,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Ollama's gemma3 blobs carry the vision tower beside the text model (v.*, mm.*)."""
+    from gguf_helpers import gguf_metadata, gguf_tensors
+
+    extra = {"v.blk.0.attn_q.weight": mx.zeros((32, 32)), "mm.input_projection.weight": mx.zeros((64, 32))}
+    mx.save_gguf(str(tmp_path / "mm.gguf"), {**gguf_tensors(tiny_llama_dir), **extra},
+                 gguf_metadata(tiny_llama_dir))
+    with caplog.at_level("INFO", logger="frink_mlx.gguf"):
+        ckpt = import_gguf(tmp_path / "mm.gguf", tmp_path / "cache")
+    assert "ignoring 2 vision/projector tensors" in caplog.text
+    assert mx.allclose(logits(ckpt), original, atol=1e-4).item()
 
 
 def test_mistral_arch_is_accepted(tiny_llama_dir: Path, tmp_path: Path, original: mx.array) -> None:
@@ -259,7 +290,7 @@ def test_smollm2_checkpoint_config(smollm2_dir: Path) -> None:
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert config["num_hidden_layers"] == 30 and config["hidden_size"] == 576
     assert config["num_key_value_heads"] == 3 and config["max_position_embeddings"] == 8192
-    assert config["tie_word_embeddings"] is True and config["rope_traditional"] is True
+    assert config["tie_word_embeddings"] is True and not config.get("rope_traditional")
     assert config["quantization"]["model.embed_tokens"]["bits"] == 8   # Q8_0
     assert config["quantization"]["model.layers.0.mlp.down_proj"]["bits"] == 4  # Q4_1
     tok_config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
@@ -299,3 +330,21 @@ def test_content_hash_streams_the_whole_file(tmp_path: Path) -> None:
     assert content_hash(a) != content_hash(b) and len(content_hash(a)) == 16
     os.utime(b, (0, 0))
     assert content_hash(b) == content_hash(b)
+
+
+def test_import_logs_progress_and_time(tiny_llama_dir: Path, tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    from frink_mlx.models.gguf import ImportProgress
+
+    reports: list[ImportProgress] = []
+    path = write_float_gguf(tiny_llama_dir, tmp_path / "p.gguf")
+    with caplog.at_level("INFO", logger="frink_mlx.gguf"):
+        import_gguf(path, tmp_path / "cache", progress=reports.append)
+    text = caplog.text
+    assert "hashed p.gguf" in text and "importing p.gguf: llama, 20 tensors (F32)" in text
+    assert "converting: 100%" in text and "imported p.gguf in " in text
+    phases = [r.phase for r in reports]
+    assert phases[0] == "hash" and phases[-1] == "convert"
+    last = reports[-1]
+    assert last.done_bytes == last.total_bytes > 0
+    assert all(a.done_bytes <= b.done_bytes for a, b in itertools.pairwise(reports) if a.phase == b.phase)

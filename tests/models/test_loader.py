@@ -124,7 +124,8 @@ def test_gguf_source_is_imported_into_the_cache(tiny_llama_dir: Path, tmp_path: 
     path = write_float_gguf(tiny_llama_dir, tmp_path / "tiny.gguf")
     loaded = load_model(ModelSpec(name="g", source=str(path)), load_config(tmp_path))
     assert loaded.path.parent == tmp_path / "cache" / "checkpoints"
-    assert loaded.config["rope_traditional"] is True
+    assert not loaded.config.get("rope_traditional")  # Q/K rows un-permuted at import (gguf/arch.py)
+    assert loaded.config["gguf"]["file"] == "tiny.gguf"
 
 
 def test_source_refusals(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
 
-The routes only decode, translate (translate.py) and frame; the daemon's
-AppState does the work. Quirks kept on purpose:
+The routes only translate (translate.py) and frame; adapters/endpoint.py runs
+the request skeleton and the daemon's AppState does the work. Quirks kept on purpose:
 1. Every error -- malformed JSON included -- leaves in Anthropic's envelope
    `{"type": "error", "error": {"type", "message"}}` with the error's status.
 2. The prompt is rendered and admitted before the SSE header is sent, so a
@@ -24,11 +24,13 @@ from starlette.routing import BaseRoute, Route
 from ...core.events import choice_events, drain_choice
 from ...http.body import decode_body
 from ...http.errors import anthropic_error, endpoint
-from ...http.sse import run_until_disconnect, sse_frame, sse_response
+from ...http.sse import sse_frame
+from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
 from .translate import Frame, MessageBuilder, to_gen_request
 
 PING_FRAME = sse_frame(json.dumps({"type": "ping"}), event="ping")
+ANTHROPIC = Protocol("anthropic", anthropic_error, keepalive_frame=PING_FRAME)
 
 
 def _message_id(run: Any) -> str:
@@ -54,18 +56,15 @@ async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:
     return builder.message()
 
 
-@endpoint(anthropic_error)
-async def create_message(request: Request) -> Response:
-    body = await decode_body(request, wire.MessagesRequest)
-    gen = to_gen_request(body)
-    run = await request.app.state.frink.generate(gen)
+async def start_message(request: Request, body: wire.MessagesRequest) -> Answer:
+    (run,) = await generate(request, [to_gen_request(body)])
     builder = MessageBuilder(id=_message_id(run), model=run.model,
                              prompt_tokens=run.prompt_tokens)
-    if body.stream:
-        return sse_response(_stream(run, builder), on_close=run.abort, keepalive_frame=PING_FRAME)
-    message = await run_until_disconnect(request, lambda: _collect(run, builder),
-                                         on_disconnect=run.abort)
-    return JSONResponse(message)
+    return Answer([run], body.stream, lambda: _stream(run, builder),
+                  lambda: _collect(run, builder))
+
+
+create_message = generating(ANTHROPIC, wire.MessagesRequest, start_message)
 
 
 @endpoint(anthropic_error)

@@ -25,10 +25,12 @@ from ...core.events import choice_events, drain_choice
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
-from ...http.sse import run_until_disconnect, sse_frame, sse_response
+from ...http.sse import sse_frame
+from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
-from .translate import (FIM_STYLES, CompletionBuilder, check_prompt, infill_prompt,
-                        to_gen_request)
+from .translate import FIM_STYLES, CompletionBuilder, check_prompt, infill_prompt, to_gen_request
+
+LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
 
 async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int | str]
@@ -71,36 +73,32 @@ async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:
     return builder.result()
 
 
-async def _respond(request: Request, body: wire._Sampling, prompt: str | list[int | str]
-                   ) -> Response:
-    state = request.app.state.frink
-    run = await state.generate(to_gen_request(body, prompt))
+async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
+                  ) -> Answer:
+    (run,) = await generate(request, [to_gen_request(body, prompt)])
     builder = CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None)
-    if body.stream:
-        return sse_response(_stream(run, builder), on_close=run.abort)
-    result = await run_until_disconnect(request, lambda: _collect(run, builder),
-                                        on_disconnect=run.abort)
-    return JSONResponse(result)
+    return Answer([run], body.stream, lambda: _stream(run, builder),
+                  lambda: _collect(run, builder))
 
 
-@endpoint(llamacpp_error)
-async def completion(request: Request) -> Response:
-    body = await decode_body(request, wire.CompletionRequest)
+async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
     check_prompt(body.prompt)
     prompt = await resolve_prompt(request.app.state.frink, body.model, body.prompt)
-    return await _respond(request, body, prompt)
+    return await _answer(request, body, prompt)
 
 
-@endpoint(llamacpp_error)
-async def infill(request: Request) -> Response:
-    body = await decode_body(request, wire.InfillRequest)
+async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
     style = await fim_style(request.app.state.frink, body.model)
     if style is None:
         names = ", ".join(s[0] for s in FIM_STYLES)
         raise NotSupported(f"/infill needs fill-in-the-middle tokens ({names}, ...) in the "
                            f"model's vocabulary; the model '{body.model or 'default'}' has none.",
                            code="fim_not_supported")
-    return await _respond(request, body, infill_prompt(body, style))
+    return await _answer(request, body, infill_prompt(body, style))
+
+
+completion = generating(LLAMACPP, wire.CompletionRequest, start_completion)
+infill = generating(LLAMACPP, wire.InfillRequest, start_infill)
 
 
 @endpoint(llamacpp_error)

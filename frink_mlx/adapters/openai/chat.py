@@ -24,18 +24,24 @@ from typing import Any, AsyncIterator
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, TokenLogprob,
-                            ToolCallDelta, ToolCallEnd, ToolCallStart, Usage)
-from ...core.request import (GenRequest, Message, ResponseFormat, SamplingParams, Tool,
-                             ToolCall)
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
-from ...http.access import note_generation
-from ...http.body import decode_body
-from ...http.errors import endpoint, error_body, openai_error
-from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
+from ...http.errors import error_body, openai_error
+from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -45,10 +51,6 @@ _ENCODE = msgspec.json.Encoder()
 
 def dumps(obj: Any) -> str:
     return _ENCODE.encode(obj).decode()
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json")
 
 
 # --- request translation ---------------------------------------------------------
@@ -181,13 +183,9 @@ class UsageSum:
     reasoning_tokens: int | None = None
     draft_tokens: int | None = None     # extension: speculative tokens drafted / accepted
     draft_accepted: int | None = None
-    ttft_ms: float | None = None
 
     def add_done(self, done: Done) -> None:
         self.add(done.usage)
-        ttft = done.timings.get("ttft_ms")
-        if ttft is not None and (self.ttft_ms is None or ttft < self.ttft_ms):
-            self.ttft_ms = ttft
 
     def add(self, usage: Usage) -> None:
         self.prompt_tokens = usage.prompt_tokens
@@ -218,19 +216,6 @@ class UsageSum:
             out["draft_tokens"] = self.draft_tokens
             out["draft_accepted"] = self.draft_accepted
         return out
-
-
-def note_run(request: Request | None, run: Any, usage: UsageSum | None = None) -> None:
-    """What the access log and metrics should know about this generation."""
-    if request is None:
-        return
-    if usage is None:
-        note_generation(request, model=run.model, generation=run.generation,
-                        prompt_tokens=run.prompt_tokens)
-        return
-    note_generation(request, prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens,
-                    ttft_s=None if usage.ttft_ms is None else usage.ttft_ms / 1000.0)
 
 
 def logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
@@ -288,13 +273,11 @@ def chat_choice(index: int, c: ChoiceAcc, want_logprobs: bool) -> dict[str, Any]
             if want_logprobs else None}
 
 
-def chat_body(run: Any, acc: dict[int, ChoiceAcc], want_logprobs: bool,
-              request: Request | None = None) -> dict[str, Any]:
+def chat_body(run: Any, acc: dict[int, ChoiceAcc], want_logprobs: bool) -> dict[str, Any]:
     usage = UsageSum()
     for c in acc.values():
         if c.done is not None:
             usage.add_done(c.done)
-    note_run(request, run, usage)
     return {"id": f"chatcmpl-{run.id}", "object": "chat.completion", "created": run.created,
             "model": run.model, "system_fingerprint": f"frink-g{run.generation}",
             "choices": [chat_choice(i, acc[i], want_logprobs) for i in sorted(acc)],
@@ -317,8 +300,8 @@ def _delta(event: Event) -> dict[str, Any] | None:
     return None
 
 
-async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool,
-                      request: Request | None = None) -> AsyncIterator[str]:
+async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
+                      ) -> AsyncIterator[str]:
     head = {"id": f"chatcmpl-{run.id}", "object": "chat.completion.chunk", "created": run.created,
             "model": run.model, "system_fingerprint": f"frink-g{run.generation}"}
 
@@ -336,7 +319,6 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool,
             return
         if isinstance(event, Done):
             usage.add_done(event)
-            note_run(request, run, usage)
             yield chunk(event.index, {}, finish_reason(event))
             continue
         delta = _delta(event)
@@ -351,26 +333,23 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool,
     yield "data: [DONE]\n\n"
 
 
-# --- the endpoint ----------------------------------------------------------------
+# --- the endpoint (adapters/endpoint.py runs the skeleton) ----------------------
 
-@endpoint(openai_error)
-async def chat_completions(request: Request) -> Response:
-    state = request.app.state.frink
-    body = await decode_body(request, wire.ChatCompletionRequest)
-    run = await state.generate(to_gen_request(body))
-    note_run(request, run)
+OPENAI = Protocol("openai", openai_error)
+
+
+async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answer:
+    (run,) = await generate(request, [to_gen_request(body)])
     want_logprobs = bool(body.logprobs)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(chat_frames(run, include_usage, want_logprobs, request),
-                            on_close=run.abort)
-    try:
-        acc = await run_until_disconnect(request, lambda: collect(run), run.abort)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
-        await run.abort()
-    return json_response(chat_body(run, acc, want_logprobs, request))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+    async def body_of() -> dict[str, Any]:
+        return chat_body(run, await collect(run), want_logprobs)
+
+    return Answer([run], body.stream, lambda: chat_frames(run, include_usage, want_logprobs),
+                  body_of)
+
+
+chat_completions = generating(OPENAI, wire.ChatCompletionRequest, start_chat)
 
 routes: list[BaseRoute] = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]

@@ -14,23 +14,21 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
-from ...http.body import decode_body
-from ...http.errors import endpoint, error_body, openai_error
-from ...http.sse import ClientDisconnected, run_until_disconnect, sse_response
+from ...http.errors import error_body
+from ..endpoint import Answer, generate, generating
 from . import wire
-from .chat import (ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, json_response, note_run,
-                   sampling_of)
+from .chat import OPENAI, ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, sampling_of
 
 
 def _prompts(prompt: Any) -> list[Any]:
@@ -73,18 +71,6 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
     return reqs, top
-
-
-async def start_runs(state: Any, reqs: list[GenRequest]) -> list[Any]:
-    runs: list[Any] = []
-    try:
-        for req in reqs:
-            runs.append(await state.generate(req))
-    except BaseException:
-        for run in runs:
-            await run.abort()
-        raise
-    return runs
 
 
 async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
@@ -150,14 +136,11 @@ async def collect_all(runs: list[Any]) -> dict[int, ChoiceAcc]:
 
 
 def _renumber(event: Event, k: int, n: int) -> Event:
-    import dataclasses
-
     return dataclasses.replace(event, index=k * n + event.index) if k else event
 
 
 async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
-                            include_usage: bool, request: Request | None = None
-                            ) -> AsyncIterator[str]:
+                            include_usage: bool) -> AsyncIterator[str]:
     first = runs[0]
     head = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
             "model": first.model, "system_fingerprint": f"frink-g{first.generation}"}
@@ -178,7 +161,6 @@ async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
             return
         if isinstance(event, Done):
             usage.add_done(event)
-            note_run(request, first, usage)
             yield frame(event.index, "", finish_reason(event))
         elif isinstance(event, TextDelta):
             lps = None
@@ -197,10 +179,10 @@ async def _abort_all(runs: list[Any]) -> None:
 
 
 def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | None,
-                    top: int | None, request: Request | None = None) -> dict[str, Any]:
+                    top: int | None) -> dict[str, Any]:
     first, n = runs[0], runs[0].n
     usage = UsageSum()
-    for k, run in enumerate(runs):
+    for k in range(len(runs)):
         u = UsageSum()
         for j in range(n):
             if acc[k * n + j].done is not None:
@@ -209,7 +191,6 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
         usage.cached_tokens += u.cached_tokens
         usage.completion_tokens += u.completion_tokens
         usage.add_drafts(u.draft_tokens, u.draft_accepted)
-    note_run(request, first, usage)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
                for i in sorted(acc)]
     return {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
@@ -217,26 +198,23 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
             "choices": choices, "usage": usage.as_dict()}
 
 
-@endpoint(openai_error)
-async def completions(request: Request) -> Response:
-    state = request.app.state.frink
-    body = await decode_body(request, wire.CompletionRequest)
+async def start_completions(request: Request, body: wire.CompletionRequest) -> Answer:
     reqs, top = to_gen_requests(body)
-    runs = await start_runs(state, reqs)
-    note_run(request, runs[0])
-    echo = await Echo([]).of(runs, state) if body.echo else None
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(completion_frames(runs, echo, top, include_usage, request),
-                            on_close=lambda: _abort_all(runs))
+    runs = await generate(request, reqs)
     try:
-        acc = await run_until_disconnect(request, lambda: collect_all(runs),
-                                         lambda: _abort_all(runs))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    finally:
+        echo = await Echo([]).of(runs, request.app.state.frink) if body.echo else None
+    except BaseException:
         await _abort_all(runs)
-    return json_response(completion_body(runs, acc, echo, top, request))
+        raise
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+    async def body_of() -> dict[str, Any]:
+        return completion_body(runs, await collect_all(runs), echo, top)
+
+    return Answer(runs, body.stream,
+                  lambda: completion_frames(runs, echo, top, include_usage), body_of)
+
+
+completions = generating(OPENAI, wire.CompletionRequest, start_completions)
 
 routes: list[BaseRoute] = [Route("/v1/completions", completions, methods=["POST"])]

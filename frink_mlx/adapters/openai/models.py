@@ -6,7 +6,9 @@ active generation), `kind` (generative / encoder), `aliases`, and
 null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 /v1/embeddings returns for it: its own, its side-car's, or null when it serves
 none) and `max_input_tokens` (longest input it takes; null when not known until
-loaded) -- both from `AppState.model_facts` (engine/encoder/service.py).
+loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
+`status` "available" or "unavailable" with the `reason` (its source is missing
+here: registry rule 5), checked on each listing, so a fixed source shows at once.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from ...http.errors import endpoint, openai_error
-from .chat import json_response
+from ..endpoint import json_response
 
 
 def context_length_of(gen: Any) -> int | None:
@@ -27,6 +29,13 @@ def context_length_of(gen: Any) -> int | None:
     if gen.plan is not None:
         return int(gen.plan.context_ceiling)
     return int(getattr(gen.loaded, "context_length", 0)) or None
+
+
+def availability(registry: Any, spec: Any) -> dict[str, Any]:
+    """{"status": "available"} or {"status": "unavailable", "reason": why} (registry rule 5)."""
+    problem = registry.problem(spec)
+    return {"status": "available"} if problem is None else \
+        {"status": "unavailable", "reason": problem}
 
 
 def model_object(state: Any, spec: Any) -> dict[str, Any]:
@@ -38,7 +47,7 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"]}
+            "max_input_tokens": facts["max_input_tokens"], **availability(state.registry, spec)}
 
 
 @endpoint(openai_error)

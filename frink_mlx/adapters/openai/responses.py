@@ -34,10 +34,12 @@ from starlette.routing import BaseRoute, Route
 from ...core.events import Done, ErrorEvent, choice_events, drain_choice
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
-from ...http.body import decode_body, validation_param
+from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
-from ...http.sse import run_until_disconnect, sse_frame, sse_response
+from ...http.sse import sse_frame
+from ..endpoint import Answer, generate, generating
 from . import responses_wire as w
+from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_store import ResponseStore, StoredResponse
 
@@ -264,23 +266,27 @@ async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
     return builder.response()
 
 
-@endpoint(openai_error)
-async def create_response(request: Request) -> Response:
-    req = await decode_body(request, w.ResponsesRequest)
+async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     store = store_of(request)
     history: list[Message] = []
     if req.previous_response_id is not None:
         history = list(store.get(req.previous_response_id, param="previous_response_id").messages)
     gen, conversation = to_gen_request(req, history)
-    run = await request.app.state.frink.generate(gen)
+    (run,) = await generate(request, [gen])
     builder = ResponseBuilder(base=response_base(req, run.model))
-    if req.stream:
-        return sse_response(_stream(run, builder, lambda: _keep(req, store, builder, conversation)),
-                            on_close=run.abort)
-    response = await run_until_disconnect(request, lambda: _collect(run, builder),
-                                          on_disconnect=run.abort)
-    _keep(req, store, builder, conversation)
-    return JSONResponse(response)
+
+    def keep() -> None:
+        _keep(req, store, builder, conversation)
+
+    async def body_of() -> dict[str, Any]:
+        response = await _collect(run, builder)
+        keep()
+        return response
+
+    return Answer([run], req.stream, lambda: _stream(run, builder, keep), body_of)
+
+
+create_response = generating(OPENAI, w.ResponsesRequest, start_response)
 
 
 @endpoint(openai_error)

@@ -9,10 +9,17 @@ Rules (mirroring llama.cpp's `llama-vocab.cpp`):
    (id = index), `merges` are ranked pairs "a b" in order.
 2. Token types: 3 (CONTROL) become special added tokens; 4 (USER_DEFINED) become
    non-special added tokens. Both are matched verbatim before BPE runs.
-3. The byte-level pre-tokenizer regex is chosen by `tokenizer.ggml.pre` (table
-   below); an unknown name is refused rather than guessed.
-4. `add_bos_token` prepends the BOS id through a post-processor (default: off
-   for gpt2, on for SentencePiece, as in llama.cpp).
+3. The byte-level pre-tokenizer is chosen by `tokenizer.ggml.pre` (PRE_TOKENIZERS,
+   llama.cpp's families: its regexes applied in turn, each splitting the pieces
+   the previous one left, gaps kept; then bytes -> GPT-2's printable alphabet).
+   The llama3 family also takes a piece that is itself in the vocabulary as one
+   token (`ignore_merges`, as llama.cpp and Llama-3's tokenizer.json do). Where
+   llama.cpp rewrote a regex for std::regex (llama3, tekken, gpt-4o) we keep the
+   original from the model's tokenizer.json, which `tokenizers` runs natively.
+   An unknown name is refused rather than guessed.
+4. `add_bos_token` prepends the BOS id through a post-processor (default when
+   the key is absent, as in llama.cpp: on for SentencePiece and the llama3
+   family, off for other byte-level BPEs).
 5. `tokenizer.ggml.model = llama` is SentencePiece BPE: merges are derived from
    the piece scores, unknown bytes fall back to <0xXX> pieces, spaces become
    U+2581 with one prepended per text run (`add_space_prefix`); UNKNOWN (2) is
@@ -24,9 +31,10 @@ Deliberately left out: WordPiece/Unigram vocabularies; refused by name.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ModelFormatError
+from ...errors import ModelFormatError
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 2, 3, 4
 
@@ -39,21 +47,42 @@ QWEN2_REGEX = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral Nemo's "tekken" and GPT-4o's (Phi-4) split case runs; as in their tokenizer.json files
+TEKKEN_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", r"[0-9][0-9][0-9]")
 
-# tokenizer.ggml.pre -> (split digits one by one first?, regex; None = GPT-2's built into ByteLevel)
-PRE_TOKENIZERS: dict[str, tuple[bool, str | None]] = {
-    "default": (False, None),
-    "gpt-2": (False, None),
-    "gpt2": (False, None),
-    "smollm": (True, None),
-    "starcoder": (True, None),
-    "refact": (True, None),
-    "codeshell": (True, None),
-    "llama3": (False, LLAMA3_REGEX),
-    "llama-bpe": (False, LLAMA3_REGEX),
-    "falcon3": (False, LLAMA3_REGEX),
-    "qwen2": (False, QWEN2_REGEX),
-    "deepseek-r1-qwen": (False, QWEN2_REGEX),
+
+@dataclass(slots=True, frozen=True)
+class PreTokenizer:
+    """llama.cpp's pre-tokenizer for one `tokenizer.ggml.pre` family (rule 3)."""
+
+    splits: tuple[str, ...]  # regexes applied in turn, each splitting the previous pieces
+    ignore_merges: bool = False  # a piece already in the vocab is one token (llama3 family)
+
+
+_GPT2 = PreTokenizer((GPT2_REGEX,))
+_DIGITS = PreTokenizer((r"\p{N}", GPT2_REGEX))
+_LLAMA3 = PreTokenizer((LLAMA3_REGEX,), ignore_merges=True)
+_QWEN2 = PreTokenizer((QWEN2_REGEX,))
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "default": PreTokenizer(DEFAULT_SPLITS),
+    **dict.fromkeys(("gpt-2", "gpt2", "mpt", "olmo", "jais", "trillion"), _GPT2),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                     "minerva-7b"), _DIGITS),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), _LLAMA3),
+    **dict.fromkeys(("smaug-bpe", "dbrx"), PreTokenizer((LLAMA3_REGEX,))),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan"), _QWEN2),
+    "tekken": PreTokenizer((TEKKEN_REGEX,)),
+    "gpt-4o": PreTokenizer((GPT4O_REGEX,)),
 }
 
 
@@ -63,15 +92,11 @@ def _pre_tokenizer(pre: str) -> dict[str, Any]:
             f"unsupported GGUF pre-tokenizer tokenizer.ggml.pre={pre!r} "
             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
         )
-    digits, regex = PRE_TOKENIZERS[pre]
-    steps: list[dict[str, Any]] = []
-    if digits:
-        steps.append({"type": "Digits", "individual_digits": True})
-    if regex is not None:
-        steps.append({"type": "Split", "pattern": {"Regex": regex},
-                      "behavior": "Isolated", "invert": False})
+    steps: list[dict[str, Any]] = [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+        for regex in PRE_TOKENIZERS[pre].splits]
     steps.append({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                  "use_regex": regex is None})
+                  "use_regex": False})
     return {"type": "Sequence", "pretokenizers": steps}
 
 
@@ -142,15 +167,16 @@ def _tokenizer_config(meta: dict[str, Any], tokens: list[str], added: list[dict[
 
 def _byte_level_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, Any]:
     """tokenizer.ggml.model = gpt2: byte-level BPE with ranked merges (rules 1, 3)."""
+    pre = str(meta.get("tokenizer.ggml.pre") or "default")
     return {
         "normalizer": None,
-        "pre_tokenizer": _pre_tokenizer(str(meta.get("tokenizer.ggml.pre") or "default")),
+        "pre_tokenizer": _pre_tokenizer(pre),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                     "use_regex": True},
         "model": {
             "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-            "ignore_merges": False,
+            "ignore_merges": PRE_TOKENIZERS[pre].ignore_merges,
             "vocab": {tok: i for i, tok in enumerate(tokens)},
             "merges": list(meta.get("tokenizer.ggml.merges") or []),
         },
@@ -181,15 +207,16 @@ def _sentencepiece_parts(meta: dict[str, Any], tokens: list[str]) -> dict[str, A
         raise ModelFormatError("GGUF SentencePiece tokenizer has no tokenizer.ggml.scores")
     unk_id = _int(meta, "tokenizer.ggml.unknown_token_id")
     steps: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
-    if _bool(meta, "tokenizer.ggml.add_space_prefix", True):
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if _bool(meta, "tokenizer.ggml.add_space_prefix", True):  # gemma: off
         steps.insert(0, {"type": "Prepend", "prepend": "\u2581"})
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
     return {
         "normalizer": {"type": "Sequence", "normalizers": steps},
         "pre_tokenizer": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"},
-            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
             "type": "BPE", "dropout": None, "continuing_subword_prefix": None,
             "unk_token": tokens[unk_id] if unk_id is not None else None,
@@ -214,7 +241,8 @@ def build_tokenizer_files(meta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     types = raw_types.tolist() if raw_types is not None else [TOKEN_NORMAL] * len(tokens)
     spm = model == "llama"
     added = _added_tokens(tokens, types, unknown_is_special=spm)
-    config = _tokenizer_config(meta, tokens, added, add_bos_default=spm)
+    pre = PRE_TOKENIZERS.get(str(meta.get("tokenizer.ggml.pre") or "default"))
+    config = _tokenizer_config(meta, tokens, added, add_bos_default=spm or pre is _LLAMA3)
     parts = _sentencepiece_parts(meta, tokens) if spm else _byte_level_parts(meta, tokens)
     bos_id = _int(meta, "tokenizer.ggml.bos_token_id")
     post = _post_processor(config["bos_token"] if config["add_bos_token"] else None, bos_id)

@@ -1,0 +1,132 @@
+"""The one request skeleton every generating route runs, whatever its protocol.
+
+Five protocols (OpenAI chat, completions and Responses, Anthropic messages,
+llama.cpp /completion and /infill, Ollama /api/chat and /api/generate) share
+one shape; written once here so they cannot drift apart again (they had: a
+client that left before a non-streaming answer was a 499 on two routes and a
+logged 500 traceback on four). A protocol supplies only what is its own --
+its wire struct, a `start` that translates and submits, its frames and its
+collected body -- and gets, identically:
+
+1. The body is read (413 past the limit, 408 on a stall), decoded into the
+   wire struct (400 naming the field) -- all in the protocol's envelope. A
+   client that drops mid-body is a 499, never a 500 (http/errors.py rule 4).
+2. `start(request, body)` translates and calls `generate`, which leases,
+   renders, validates and admits every prompt before a single byte is sent, so
+   template errors, context overflows and bad schemas are real statuses on
+   streaming requests too.
+3. Streaming: the protocol's frames go out in its framing (SSE, or NDJSON for
+   Ollama) raced against the client's disconnect; every run is aborted when the
+   response ends, however it ends -- a gone client's decode stops within one
+   engine step and its KV blocks are freed.
+4. Non-streaming: the protocol's `collect()` is raced against disconnect the
+   same way; a client that leaves is a 499 and its runs are aborted. An error
+   the engine reports before anything was sent is a real status in the envelope.
+5. Errors: a `FrinkError` leaves in the protocol's envelope with its status;
+   anything else is logged once at ERROR and answered 500 (http/errors.py).
+6. Accounting: `AppState.generate` tracks every run for the access line and
+   the metrics (http/access.py rule 3), which the access middleware writes
+   once per request, with 499 for any answer the client did not wait for
+   (rule 6 there). Protocols note nothing themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..core.request import GenRequest
+from ..http.body import decode_body
+from ..http.errors import Envelope, endpoint
+from ..http.sse import StreamResponse, run_until_disconnect
+
+if TYPE_CHECKING:
+    from ..serving.handles import Run
+
+W = TypeVar("W")
+_ENCODE = msgspec.json.Encoder()
+
+SSE_MEDIA_TYPE = "text/event-stream"
+NDJSON_MEDIA_TYPE = "application/x-ndjson"
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """A JSON body (msgspec-encoded), the one way every adapter answers in JSON."""
+    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Protocol:
+    """What differs between protocols at the HTTP edge: the error envelope and
+    the stream framing. `keepalive_frame` None = the framing has no harmless
+    keepalive (NDJSON), so nothing is sent while the model is silent."""
+
+    name: str
+    envelope: Envelope
+    media_type: str = SSE_MEDIA_TYPE
+    keepalive_frame: str | None = ": keepalive\n\n"
+    keepalive_s: float = 15.0
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a protocol's `start` returns: the runs it submitted, and how to
+    render them -- as a stream of frames, or collected into one JSON body."""
+
+    runs: list["Run"]
+    stream: bool
+    frames: Callable[[], AsyncIterator[str]]
+    collect: Callable[[], Awaitable[Any]]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    async def abort(self) -> None:
+        """Stop every run (a no-op for runs that already finished)."""
+        for run in self.runs:
+            await run.abort()
+
+
+Start = Callable[[Request, W], Awaitable[Answer]]
+
+
+async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
+    """Submit every request (rule 2); if one is refused, abort those already started."""
+    state = request.app.state.frink
+    runs: list[Run] = []
+    try:
+        for req in reqs:
+            runs.append(await state.generate(req))
+    except BaseException:
+        for run in runs:
+            await run.abort()
+        raise
+    return runs
+
+
+def generating(protocol: Protocol, wire: type[W], start: Start[W]
+               ) -> Callable[[Request], Awaitable[Response]]:
+    """The Starlette endpoint for `protocol`: decode `wire`, `start`, then stream or collect.
+
+    A plain function (Starlette treats any other callable as a raw ASGI app)."""
+
+    @endpoint(protocol.envelope)                                   # rule 5
+    async def serve(request: Request) -> Response:
+        body = await decode_body(request, wire)                    # rule 1
+        answer = await start(request, body)                        # rule 2
+        if answer.stream:                                          # rule 3
+            return StreamResponse(answer.frames(), on_close=answer.abort,
+                                  keepalive_s=protocol.keepalive_s,
+                                  keepalive_frame=protocol.keepalive_frame,
+                                  media_type=protocol.media_type, headers=answer.headers)
+        try:                                                       # rule 4
+            result = await run_until_disconnect(request, answer.collect, answer.abort)
+        finally:
+            await answer.abort()
+        response = json_response(result)
+        response.headers.update(answer.headers)
+        return response
+
+    return serve

@@ -1,0 +1,29 @@
+"""GGUF -> MLX checkpoint import (llama.cpp's files, served by mlx-lm's model files).
+
+    cache.py      content-hash cache key (no numpy/MLX: `frink-mlx models` stays instant)
+    reader.py     bounds-checked header reader; tensor rows read on demand
+    tensors.py    every tensor type the `gguf` package dequantizes -> float or MLX affine
+    arch.py       metadata + tensor names -> mlx-lm config and parameter names, per-arch quirks
+    tokenizer.py  tokenizer.ggml.* -> tokenizer.json (BPE per pre-tokenizer, SentencePiece)
+    importer.py   `import_gguf`: the streaming conversion, progress and logging
+
+`import_gguf(path, cache_dir, *, as_float=False, progress=None) -> Path` is the
+public entry; any file name works (Ollama blobs have no .gguf suffix). The
+heavy modules load on first use of `import_gguf`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cache import IMPORTER_VERSION, checkpoint_dir_for, content_hash
+
+__all__ = ["IMPORTER_VERSION", "ImportProgress", "checkpoint_dir_for", "content_hash", "import_gguf"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("import_gguf", "ImportProgress"):
+        from . import importer
+
+        return getattr(importer, name)
+    raise AttributeError(name)

@@ -1,0 +1,40 @@
+"""Where an imported GGUF's checkpoint lives: keyed by the file's content, not its name.
+
+Why content: Ollama blobs and re-downloaded files change names; a changed file
+must never reuse a stale checkpoint. The key is the SHA-256 of the whole file
+(streamed in 4 MiB chunks), first 16 hex digits, plus IMPORTER_VERSION (a
+changed importer never reuses what an older one wrote) and "-f32" for float
+imports. Kept free of numpy/MLX imports so `frink-mlx models` stays instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+IMPORTER_VERSION = 2  # bump when the checkpoint the importer writes changes
+_CHUNK = 1 << 22
+
+
+def content_hash(path: Path, progress: Callable[[Any], None] | None = None) -> str:
+    """SHA-256 of the whole file; 16 hex digits. `progress` gets ImportProgress("hash", ...)."""
+    digest = hashlib.sha256()
+    total, done = path.stat().st_size, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                from .importer import ImportProgress
+
+                progress(ImportProgress("hash", done, total))
+    return digest.hexdigest()[:16]
+
+
+def checkpoint_dir_for(path: Path, cache_dir: str | Path, *, as_float: bool = False,
+                       progress: Callable[[Any], None] | None = None) -> Path:
+    """<cache>/checkpoints/<content hash>-v<IMPORTER_VERSION>[-f32]."""
+    suffix = "-f32" if as_float else ""
+    return Path(cache_dir) / "checkpoints" / f"{content_hash(path, progress)}-v{IMPORTER_VERSION}{suffix}"
