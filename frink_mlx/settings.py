@@ -93,6 +93,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
+    speculative: bool = True                     # prompt-lookup speculative decoding in the batch
+                                                 # (engine/spec.py); per request `speculative: false`
+    spec_max_draft: int = 8                      # most tokens a row drafts per step
+    spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
+    spec_max_rows: int = 2                       # a step decoding more rows does not speculate
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
@@ -148,7 +153,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             max_kv_pool_bytes=self.max_kv_pool_bytes)
 
     def engine_limits(self) -> EngineLimits:
+        if self.spec_max_draft < 1 or self.spec_ngram < 2:
+            raise ConfigError("invalid setting: spec_max_draft must be >= 1 and spec_ngram >= 2")
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
+                            speculative=self.speculative, spec_max_draft=self.spec_max_draft,
+                            spec_ngram=self.spec_ngram, spec_max_rows=self.spec_max_rows,
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
                             admission_window_ms=self.admission_window_ms,
@@ -265,6 +274,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
     "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
     "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
+    "speculative": SettingDoc("prompt-lookup speculative decoding inside the batch (greedy "
+                              "output unchanged); requests opt out with `speculative: false`"),
+    "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
+    "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
+    "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),
     # --- lifecycle ---
     "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
     "log_level": SettingDoc("debug, info, warning, error or critical"),

@@ -61,6 +61,7 @@ from .kv.paged import PagedKVStore, model_kv_geometry
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
+from .spec import SpecConfig
 from .stream import SeqStream
 from .types import EngineStats, SeqRequest
 
@@ -88,6 +89,7 @@ class EngineConfig:
     idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
+    spec: SpecConfig | None = None           # speculative decoding (spec.py); None = off
 
 
 class Engine:
@@ -108,7 +110,7 @@ class Engine:
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
             one_request_at_a_time=not config.batching,
-            idle_prefill_tokens=config.idle_prefill_tokens)
+            idle_prefill_tokens=config.idle_prefill_tokens, spec=config.spec)
         self.runner = Runner(model, self._new_store(), backend.prepare_decoder(model),
                              device_masks=backend.device_token_masks())
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -189,6 +191,9 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if sch.speculator is not None:
+            s.draft_tokens_total = sch.speculator.num_drafted_total
+            s.draft_accepted_tokens_total = sch.speculator.num_accepted_total
         store = self.runner.store  # may be swapped by the MLX thread after an error
         if store is not None and store.keys:
             s.extra["kv_pool_bytes"] = float(store.nbytes)

@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
+from ..engine.spec import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.encoder import Encoder
 from ..models.loader import LoadedModel, load_model
@@ -74,7 +75,10 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         queue_timeout_s=limits.queue_timeout_s, generation=number,
         idle_prefill_tokens=limits.idle_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
-        pipeline=limits.pipeline)
+        pipeline=limits.pipeline,
+        spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
+                        max_rows=limits.spec_max_rows)
+        if limits.speculative else None)
     engine = Engine(loaded, engine_config, gate, backend)  # type: ignore[arg-type]
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic())

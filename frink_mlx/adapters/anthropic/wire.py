@@ -15,6 +15,9 @@ Rules:
 4. `cache_control` (per block and top-level) is accepted everywhere the API allows it and has no effect
    beyond what the automatic prefix cache already does (it is a hint, not a
    semantic change); `citations` on text blocks sent back by a client likewise.
+5. `speculative: false` (a frink extension, e.g. through the SDK's `extra_body`)
+   turns speculative decoding off for the request; it never changes the answer.
+   Usage then carries `draft_tokens` / `draft_accepted` only when it speculated.
 """
 
 from __future__ import annotations
@@ -193,3 +196,4 @@ class MessagesRequest(_ServerFeatures, forbid_unknown_fields=False):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
+    speculative: bool = True  # frink extension (rule 5): False opts out of speculation

@@ -39,7 +39,8 @@ def stop_type(done: Done) -> str:
 
 
 def timings(done: Done, predicted_n: int | None = None) -> dict[str, float]:
-    """Rule 3, from Done.timings (prompt_ms, predicted_ms) and its usage."""
+    """Rule 3, from Done.timings (prompt_ms, predicted_ms) and its usage; `draft_n` /
+    `draft_n_accepted` only when drafts were made (llama-server adds them only then)."""
     usage = done.usage
     cache_n = usage.cached_tokens
     prompt_n = usage.prompt_tokens - cache_n
@@ -53,7 +54,9 @@ def timings(done: Done, predicted_n: int | None = None) -> dict[str, float]:
             "predicted_n": n, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / decoded if decoded and predicted_ms else 0.0,
             "predicted_per_second": 1e3 * decoded / predicted_ms if decoded and predicted_ms
-            else 0.0}
+            else 0.0,
+            **({"draft_n": usage.draft_tokens, "draft_n_accepted": usage.draft_accepted or 0}
+               if usage.draft_tokens else {})}
 
 
 def probability(lp: TokenLogprob) -> dict[str, Any]:

@@ -131,7 +131,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       n=body.n_cmpl,
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
-                      ignore_eos=body.ignore_eos, response_format=_response_format(body),
+                      speculative=body.speculative, ignore_eos=body.ignore_eos,
+                      response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 
 

@@ -8,6 +8,8 @@ Rules:
    `top_n_sigma`, `lora`) are declared in `REFUSED_UNLESS` and refused by name
    when they differ from llama.cpp's neutral default.
 2. `model` is a frink extension (llama.cpp serves one model); absent = default.
+   So is `speculative` (false: no speculative decoding for this request); the
+   drafts counts come back as llama-server's `timings.draft_n` / `draft_n_accepted`.
 3. `prompt` is a string, a list of token ids, or a mix of both; a list of
    strings only is llama.cpp's "several prompts" form, refused in translate.py.
 4. What llama.vim and llama.vscode send on every request is declared:
@@ -50,6 +52,7 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=False):
     grammar: str | None = None
     logit_bias: Union[list[list[Any]], dict[str, Any], None] = None
     response_fields: list[str] | None = None
+    speculative: bool = True      # frink extension: False = no speculative drafts
     # accepted, no effect (rule 4)
     id_slot: int | None = None
     n_indent: int | None = None

@@ -14,7 +14,9 @@ Rules:
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
 3. `usage.prompt_tokens` counts the prompt once (n > 1 prefills once);
    completion tokens are summed over choices; `prompt_tokens_details` carries
-   `cached_tokens` and, when measured, the `prefix_divergence` extension.
+   `cached_tokens` and, when measured, the `prefix_divergence` extension;
+   when the request speculated (engine/spec.py), the `draft_tokens` /
+   `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
 """
@@ -169,7 +171,8 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),
                                    ("max_tokens", body.max_tokens), ("n_predict", body.n_predict)),
         stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent, n=body.n,
-        stream=body.stream, cache_salt=body.cache_salt, thinking=_thinking(body),
+        stream=body.stream, cache_salt=body.cache_salt, speculative=body.speculative,
+        thinking=_thinking(body),
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
@@ -191,6 +194,8 @@ class UsageSum:
     cached_tokens: int = 0
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
+    draft_tokens: int | None = None     # extension: speculative tokens drafted / accepted
+    draft_accepted: int | None = None
 
     def add_done(self, done: Done) -> None:
         self.add(done.usage)
@@ -203,6 +208,12 @@ class UsageSum:
             self.prefix_divergence = usage.prefix_divergence
         if usage.reasoning_tokens is not None:
             self.reasoning_tokens = (self.reasoning_tokens or 0) + usage.reasoning_tokens
+        self.add_drafts(usage.draft_tokens, usage.draft_accepted)
+
+    def add_drafts(self, drafted: int | None, accepted: int | None) -> None:
+        if drafted is not None:
+            self.draft_tokens = (self.draft_tokens or 0) + drafted
+            self.draft_accepted = (self.draft_accepted or 0) + (accepted or 0)
 
     def as_dict(self) -> dict[str, Any]:
         details: dict[str, Any] = {"cached_tokens": self.cached_tokens}
@@ -214,6 +225,9 @@ class UsageSum:
                                "prompt_tokens_details": details}
         if self.reasoning_tokens is not None:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        if self.draft_tokens is not None:
+            out["draft_tokens"] = self.draft_tokens
+            out["draft_accepted"] = self.draft_accepted
         return out
 
 

@@ -70,6 +70,7 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        response_format=wire.llamacpp_format(body),
                        stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent,
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
+                       speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
@@ -193,6 +194,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
         usage.prompt_tokens += u.prompt_tokens
         usage.cached_tokens += u.cached_tokens
         usage.completion_tokens += u.completion_tokens
+        usage.add_drafts(u.draft_tokens, u.draft_accepted)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
                for i in sorted(acc)]
     return {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,

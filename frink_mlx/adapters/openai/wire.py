@@ -12,7 +12,8 @@ answer (`store`, `metadata`, `service_tier`, `prompt_cache_key`,
 constraints, so a bad value is a 400 whose `param` names the field.
 
 Extensions beyond OpenAI (as vLLM / mlx-lm / llama-server accept them): `top_k`,
-`min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `chat_template_kwargs`
+`min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `speculative` (false opts out of
+speculative decoding; it never changes the output), `chat_template_kwargs`
 (`enable_thinking` only), `add_generation_prompt`, `continue_final_message`,
 `reasoning_content` on assistant messages; llama-server's `n_predict`,
 `cache_prompt`, `grammar`, `json_schema`, `response_format.schema`;
@@ -131,6 +132,7 @@ class SamplingWire(Wire):
     user: str | None = None
     ignore_eos: bool = False
     cache_salt: str | None = None
+    speculative: bool = True  # extension: False opts out of speculative decoding
     # llama-server extensions
     n_predict: int | None = None
     cache_prompt: bool = True
