@@ -38,7 +38,7 @@ from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
-from .errors import InvalidRequest
+from .errors import InvalidRequest, Unavailable
 from .http import security
 from .http.access import RecentRequests, track_run
 from .metrics import Metrics
@@ -76,6 +76,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
+    cluster: Any = None  # engine/channel.py PlanChannel on rank 0 of a group; its `lost` reason
     recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
@@ -87,6 +88,7 @@ class AppState:
         Raises FrinkError before anything is sent; the Run owns the lease."""
         check_request(req, max_n=self.settings.max_batch)  # before any per-choice state
         self._refuse_encoder_target(req.model)
+        self.check_cluster()
         lease = await self.hub.acquire(req.model)
         try:
             handles = DecodeHandles.take(lease.generation)
@@ -169,6 +171,13 @@ class AppState:
         """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
         return embeddings.describe(self.registry.resolve(name), self.registry, self.hub.current)
 
+    def check_cluster(self) -> None:
+        """503 once the distributed group is lost (engine/channel.py rule 5)."""
+        lost = getattr(self.cluster, "lost", None)
+        if lost is not None:
+            raise Unavailable(f"distributed group lost: {lost}; restart the group",
+                              retry_after_s=10.0)
+
     # --- status ----------------------------------------------------------------
     def engine_stats(self) -> EngineStats | None:
         gen = self.hub.current
@@ -200,7 +209,8 @@ def _on_load(state: AppState, gen: Generation) -> None:
 
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
-               factory: GenerationFactory | None = None, backend: Backend | None = None) -> Starlette:
+               factory: GenerationFactory | None = None, backend: Backend | None = None,
+               cluster: Any = None) -> Starlette:
     """The daemon app. `factory` replaces model loading (tests only); `backend` is
     the entry point's choice (server.py), else chosen here, once per app."""
     chosen = backend if backend is not None else select_backend(settings.backend_config())
@@ -209,7 +219,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
-        state = AppState(settings, reg, hub)
+        state = AppState(settings, reg, hub, cluster=cluster)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state

@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", dest="max_batch", type=int)
     serve.add_argument("--keep-alive", dest="keep_alive_s", type=float, help="idle unload after seconds")
     serve.add_argument("--log-level", dest="log_level")
+    serve.add_argument("--distributed", dest="distributed_hostfile", metavar="HOSTFILE",
+                       help="one rank of a group of machines serving one model (MLX hostfile)")
+    serve.add_argument("--rank", dest="distributed_rank", type=int,
+                       help="this machine's rank in --distributed's hostfile (0 serves HTTP)")
+    serve.add_argument("--distributed-backend", dest="distributed_backend",
+                       help="MLX distributed backend: ring (default), jaccl, mpi, any")
 
     gen = sub.add_parser("generate", help="generate once, in process")
     _common(gen)
@@ -115,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
 _SETTINGS_KEYS = {
     "models_path", "cache_dir", "dequantize", "use_openblas", "host", "port", "default_model",
     "api_key", "api_key_file", "allowed_hosts", "cors_origins", "auto_swap", "batching",
-    "max_batch", "keep_alive_s", "log_level",
+    "max_batch", "keep_alive_s", "log_level", "distributed_hostfile", "distributed_rank",
+    "distributed_backend",
 }
 
 

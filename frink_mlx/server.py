@@ -15,6 +15,11 @@ Rules:
    `settings.drain_timeout_s`, cancel the rest, shut the engines down, exit 0.
    (uvicorn's own handler re-raises the signal after shutdown, which would
    make a clean drain exit 143/130; ours does not.) A second SIGINT forces.
+5. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
+   joins the group first (blocking until all have); rank 0 goes on as below
+   with a generation factory that shards and tells the followers
+   (serving/distributed.py); the other ranks print no ready line and serve
+   rank 0's plans until it stops the group (exit 0) or is lost (exit 1).
 """
 
 from __future__ import annotations
@@ -123,7 +128,24 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .app import create_app
     from .registry import load_registry
 
-    app = create_app(settings, registry=load_registry(settings), backend=backend)
+    registry = load_registry(settings)
+    factory, channel = None, None
+    if settings.distributed:  # rule 5
+        from .backend.distributed import init_group
+        from .engine.channel import PlanChannel
+        from .serving import distributed
+
+        group = init_group(settings.group_config())
+        channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,
+                              load_timeout_s=settings.distributed_load_timeout_s,
+                              ping_s=settings.distributed_ping_s)
+        if not group.is_leader:
+            _exit_without_finalisation(distributed.serve_follower(
+                channel, group, registry, settings.hub_config(), backend))
+        channel.start_watch()
+        factory = distributed.leader_factory(channel, group)
+    app = create_app(settings, registry=registry, backend=backend, factory=factory,
+                     cluster=channel)
     sock = bind_socket(settings.host, settings.port)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
@@ -139,6 +161,8 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     if not server.started:
         print("frink-mlx: error: the daemon did not start (see the log above)", file=sys.stderr)
         return 2
+    if channel is not None:
+        channel.stop(tell_followers=True)
     log.info("frink-mlx stopped")
     _exit_without_finalisation(0)
 

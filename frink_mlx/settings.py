@@ -6,6 +6,10 @@ result is passed to everything else. Nothing below this module looks at
 `os.environ` (the one exception is the BLAS re-exec marker, read here too).
 
 Precedence: CLI flag > environment variable > default.
+
+A process started by `mlx.launch` is a rank of a distributed group: MLX's own
+MLX_RANK and MLX_HOSTFILE stand in for `--rank` and `--distributed`
+(backend/distributed.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from .backend.distributed import GroupConfig
 from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
 from .errors import ConfigError
 
@@ -82,6 +87,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: str = "info"
     access_log: bool = True
     embed_batch_size: int = 32
+    # --- several machines (backend/distributed.py, engine/channel.py) ---
+    distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
+    distributed_rank: int | None = None          # --rank; 0 serves HTTP, the others follow
+    distributed_backend: str = "ring"            # ring | jaccl | mpi | any (MLX's backends)
+    distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
+    distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
+    distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
 
     @classmethod
     def load(cls, **overrides: Any) -> "Settings":
@@ -94,6 +106,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 values[name] = raw
         if "models_path" not in values and os.environ.get(ENV_PREFIX + "MODELS"):
             values["models_path"] = os.environ[ENV_PREFIX + "MODELS"]
+        for name, variable in (("distributed_rank", "MLX_RANK"),
+                               ("distributed_hostfile", "MLX_HOSTFILE")):
+            if name not in values and os.environ.get(variable):  # started by mlx.launch
+                values[name] = os.environ[variable]
         for name, value in overrides.items():
             if value is not None:
                 values[name] = value
@@ -130,6 +146,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def backend_config(self) -> BackendConfig:
         return BackendConfig(use_openblas=self.use_openblas,
                              cpu_matmul_parts=self.cpu_matmul_parts)
+
+    @property
+    def distributed(self) -> bool:
+        """This process is one rank of a group (module docstring)."""
+        return self.distributed_hostfile is not None or self.distributed_rank is not None
+
+    def group_config(self) -> GroupConfig:
+        if self.distributed_backend not in ("ring", "jaccl", "mpi", "any"):
+            raise ConfigError(f"invalid setting: distributed_backend {self.distributed_backend!r}"
+                              " is none of ring, jaccl, mpi, any")
+        return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
+                           backend=self.distributed_backend)  # type: ignore[arg-type]
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,

@@ -2,7 +2,9 @@
 
     GET  /health               state ready/loading/idle/unavailable, model, generation,
                                uptime, context ceiling, KV blocks, queue; 503 when nothing is
-                               loaded and no request would load one (idle -> 200)
+                               loaded and no request would load one (idle -> 200), or
+                               when the distributed group is lost (503, `reason` says why;
+                               `ranks` is the group size on rank 0 of a group)
     GET  /admin/models         active generation, load in progress, last load error,
                                retired generations still draining, the registry
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
@@ -60,6 +62,11 @@ async def health(request: Request) -> Response:
         "running": stats.num_running if stats else None,
     }
     serving = gen is not None or hub.state == "idle"  # idle: the next request reloads it
+    lost = getattr(state.cluster, "lost", None)
+    if lost is not None:  # distributed group lost (engine/channel.py): nothing can generate
+        body["state"], body["reason"], serving = "unavailable", f"distributed group lost: {lost}", False
+    if state.cluster is not None:
+        body["ranks"] = state.cluster.group.size
     if hub.sleeping is not None:
         body["sleeping"] = hub.sleeping.name
     headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}

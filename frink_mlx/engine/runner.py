@@ -62,6 +62,11 @@ class StepResult:
         self._want_top = [s.params.top_logprobs for s in samplers]
         self._want_lp = [s.params.logprobs for s in samplers]
 
+    def wait(self) -> None:
+        """Block until the step's tokens are computed (without reading them back)."""
+        if self._out is not None:
+            mx.eval(*self._out.arrays())
+
     def read(self) -> list[RowResult]:
         """Block until the step's tokens are on the host."""
         if self._out is None:
@@ -101,6 +106,24 @@ class Runner:
 
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
         """Dispatch one step (asynchronously); see the module docstring."""
+        parts = self.forward(plan)
+        seq_ids = plan.sample_seq_ids
+        rows = [samplers[s] for s in seq_ids]
+        if not parts:
+            mx.async_eval(self.store.arrays())
+            return StepResult([], None, [])
+        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        out = sample(logits, rows, device_masks=self._device_masks)
+        self._prev_tokens = out.tokens
+        self._prev_index = {s: i for i, s in enumerate(seq_ids)}
+        mx.async_eval(*out.arrays(), *self.store.arrays())
+        return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
+
+    def forward(self, plan: SchedulerOutput) -> list[mx.array]:
+        """Steps 1-3: the logits to sample from (decode rows, then final chunks' rows).
+
+        A distributed follower (follower.py) runs this alone: the same forwards,
+        hence the same all-reduces in the same order as rank 0, without sampling."""
         self.store.copy_blocks(plan.copies)
         parts: list[mx.array] = []
         if plan.decode:
@@ -113,17 +136,7 @@ class Runner:
             final = self._prefill(plan.prefill)
             if final is not None:
                 parts.append(final)
-        seq_ids = plan.sample_seq_ids
-        rows = [samplers[s] for s in seq_ids]
-        if not parts:
-            mx.async_eval(self.store.arrays())
-            return StepResult([], None, [])
-        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        out = sample(logits, rows, device_masks=self._device_masks)
-        self._prev_tokens = out.tokens
-        self._prev_index = {s: i for i, s in enumerate(seq_ids)}
-        mx.async_eval(*out.arrays(), *self.store.arrays())
-        return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
+        return parts
 
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""

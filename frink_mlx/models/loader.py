@@ -19,7 +19,11 @@ Rules:
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
    by `spec.context_length`.
-6. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
+6. Distributed (`shard` given, backend/distributed.py): the model is split
+   for this rank after any dequantization, and the warm-up is skipped (its
+   forward would issue all-reduces no other rank expects). `parallel` says
+   how it was split ("tensor"), for /v1/models.
+7. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
 
 This module is blocking; call it off the event loop.
 """
@@ -30,7 +34,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -57,6 +61,8 @@ class LoadedModel:
     dtype: mx.Dtype
     load_time_s: float
     encoder: Encoder | None = None
+    parallel: str | None = None   # rule 6: "tensor" when sharded over a group
+    num_ranks: int = 1
 
 
 def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
@@ -71,7 +77,9 @@ def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
     return source
 
 
-def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedModel:
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend, *,
+               shard: Callable[[nn.Module], tuple[str, int]] | None = None) -> LoadedModel:
+    """`shard(model) -> (kind, num_ranks)` splits the model for this rank (rule 6)."""
     started = time.perf_counter()
     path = checkpoint_path(spec, config)
     if spec.kind == "encoder":
@@ -86,11 +94,16 @@ def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedM
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     if should_dequantize(model, spec, config, backend):
         dequantize_to_float32(model)
-    _warm_up(model, tokenizer)
+    parallel, num_ranks = shard(model) if shard is not None else (None, 1)
+    if shard is None:
+        _warm_up(model, tokenizer)
+    else:
+        mx.eval(model.parameters())  # the shard's slices, not the whole checkpoint, stay
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
+        parallel=parallel, num_ranks=num_ranks,
     )
 
 

@@ -6,7 +6,9 @@ active generation), `kind` (generative / encoder), `aliases`, and
 null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 /v1/embeddings returns for it: its own, its side-car's, or null when it serves
 none) and `max_input_tokens` (longest input it takes; null when not known until
-loaded) -- both from `AppState.model_facts` (engine/encoder/service.py).
+loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
+`parallel` (null on one machine; `{"kind": "tensor", "ranks": N}` when the loaded
+model is sharded over a distributed group, backend/distributed.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"]}
+            "max_input_tokens": facts["max_input_tokens"], "parallel": _parallel(gen, loaded)}
+
+
+def _parallel(gen: Any, loaded: bool) -> dict[str, Any] | None:
+    kind = getattr(gen.loaded, "parallel", None) if loaded else None
+    return {"kind": kind, "ranks": gen.loaded.num_ranks} if kind else None
 
 
 @endpoint(openai_error)
