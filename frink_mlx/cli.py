@@ -43,6 +43,16 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def _distributed(p: argparse.ArgumentParser) -> None:
+    """serve's flags for one model over several machines (README, "Several Macs")."""
+    p.add_argument("--distributed", dest="distributed_hostfile", metavar="HOSTFILE",
+                   help="one rank of a group of machines serving one model (MLX hostfile)")
+    p.add_argument("--rank", dest="distributed_rank", type=int,
+                   help="this machine's rank in --distributed's hostfile (0 serves HTTP)")
+    p.add_argument("--distributed-backend", dest="distributed_backend",
+                   help="MLX distributed backend: ring (default), jaccl, mpi, any")
+
+
 def _open_parser(sub: Any) -> None:
     page = sub.add_parser("open", help="open the daemon's status page in the default browser")
     page.add_argument("--host", help="the daemon's address (default: the configured one)")
@@ -74,12 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch", dest="max_batch", type=int)
     serve.add_argument("--keep-alive", dest="keep_alive_s", type=float, help="idle unload after seconds")
     serve.add_argument("--log-level", dest="log_level")
-    serve.add_argument("--distributed", dest="distributed_hostfile", metavar="HOSTFILE",
-                       help="one rank of a group of machines serving one model (MLX hostfile)")
-    serve.add_argument("--rank", dest="distributed_rank", type=int,
-                       help="this machine's rank in --distributed's hostfile (0 serves HTTP)")
-    serve.add_argument("--distributed-backend", dest="distributed_backend",
-                       help="MLX distributed backend: ring (default), jaccl, mpi, any")
+    _distributed(serve)
 
     gen = sub.add_parser("generate", help="generate once, in process")
     _common(gen)

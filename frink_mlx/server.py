@@ -20,6 +20,10 @@ Rules:
    with a generation factory that shards and tells the followers
    (serving/distributed.py); the other ranks print no ready line and serve
    rank 0's plans until it stops the group (exit 0) or is lost (exit 1).
+6. Rank 0 of a lost group (engine/channel.py) answers 503 with the reason
+   for `distributed_exit_after_lost_s`, then drains and exits 1: the
+   supervisor restarts it, and every rank joins the new group (the followers
+   exit by themselves once rank 0 is gone).
 """
 
 from __future__ import annotations
@@ -129,21 +133,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .registry import load_registry
 
     registry = load_registry(settings)
-    factory, channel = None, None
-    if settings.distributed:  # rule 5
-        from .backend.distributed import init_group
-        from .engine.channel import PlanChannel
-        from .serving import distributed
-
-        group = init_group(settings.group_config())
-        channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,
-                              load_timeout_s=settings.distributed_load_timeout_s,
-                              ping_s=settings.distributed_ping_s)
-        if not group.is_leader:
-            _exit_without_finalisation(distributed.serve_follower(
-                channel, group, registry, settings.hub_config(), backend))
-        channel.start_watch()
-        factory = distributed.leader_factory(channel, group)
+    factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     app = create_app(settings, registry=registry, backend=backend, factory=factory,
                      cluster=channel)
     sock = bind_socket(settings.host, settings.port)
@@ -152,6 +142,8 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
                             log_config=None)
     server = _server_class()(config)
+    if channel is not None:
+        _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
     log.info("frink-mlx %s listening on %s (loading the default model)", __version__, url)
     try:
         asyncio.run(_serve(server, sock, url, host, port, app))
@@ -164,7 +156,38 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     if channel is not None:
         channel.stop(tell_followers=True)
     log.info("frink-mlx stopped")
-    _exit_without_finalisation(0)
+    _exit_without_finalisation(1 if channel is not None and channel.lost else 0)
+
+
+def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, Any]:
+    """Rule 5: join the group; rank 0 gets (generation factory, channel), the others never return."""
+    from .backend.distributed import init_group
+    from .engine.channel import PlanChannel
+    from .serving import distributed
+
+    group = init_group(settings.group_config())
+    channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,
+                          load_timeout_s=settings.distributed_load_timeout_s,
+                          ping_s=settings.distributed_ping_s)
+    if not group.is_leader:
+        _exit_without_finalisation(distributed.serve_follower(
+            channel, group, registry, settings.hub_config(), backend))
+    channel.start_watch()
+    return distributed.leader_factory(channel, group), channel
+
+
+def _exit_when_lost(channel: Any, server: Any, after_s: float | None) -> None:
+    """Rule 6: once the group is lost, /health says why for `after_s`, then rank 0 stops
+    and exits 1, so its supervisor (launchd KeepAlive) starts the group again."""
+    if after_s is None:
+        return
+
+    def stop() -> None:
+        log.error("the distributed group is lost; stopping so the supervisor restarts it")
+        server.should_exit = True
+        threading.Timer(60.0, lambda: os._exit(1)).start()  # if the drain itself hangs
+
+    channel.on_lost.append(lambda _reason: threading.Timer(after_s, stop).start())
 
 
 def _exit_without_finalisation(code: int) -> NoReturn:

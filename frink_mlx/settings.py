@@ -94,6 +94,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
     distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
     distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
+    distributed_exit_after_lost_s: float | None = 10.0  # rank 0 exits 1 this long after the group
+                                                 # is lost, so its supervisor restarts the group
+                                                 # (None: stay up answering 503)
 
     @classmethod
     def load(cls, **overrides: Any) -> "Settings":

@@ -92,4 +92,9 @@ def shard_model(model: Any, group: DistributedGroup) -> ShardKind:
             raise ModelFormatError(
                 f"{name}={count} does not divide by the group size {group.size}")
     model.shard(group.group)
+    import mlx.core as mx
+
+    # Materialise the slices now, on this thread: only this rank's part stays, and
+    # no lazy slice is left on a stream of a thread that will not evaluate it.
+    mx.eval(model.parameters())
     return "tensor"

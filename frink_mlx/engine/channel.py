@@ -112,6 +112,8 @@ class PlanChannel:
         self.lost: str | None = None
         self.on_lost: list[Callable[[str], None]] = []
         self.collectives_total = 0
+        self.posts_total = 0
+        self.post_s_total = 0.0   # rank 0: wall time spent broadcasting (benchmarks/dist_bench.py)
         self._lock = threading.Lock()
         self._deadline: float | None = None
         self._last_used = time.monotonic()
@@ -155,6 +157,7 @@ class PlanChannel:
 
     def post(self, message: Message) -> None:
         """Broadcast `message` (inside `exclusive()`)."""
+        started = time.perf_counter()
         words = encode(message)
         first = np.zeros(FIRST_WORDS, dtype=np.int32)
         head = words[:FIRST_WORDS]
@@ -162,6 +165,8 @@ class PlanChannel:
         self._sum(first)
         if len(words) > FIRST_WORDS:
             self._sum(words[FIRST_WORDS:])
+        self.posts_total += 1
+        self.post_s_total += time.perf_counter() - started
 
     def _check(self) -> None:
         if self.lost is not None:

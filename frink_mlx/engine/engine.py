@@ -230,14 +230,18 @@ class Engine:
         """Let running rows finish for up to timeout_s, abort the rest, join the thread."""
         self._stopping = True
         self._inbox.put(Drain(time.monotonic() + max(0.0, timeout_s)))
+        lost = self._channel is not None and self._channel.lost is not None
         if self._thread is not None:
-            self._thread.join(timeout=max(0.0, timeout_s) + 30.0)
+            # a lost group may have parked the thread in a collective for good (channel.py rule 2)
+            self._thread.join(timeout=1.0 if lost else max(0.0, timeout_s) + 30.0)
             if not self._thread.is_alive():
                 self._release_arrays()
             self._thread = None
-        if self._channel is not None and self._channel.lost is None:
-            with contextlib.suppress(Unavailable), self._channel.exclusive():
-                self._channel.post(Free(self.config.generation))
+        if self._channel is not None:
+            self._channel.on_lost.remove(self._fail_in_flight)
+            if self._channel.lost is None:
+                with contextlib.suppress(Unavailable), self._channel.exclusive():
+                    self._channel.post(Free(self.config.generation))
 
     def _release_arrays(self) -> None:
         """Hand the KV pools and the thread's stream back now, not at interpreter exit

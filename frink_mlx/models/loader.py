@@ -97,8 +97,6 @@ def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend, *,
     parallel, num_ranks = shard(model) if shard is not None else (None, 1)
     if shard is None:
         _warm_up(model, tokenizer)
-    else:
-        mx.eval(model.parameters())  # the shard's slices, not the whole checkpoint, stay
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),

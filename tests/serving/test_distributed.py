@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def _free_port() -> int:
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "FRINK_MLX_LOG_LEVEL": "warning",
             "FRINK_MLX_DISTRIBUTED_PING_S": "0.5", "FRINK_MLX_DISTRIBUTED_TIMEOUT_S": "20",
+            "FRINK_MLX_DISTRIBUTED_EXIT_AFTER_LOST_S": "3600",
             **extra}
 
 
@@ -212,5 +214,51 @@ def test_a_killed_follower_gives_503_within_a_bounded_time(registry_path, tmp_pa
         r = httpx.post(group.url + "/v1/messages", timeout=10, json={
             "model": "tiny-a", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 503 and r.json()["type"] == "error"
+    finally:
+        group.stop()
+
+
+def test_a_follower_that_stops_answering_fails_the_stream_in_flight_and_gives_503(
+        registry_path, tmp_path):
+    """SIGSTOP: the follower keeps its sockets open, so only the watchdog can tell."""
+    group = start(registry_path, 2, tmp_path, FRINK_MLX_DISTRIBUTED_TIMEOUT_S="3")
+    try:
+        body = {"model": "tiny-a", "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+                "stream": True, "messages": [{"role": "user", "content": "a long answer"}]}
+        lines: list[str] = []
+        with httpx.stream("POST", group.url + "/v1/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 10:
+                    os.kill(group.procs[1].pid, signal.SIGSTOP)
+                    stopped = time.monotonic()
+        ended_s = time.monotonic() - stopped
+        assert ended_s < 15, f"the stream took {ended_s:.1f}s to end"
+        assert any('"error"' in line for line in lines[10:]), lines[-3:]
+        health = httpx.get(group.url + "/health", timeout=10)
+        assert health.status_code == 503 and "stopped answering" in health.json()["reason"]
+        r = httpx.post(group.url + "/v1/chat/completions", timeout=10, json={
+            "model": "tiny-a", "messages": [{"role": "user", "content": "after"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+    finally:
+        os.kill(group.procs[1].pid, signal.SIGCONT)
+        group.stop()
+
+
+def test_rank_0_of_a_lost_group_exits_1_so_the_supervisor_restarts_it(registry_path, tmp_path):
+    group = start(registry_path, 2, tmp_path, FRINK_MLX_DISTRIBUTED_EXIT_AFTER_LOST_S="1")
+    try:
+        group.procs[1].kill()
+        assert group.procs[0].wait(30) == 1
+    finally:
+        group.stop()
+
+
+def test_sigterm_on_rank_0_stops_the_whole_group_cleanly(registry_path, tmp_path):
+    group = start(registry_path, 2, tmp_path)
+    try:
+        group.procs[0].send_signal(signal.SIGTERM)
+        assert group.procs[0].wait(60) == 0
+        assert group.procs[1].wait(30) == 0  # the follower got Stop
     finally:
         group.stop()
