@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc.add_argument("--generate-key", action="store_true", help="create an API key file (0600)")
     svc.add_argument("--host", help="address the service binds (non-loopback needs --generate-key)")
     svc.add_argument("--api-key-file", dest="api_key_file", help="key file the service uses")
+    _distributed(svc)
     svc.add_argument("--backend", choices=["auto", "launchd", "systemd"], default="auto",
                      help="service manager (default: launchd on macOS, systemd elsewhere)")
     svc.add_argument("--lines", "-n", type=int, default=50, help="log lines to show (logs)")
