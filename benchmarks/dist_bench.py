@@ -2,7 +2,7 @@
 
 Prints, for a random llama (default hidden 1024, 8 layers, 16/8 heads: both
 divide by 2) served by the real engine:
-1. all_sum latency on this group's link for the sizes a decode step reduces
+1. all_sum latency (median) on this group's link for the sizes a decode step reduces
    (one row of the hidden state per sharded-to-all layer), for this model and
    for a 70B-class model (hidden 8192, bf16), plus one 256-token prefill chunk;
 2. the plan broadcast (engine/channel.py) per step, for 1 and 8 rows;
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,10 +86,12 @@ def _time_all_sum(group: Any, shape: tuple[int, ...], dtype: Any, reps: int) -> 
     mx.eval(x)
     for _ in range(3):
         mx.eval(mx.distributed.all_sum(x, group=group.group, stream=mx.cpu))
-    started = time.perf_counter()
+    times = []
     for _ in range(reps):
+        started = time.perf_counter()
         mx.eval(mx.distributed.all_sum(x, group=group.group, stream=mx.cpu))
-    return (time.perf_counter() - started) / reps
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def _micro(group: Any, hidden: int) -> dict[str, Any]:
@@ -111,15 +114,15 @@ def _micro(group: Any, hidden: int) -> dict[str, Any]:
     for rows in (1, 8):
         plan = SchedulerOutput(decode=[DecodeRow(i, 200 + i, list(range(64 * i, 64 * i + 64)), 17)
                                        for i in range(rows)])
-        reps = 200
-        started = time.perf_counter()
-        for _ in range(reps):
+        times = []
+        for _ in range(200):
+            started = time.perf_counter()
             if group.is_leader:
                 channel.post(Step(1, plan))
             else:
                 channel.receive()
-        out[f"plan broadcast, {rows} decode rows x 64 blocks"] = \
-            (time.perf_counter() - started) / reps * 1e6
+            times.append(time.perf_counter() - started)
+        out[f"plan broadcast, {rows} decode rows x 64 blocks"] = statistics.median(times) * 1e6
     return out
 
 
@@ -255,7 +258,7 @@ def main() -> None:
           f"fp32, {args.tokens} tokens per stream; CPU backend, ring over loopback; "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     one, two = _run(args, 1), _run(args, 2)
-    print("\n## all_sum latency on this link (us)")
+    print("\n## all_sum latency on this link (median, us)")
     for name, us in two["micro_us"].items():
         print(f"{name:55s} {us:9.1f}")
     print("\n## decode (engine): 1 process vs 2 ranks")
