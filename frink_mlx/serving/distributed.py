@@ -16,6 +16,9 @@ plan channel:
    layers) and its KV heads (1/N), against its own budget (models/budget.py),
    so a model too large for one machine's budget loads on two.
 4. Encoders (embeddings side-cars) are not sharded: rank 0 loads them alone.
+   `embeddings = "self"` (embedding with the generative model itself) is
+   refused by name: its forwards would run on rank 0 alone and issue
+   all-reduces no follower answers.
 
 Left out: pipeline parallelism, and restarting a lost group from inside the
 process (the channel stays lost; the supervisor restarts every rank).
@@ -41,6 +44,7 @@ from ..errors import ModelFormatError
 from ..models.budget import KVPlan, plan_kv
 from ..models.loader import LoadedModel, load_model
 from ..registry import ModelSpec, Registry
+from .embeddings import SELF
 from .generation import Gate, Generation, GenerationFactory, build_generation, engine_config
 
 log = logging.getLogger("frink_mlx.distributed")
@@ -60,6 +64,9 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
                              backend: Backend) -> Generation:
     if spec.kind != "generative":
         return build_generation(spec, config, number, gate, backend)  # rule 4
+    if spec.embeddings == SELF:
+        raise ModelFormatError(f"model {spec.name!r}: embeddings = \"self\" cannot be served "
+                               "across machines; point `embeddings` at an encoder entry")
     with channel.exclusive():
         channel.post(Load(number, spec.name))
     loaded: LoadedModel | None = None
