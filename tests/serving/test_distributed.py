@@ -91,11 +91,13 @@ def registry_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pair(registry_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
-    """(single-process reference, two-rank group) serving the same registry."""
+    """(single-process reference, two-rank group) serving the same registry, with
+    16-token prefill chunks so that every prompt here is prefilled in several steps."""
     tmp = tmp_path_factory.mktemp("group")
-    single = start(registry_path, 1, tmp)
+    chunks = {"FRINK_MLX_PREFILL_CHUNK_TOKENS": "16", "FRINK_MLX_IDLE_PREFILL_TOKENS": "16"}
+    single = start(registry_path, 1, tmp, **chunks)
     try:
-        group = start(registry_path, 2, tmp)
+        group = start(registry_path, 2, tmp, **chunks)
     except BaseException:
         single.stop()
         raise
@@ -131,6 +133,9 @@ def test_greedy_tokens_equal_the_single_process_daemon(pair):
     want, got = chat(single.url, "Hello there"), chat(group.url, "Hello there")
     assert tokens(got) == tokens(want) and len(tokens(got)) == 24
     assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    # n=2 forks rows that share the prompt's blocks (block copies travel in the plan)
+    want2, got2 = chat(single.url, "Fork me", n=2), chat(group.url, "Fork me", n=2)
+    assert [c["message"] for c in got2["choices"]] == [c["message"] for c in want2["choices"]]
 
 
 def test_four_concurrent_requests_of_different_lengths_hit_the_prefix_cache(pair):
