@@ -2,7 +2,7 @@
 
 One route list serves the real server and the tests: every adapter module
 exports `routes`, and `route_list()` concatenates them in ROUTE_MODULES order
-(openai incl. responses, anthropic, llamacpp, embeddings, admin, the status
+(openai incl. responses, anthropic, llamacpp, ollama, embeddings, admin, the status
 page and its JSON, metrics). The
 lifespan builds everything (no module-level runtime state): the registry, the
 hub, the metrics, and -- unless told not to -- the default model's generation.
@@ -12,6 +12,18 @@ This is the composition root: the only place below the CLI that reads
 `AppState` is the one thing adapters call: `generate()` leases a generation,
 takes its decode handles, renders and tokenizes, compiles any grammar, and
 submits, raising `FrinkError`s before a single byte of the answer is sent.
+
+Rules:
+1. `create_app(..., background_load=True)` (the daemon) starts the default
+   model's load as the lifespan starts and does not wait for it: the socket
+   answers /health ("loading", with progress) at once and generation routes
+   503 + Retry-After until the model is in (hub rule 1). `AppState.startup`
+   is that load, which the server watches for its ready line or its refusal.
+2. `drain(timeout_s)` (SIGTERM): the hub refuses new work (503 + Retry-After
+   in each protocol's envelope, hub rule 7) while the listener stays open;
+   runs in flight finish up to `timeout_s`; any still going is cut with an
+   error event (handles rule 11), so every stream ends on its protocol's
+   terminal frame.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
-from .adapters import admin, anthropic, llamacpp, openai, page, status
+from .adapters import admin, anthropic, llamacpp, ollama, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
 from .backend import Backend, select_backend
 from .core.checks import check_request
@@ -48,14 +60,14 @@ from .serving import embeddings
 from .serving.embeddings import EmbedResult
 from .serving.generation import Generation, GenerationFactory, build_generation
 from .serving.handles import DecodeHandles, Prepared, Run, TurnMemory
-from .serving.hub import Hub
+from .serving.hub import DRAIN_RETRY_AFTER_S, Hub
 from .settings import Settings
 
 log = logging.getLogger("frink_mlx.app")
 
 # Modules whose `routes` are mounted, in order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
-    openai, anthropic, llamacpp, openai_embeddings, admin, status, page, metrics_module,
+    openai, anthropic, llamacpp, ollama, openai_embeddings, admin, status, page, metrics_module,
 )
 
 
@@ -77,9 +89,11 @@ class AppState:
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
     cluster: Any = None  # engine/channel.py PlanChannel on rank 0 of a group; its `lost` reason
+    startup: "asyncio.Task[None] | None" = None  # rule 1
     recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
+    _runs: list[Run] = field(default_factory=list)  # in flight, for the drain (rule 2)
 
     # --- generation ------------------------------------------------------------
     async def generate(self, req: GenRequest) -> Run:
@@ -99,6 +113,8 @@ class AppState:
             lease.release()
             raise
         track_run(run)  # the access log and metrics report it, whichever protocol asked
+        self._runs.append(run)
+        run.on_close = self._forget_run  # a finished Run must not keep its generation alive
         await run.admitted()  # a queue timeout is a real 503 + Retry-After (handles rule 8)
         return run
 
@@ -178,6 +194,38 @@ class AppState:
             raise Unavailable(f"distributed group lost: {lost}; restart the group",
                               retry_after_s=10.0)
 
+    # --- shutdown ----------------------------------------------------------------
+    async def drain(self, timeout_s: float, *, flush_s: float = 2.0) -> int:
+        """Rule 2; returns how many runs had to be cut."""
+        self.hub.begin_drain()
+        deadline = time.monotonic() + timeout_s
+        while self._live_runs() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        cut = self._live_runs()
+        if cut:
+            log.warning("drain: %d request(s) still generating after %.0f s; ending them",
+                        len(cut), timeout_s)
+        for run in cut:
+            run.cut(Unavailable("The daemon is shutting down: this answer was cut at the "
+                                "drain limit.", code="shutting_down",
+                                retry_after_s=DRAIN_RETRY_AFTER_S))
+        flush_until = time.monotonic() + flush_s  # let the terminal frames reach the clients
+        while self._live_runs() and time.monotonic() < flush_until:
+            await asyncio.sleep(0.02)
+        return len(cut)
+
+    def _live_runs(self) -> list[Run]:
+        return [r for r in self._runs if not r.finished]
+
+    def _forget_run(self, run: Run) -> None:
+        self._runs = [r for r in self._runs if r is not run]
+
+    def forget_generations(self, keep: int) -> None:
+        """On each load: grammar compilers and turn memories of older generations go (their
+        in-flight rows already hold what they need), so nothing here keeps a tokenizer."""
+        self._compilers = {n: c for n, c in self._compilers.items() if n == keep}
+        self._memories = {n: m for n, m in self._memories.items() if n == keep}
+
     # --- status ----------------------------------------------------------------
     def engine_stats(self) -> EngineStats | None:
         gen = self.hub.current
@@ -204,15 +252,23 @@ def _encoder_ids(encoder: Encoder, ids: list[int]) -> list[int]:
 
 
 def _on_load(state: AppState, gen: Generation) -> None:
+    state.forget_generations(keep=gen.number)
     if state.metrics is not None:
         state.metrics.observe_model_load(gen.name, gen.number, float(gen.loaded.load_time_s))
 
 
+async def _load_default(hub: Hub) -> None:
+    """Rule 1's start-up load; returns nothing, so the task kept in AppState.startup does not
+    keep the first generation alive after a swap (hub rule 4)."""
+    await hub.load(None)
+
+
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
                factory: GenerationFactory | None = None, backend: Backend | None = None,
-               cluster: Any = None) -> Starlette:
+               background_load: bool = False, cluster: Any = None) -> Starlette:
     """The daemon app. `factory` replaces model loading (tests only); `backend` is
-    the entry point's choice (server.py), else chosen here, once per app."""
+    the entry point's choice (server.py), else chosen here, once per app;
+    `background_load`: rule 1 (the lifespan does not wait for the default model)."""
     chosen = backend if backend is not None else select_backend(settings.backend_config())
 
     @asynccontextmanager
@@ -224,7 +280,9 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:
-            await hub.load(None)
+            state.startup = asyncio.get_running_loop().create_task(_load_default(hub))
+            if not background_load:
+                await asyncio.shield(state.startup)
         reaper = asyncio.get_running_loop().create_task(hub.reap_idle())
         try:
             yield

@@ -14,7 +14,8 @@ CLI prints as one line and exits non-zero.
     ├── AuthenticationFailed (401 authentication_error)
     ├── PermissionDenied (403 permission_error)
     ├── NotFound (404 not_found_error)
-    │   └── ModelNotFound (404 model_not_found)
+    │   ├── ModelNotFound (404 model_not_found)
+    │   └── ModelUnavailable (404 model_unavailable)  in the registry, its files are not
     ├── Conflict (409 conflict)
     ├── MisdirectedRequest (421 misdirected_request)
     ├── PayloadTooLarge (413 request_too_large)
@@ -109,6 +110,16 @@ class ModelNotFound(NotFound):
     def __init__(self, name: str, *, param: str | None = "model") -> None:
         super().__init__(f"The model '{name}' is not in the registry.", param=param)
         self.name = name
+
+
+class ModelUnavailable(NotFound):
+    """A registry entry whose source is missing here (registry.source_problem)."""
+
+    code = "model_unavailable"
+
+    def __init__(self, name: str, reason: str, *, param: str | None = "model") -> None:
+        super().__init__(f"The model '{name}' is unavailable: {reason}.", param=param)
+        self.name, self.reason = name, reason
 
 
 class Conflict(FrinkError):

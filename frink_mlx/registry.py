@@ -17,26 +17,40 @@ Rules:
    generative model pooling its own hidden states, asked for explicitly).
 5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
    to the models.toml that names them; `~` expands), or
-   `package:<module>/<file inside the package>`. Sources are not checked for
-   existence here (the registry must load even when a model is missing);
-   `resolve_source` does that, with a pip hint for packages.
+   `package:<module>/<file inside the package>`. A missing source does not
+   stop the registry from loading: `source_problem(spec)` says why an entry
+   cannot be loaded from here (no network, a few stats), `resolve_source`
+   raises it with a pip hint for packages. `load_registry` checks every entry
+   once and logs a warning for each non-default one it finds unavailable; the
+   server refuses to start when the default is (one line, exit 2), the hub
+   refuses a request or admin load naming one (404 `model_unavailable`, the
+   reason in the message), and /v1/models and `frink-mlx models` list them
+   as unavailable with the reason. `warn_unavailable` logs a warning for each
+   non-default one (the server calls it once it is bound, so a refusal stays
+   one line).
 6. `settings.default_model`, when set, overrides the file's `default`.
+7. `max_tokens` caps generation for requests that name no limit (OpenAI's
+   "up to the context" when absent); a client's own limit is still honoured
+   up to the context ceiling.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 import msgspec
+import tomllib
 
-from .errors import ConfigError, ModelNotFound, RegistryError
+from .errors import ConfigError, ModelNotFound, ModelUnavailable, RegistryError
 from .settings import Settings
+
+log = logging.getLogger("frink_mlx.registry")
 
 PACKAGE_PREFIX = "package:"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
@@ -69,6 +83,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     matryoshka: bool = False            # encoder trained for shortened vectors (`dimensions`)
     dequantize: bool | None = None
     kv_budget_bytes: Positive | None = None
+    max_tokens: Positive | None = None  # rule 7: cap when a request names no limit
     description: str = ""
 
 
@@ -77,6 +92,9 @@ class Registry:
     entries: dict[str, ModelSpec]
     default: str
     path: str
+    # rule 5's check; a registry parsed from a models.toml checks its files, one built in
+    # code (tests with stand-in factories) names no files and checks nothing
+    source_check: Callable[[ModelSpec], str | None] | None = None
 
     def resolve(self, name: str | None) -> ModelSpec:
         """None / "default" -> the default entry; else a name or an alias."""
@@ -91,6 +109,19 @@ class Registry:
 
     def names(self) -> list[str]:
         return list(self.entries)
+
+    def problem(self, spec: ModelSpec) -> str | None:
+        """Why `spec` cannot be loaded from here (rule 5), or None."""
+        return self.source_check(spec) if self.source_check is not None else None
+
+    def available(self, name: str | None) -> ModelSpec:
+        """`resolve`, refusing an entry whose source is unavailable (rule 5; checked now,
+        so a source installed after start-up is served without a restart)."""
+        spec = self.resolve(name)
+        problem = self.problem(spec)
+        if problem is not None:
+            raise ModelUnavailable(spec.name, problem)
+        return spec
 
 
 def _refuse(path: Path | str, key: str, reason: str) -> RegistryError:
@@ -131,6 +162,16 @@ def load_registry(settings: Settings) -> Registry:
     return registry
 
 
+def warn_unavailable(registry: Registry) -> dict[str, str]:
+    """Rule 5: each unavailable non-default entry is logged once; returns every problem."""
+    problems = {name: p for name, spec in registry.entries.items()
+                if (p := source_problem(spec)) is not None}
+    for name, problem in problems.items():
+        if name != registry.default:
+            log.warning("model %r is unavailable: %s", name, problem)
+    return problems
+
+
 def parse_registry(data: dict[str, Any], path: Path) -> Registry:
     """Validate a decoded models.toml document (rules 2-5)."""
     for key in data:
@@ -143,7 +184,8 @@ def parse_registry(data: dict[str, Any], path: Path) -> Registry:
     default = data.get("default")
     if not isinstance(default, str) or not default:
         raise _refuse(path, "default", "missing (name the model to serve by default)")
-    registry = Registry(entries=entries, default=default, path=str(path))
+    registry = Registry(entries=entries, default=default, path=str(path),
+                        source_check=source_problem)
     _check_namespace(registry, path)
     try:
         registry.default = registry.resolve(default).name
@@ -233,6 +275,30 @@ def pip_name(module: str) -> str:
     except Exception:  # noqa: BLE001 - metadata scanning is best effort
         dists = None
     return dists[0] if dists else module.replace("_", "-")
+
+
+def source_problem(spec: ModelSpec) -> str | None:
+    """Why `spec` cannot be loaded from this machine, or None (rule 5).
+
+    Checks what a load would find first, without reading weights or touching
+    the network: the path or package file exists, a directory holds a
+    `config.json`, a file is a `.gguf` with GGUF's magic bytes."""
+    try:
+        source = resolve_source(spec)
+    except ConfigError as exc:
+        return exc.message.split(": ", 1)[-1]
+    if source.is_dir():
+        return None if (source / "config.json").is_file() else f"{source} has no config.json"
+    if source.suffix.lower() != ".gguf":
+        return f"{source} is neither an MLX checkpoint directory nor a .gguf file"
+    try:
+        with source.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        return f"cannot read {source} ({exc.strerror or exc})"
+    if magic != b"GGUF":
+        return f"{source} is not a GGUF file (it does not start with 'GGUF')"
+    return None
 
 
 def resolve_source(spec: ModelSpec) -> Path:

@@ -13,23 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from .errors import ConfigError
-from .registry import ModelSpec, Registry, load_registry, resolve_source
+from .registry import ModelSpec, Registry, load_registry, resolve_source, source_problem
 from .settings import Settings
 
 
 def entry_status(spec: ModelSpec, settings: Settings) -> str:
-    """available | imported (cached) | not imported yet | missing: why."""
-    try:
-        source = resolve_source(spec)
-    except ConfigError as exc:
-        return "missing: " + exc.message.split(": ", 1)[-1]
+    """available | imported (cached) | not imported yet | unavailable: why (as the daemon
+    reports it: registry.source_problem)."""
+    problem = source_problem(spec)
+    if problem is not None:
+        return "unavailable: " + problem
+    source = resolve_source(spec)
     if source.is_dir():
-        if not (source / "config.json").is_file():
-            return f"missing: {source} has no config.json"
         return "available"
-    if source.suffix.lower() != ".gguf":
-        return f"missing: {source} is neither a dir nor a .gguf file"
     from .models.gguf import checkpoint_dir_for
 
     if (checkpoint_dir_for(source, settings.cache_dir) / "config.json").is_file():

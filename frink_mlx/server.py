@@ -1,26 +1,39 @@
-"""`frink-mlx serve`: bind, load the default model, print one ready line, drain on signals.
+"""`frink-mlx serve`: bind, serve at once, load the default model, drain on signals.
 
 Rules:
 1. The backend is selected first, before anything imports MLX: on the CPU
    backend that may re-exec with OpenBLAS (backend/select.py rule 3).
-2. The socket is bound here (port 0 picks a free one), so the ready line can
-   name the real address; a non-loopback bind without an API key is refused
-   (http/security.py `check_bind`).
-3. Exactly one line on stdout, JSON, once the default model is loaded and the
-   socket is accepting -- for supervisors and scripts:
+2. Start-up refusals are one `frink-mlx: error: ...` line with a hint and
+   exit 2, checked before anything loads: a non-loopback bind without an API
+   key (http/security.py `check_bind`), a bad models.toml, a default model
+   whose source is missing (registry rule 5), a port that is busy or not
+   ours to bind. The socket is bound here (port 0 picks a free one), so the
+   ready line can name the real address.
+3. The socket serves before the model is in: the default model loads in the
+   lifespan's background (app.py rule 1), /health answers "loading" with its
+   progress at once, generation routes 503 + Retry-After. Exactly one line on
+   stdout, JSON, once the model is loaded -- for supervisors and scripts:
        {"event": "ready", "url": "http://127.0.0.1:8177", "host": ..., "port": ...,
         "pid": 123, "version": "0.1.0", "model": "smollm2", "generation": 1}
+   If that load fails, the reason is the one error line and the exit is 2.
    Logs go to stderr.
-4. SIGTERM / SIGINT: stop accepting, let in-flight requests finish for up to
-   `settings.drain_timeout_s`, cancel the rest, shut the engines down, exit 0.
-   (uvicorn's own handler re-raises the signal after shutdown, which would
-   make a clean drain exit 143/130; ours does not.) A second SIGINT forces.
-5. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
-   joins the group first (blocking until all have); rank 0 goes on as below
-   with a generation factory that shards and tells the followers
-   (serving/distributed.py); the other ranks print no ready line and serve
-   rank 0's plans until it stops the group (exit 0) or is lost (exit 1).
-6. Rank 0 of a lost group (engine/channel.py) answers 503 with the reason
+4. SIGTERM / SIGINT: drain (app.py rule 2) while the listener stays open --
+   new generation work gets 503 + Retry-After in its protocol's envelope,
+   streams in flight finish for up to `settings.drain_timeout_s`, the rest
+   end on an error frame -- then uvicorn closes the listener, the engines
+   shut down, exit 0. (uvicorn's own handler stops listening at once and
+   re-raises the signal after shutdown, which would make a clean drain exit
+   143/130; ours does neither.) A second SIGINT forces.
+5. Connection timeouts (http/timeouts.py): headers within
+   `header_timeout_s`, idle keep-alive connections closed after
+   `idle_timeout_s`; bodies are held to `body_timeout_s` by the middleware.
+6. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
+   joins the group first (blocking until all have), before the socket is
+   bound; rank 0 goes on as below with a generation factory that shards and
+   tells the followers (serving/distributed.py); the other ranks bind no
+   socket, print no ready line and serve rank 0's plans until it stops the
+   group (exit 0) or is lost (exit 1).
+7. Rank 0 of a lost group (engine/channel.py) answers 503 with the reason
    for `distributed_exit_after_lost_s`, then drains and exits 1: the
    supervisor restarts it, and every rank joins the new group (the followers
    exit by themselves once rank 0 is gone).
@@ -31,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -41,21 +55,54 @@ import threading
 from typing import Any, Iterator, NoReturn
 
 from . import __version__
+from .errors import ConfigError, ModelUnavailable
 from .settings import Settings, environ_snapshot
 
 log = logging.getLogger("frink_mlx.server")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (rule 2)."""
-    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    """A listening TCP socket on host:port (rule 2); ConfigError with a hint if refused."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror} "
+                          "(check --host / FRINK_MLX_HOST)") from None
     family, kind, proto, _, addr = info[0]
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(addr)
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(_bind_refusal(host, port, exc)) from None
     sock.set_inheritable(True)
     return sock
+
+
+def _bind_refusal(host: str, port: int, exc: OSError) -> str:
+    where = f"cannot listen on {host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (f"{where}: the port is already in use (another frink-mlx? "
+                "`frink-mlx service status` tells; pick another with --port N, or --port 0 "
+                "for a free one)")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{where}: permission denied (ports below 1024 need privileges; use --port N)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: no such address on this machine (check --host)"
+    return f"{where}: {exc.strerror or exc}"
+
+
+def check_default_model(registry: Any) -> None:
+    """Rule 2: refuse to start when the default model's source is missing."""
+    try:
+        registry.available(None)
+    except ModelUnavailable as exc:
+        raise ConfigError(
+            f"the daemon did not start: the default model '{exc.name}' is unavailable: "
+            f"{exc.reason} (fix its source in {registry.path}, or serve another entry with "
+            "--model NAME; `frink-mlx models` lists them)") from None
 
 
 def base_url(sock: socket.socket) -> tuple[str, str, int]:
@@ -79,6 +126,9 @@ def _server_class() -> Any:
     class DaemonServer(uvicorn.Server):
         """uvicorn.Server that drains on a signal and does not re-raise it (rule 4)."""
 
+        drain: Any = None          # async () -> None, set by _serve
+        draining: Any = None       # the drain task once a signal came
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
@@ -92,20 +142,55 @@ def _server_class() -> Any:
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.draining is not None or self.drain is None or not self.started:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
+                return
+            log.info("signal %d: draining (new work gets 503; up to %.0f s for streams)",
+                     sig, self.drain_timeout_s)
+            self.draining = True  # a second signal now stops at once
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await self.drain()
+            finally:
+                self.should_exit = True
+
     return DaemonServer
 
 
 async def _announce(server: Any, url: str, host: str, port: int, app: Any) -> None:
+    """Rule 3: the ready line once serving and loaded, or the refusal and exit 2."""
     while not server.started:
         if server.should_exit:
             return
         await asyncio.sleep(0.02)
+    state = app.state.frink
+    if state.startup is not None:
+        try:
+            await asyncio.shield(state.startup)
+        except Exception as exc:  # noqa: BLE001 - reported as the one refusal line
+            server.refusal = (f"the daemon did not start: the default model failed to load: "
+                              f"{getattr(exc, 'message', exc)}")
+            server.should_exit = True
+            return
+    if server.should_exit:
+        return
     sys.stdout.write(ready_line(url, host, port, app) + "\n")
     sys.stdout.flush()
 
 
 async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: int,
-                 app: Any) -> None:
+                 app: Any, drain_timeout_s: float) -> None:
+    async def drain() -> None:
+        cut = await app.state.frink.drain(drain_timeout_s)
+        log.info("drained (%d stream(s) cut at the limit)", cut)
+
+    server.drain, server.drain_timeout_s = drain, drain_timeout_s
     announce = asyncio.create_task(_announce(server, url, host, port, app))
     try:
         await server.serve(sockets=[sock])
@@ -127,31 +212,40 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .http.security import check_bind
 
     check_bind(settings)
+    from .registry import load_registry, warn_unavailable
+
+    registry = load_registry(settings)
+    check_default_model(registry)
+    factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
+    sock = bind_socket(settings.host, settings.port)
+    warn_unavailable(registry)
     import uvicorn
 
     from .app import create_app
-    from .registry import load_registry
+    from .http.timeouts import guarded_protocol
 
-    registry = load_registry(settings)
-    factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
-    app = create_app(settings, registry=registry, backend=backend, factory=factory,
-                     cluster=channel)
-    sock = bind_socket(settings.host, settings.port)
+    app = create_app(settings, registry=registry, background_load=True, backend=backend,
+                     factory=factory, cluster=channel)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
-                            log_config=None)
+                            timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
+                            http=guarded_protocol(settings.header_timeout_s), log_config=None)
     server = _server_class()(config)
+    server.refusal = None
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
-    log.info("frink-mlx %s listening on %s (loading the default model)", __version__, url)
+    log.info("frink-mlx %s listening on %s (loading %s)", __version__, url, registry.default)
     try:
-        asyncio.run(_serve(server, sock, url, host, port, app))
-    except SystemExit:  # uvicorn exits 3 when the lifespan (default model load) fails
-        if server.started:
+        asyncio.run(_serve(server, sock, url, host, port, app, settings.drain_timeout_s))
+    except SystemExit:  # uvicorn exits 3 when the lifespan fails
+        if server.started and server.refusal is None:
             raise
-    if not server.started:
-        print("frink-mlx: error: the daemon did not start (see the log above)", file=sys.stderr)
+    if server.refusal is not None or not server.started:
+        reason = server.refusal or "the daemon did not start (see the log above)"
+        print(f"frink-mlx: error: {reason}", file=sys.stderr)
+        if server.started:  # threads that touched MLX exist now: see below
+            _exit_without_finalisation(2)
         return 2
     if channel is not None:
         channel.stop(tell_followers=True)
@@ -160,7 +254,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
 
 
 def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, Any]:
-    """Rule 5: join the group; rank 0 gets (generation factory, channel), the others never return."""
+    """Rule 6: join the group; rank 0 gets (generation factory, channel), the others never return."""
     from .backend.distributed import init_group
     from .engine.channel import PlanChannel
     from .serving import distributed
@@ -177,7 +271,7 @@ def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, A
 
 
 def _exit_when_lost(channel: Any, server: Any, after_s: float | None) -> None:
-    """Rule 6: once the group is lost, /health says why for `after_s`, then rank 0 stops
+    """Rule 7: once the group is lost, /health says why for `after_s`, then rank 0 stops
     and exits 1, so its supervisor (launchd KeepAlive) starts the group again."""
     if after_s is None:
         return

@@ -18,7 +18,9 @@ Rules:
 3. Restart on crash only; a clean SIGTERM drain (exit 0) stays stopped. The
    stop deadline is the drain deadline plus a margin.
 4. `status` reports the service manager's view and `GET /health`; exit 0 when
-   healthy, 3 (LSB "not running") otherwise.
+   the daemon answers (its state -- ready, loading with progress, draining --
+   is in the body it prints, whatever the status code), 3 (LSB "not
+   running") when nothing answers.
 5. Templates are read from `launchd/` next to the package (source checkout or
    editable install, which is what `make install-service` uses).
 """
@@ -181,9 +183,14 @@ def probe_health(url: str) -> dict[str, object] | None:
     try:
         with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as resp:
             body = json.loads(resp.read() or b"{}")
-            return body if isinstance(body, dict) else {"status": body}
+    except urllib.error.HTTPError as exc:  # 503 while loading or draining: it does answer
+        try:
+            body = json.loads(exc.read() or b"{}")
+        except ValueError:
+            return None
     except (urllib.error.URLError, OSError, ValueError):
         return None
+    return body if isinstance(body, dict) else {"status": body}
 
 
 def report_health(plan: ServicePlan) -> int:

@@ -52,8 +52,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
     cors_origins: tuple[str, ...] = ()           # exact origins; none by default
     max_body_bytes: int = 8 * 1024 * 1024
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 30.0                 # a stall this long mid-body gets 408
+    header_timeout_s: float = 30.0               # request line + headers must arrive in this
+                                                 # long (in total); else 408 / close
+    body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
+    idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)

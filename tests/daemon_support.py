@@ -1,5 +1,6 @@
 """Test-only helpers for the daemon tests: registries of tiny checkpoints,
-a uvicorn server on a free port in a thread, and a stand-in engine.
+a uvicorn server on a free port in a thread, `frink-mlx serve` as a real
+process (`DaemonProcess`), and a stand-in engine.
 
 `ThreadEngine` is a deliberately simple, test-only implementation of the
 Engine API (submit -> SeqStream of StepOutputs, abort, stats, shutdown) built
@@ -11,6 +12,11 @@ whenever it is importable; `ThreadEngine` is only the fallback.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -188,3 +194,83 @@ def start_server(app: Any) -> LiveServer:
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     return LiveServer(f"http://127.0.0.1:{port}", server, thread, app)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def daemon_env(**settings: object) -> dict[str, str]:
+    """The environment of a `frink-mlx serve` child: this checkout importable, settings as
+    FRINK_MLX_* variables (None = unset)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, value in settings.items():
+        key = "FRINK_MLX_" + name.upper()
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return env
+
+
+class DaemonProcess:
+    """`python -m frink_mlx.cli serve --port 0 ...` as a child process.
+
+    stdout is the ready line; stderr (the log) goes to a file so a chatty
+    daemon can never block on a full pipe. `ready()` waits for the line."""
+
+    def __init__(self, tmp: Path, *args: str, **settings: object) -> None:
+        self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "frink_mlx.cli", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=ROOT,
+            env=daemon_env(**{"log_level": "info", **settings}))
+        self.url = ""
+        self.ready_line: dict[str, Any] = {}
+
+    def ready(self, timeout_s: float = 180.0) -> dict[str, Any]:
+        line = self._readline(timeout_s)
+        if not line:
+            raise RuntimeError(f"daemon exited {self.proc.poll()}: {self.log()[-3000:]}")
+        self.ready_line = json.loads(line)
+        self.url = self.ready_line["url"]
+        return self.ready_line
+
+    def _readline(self, timeout_s: float) -> str:
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if reader.is_alive():
+            raise TimeoutError(f"no ready line in {timeout_s} s: {self.log()[-3000:]}")
+        return out[0]
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def log_lines_at(self, level: str) -> list[str]:
+        return [line for line in self.log().splitlines() if f" {level} " in line]
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        self._log.close()

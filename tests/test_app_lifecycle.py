@@ -9,15 +9,16 @@ import time
 
 import httpx
 import pytest
+from daemon_support import generation_factory, start_server, write_registry
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
-from daemon_support import generation_factory, start_server, write_registry
-
 PROMPT = [{"role": "user", "content": "Hello there"}]
-BROKEN = '\n[models.broken]\nsource = "{missing}"\n'
+# broken: its files are there but cannot load (a failed load: 500, last_error);
+# gone: its source is missing (unavailable: 404 with the reason, no load attempted).
+BROKEN = '\n[models.broken]\nsource = "{broken}"\n[models.gone]\nsource = "{missing}"\n'
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,10 @@ def live(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lifecycle")
     a, b = make_tiny_llama(root / "a", seed=0), make_tiny_llama(root / "b", seed=1)
-    path = write_registry(root, a, b, BROKEN.format(missing=root / "missing"))
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    path = write_registry(root, a, b, BROKEN.format(broken=broken, missing=root / "missing"))
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"))
     app = create_app(settings, registry=load_registry(settings), factory=generation_factory())
@@ -121,6 +125,14 @@ def test_admin_load_conflict_and_failure_reporting(live, monkeypatch):
     assert chat_text(live, "default")
     r = httpx.post(live.url + "/admin/models/load", json={"model": "nope"}, timeout=10)
     assert r.status_code == 404
+    for path, payload in (("/admin/models/load", {"model": "gone", "wait": True}),
+                          ("/v1/chat/completions", body("gone"))):
+        r = httpx.post(live.url + path, json=payload, timeout=10)
+        assert r.status_code == 404, r.text
+        error = r.json()["error"]
+        assert error["code"] == "model_unavailable" and error["param"] == "model"
+        assert f"source not found: {live.state.registry.entries['gone'].source}" in error["message"]
+    assert httpx.get(live.url + "/admin/models", timeout=10).json()["active"]["model"] == "tiny-b"
 
 
 def test_concurrent_requests_all_answer_correctly(live):

@@ -11,12 +11,11 @@ import json
 import httpx
 import openai
 import pytest
+from daemon_support import generation_factory, start_server, write_registry
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, start_server, write_registry
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 

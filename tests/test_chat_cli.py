@@ -13,12 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from daemon_support import generation_factory, start_server, write_registry
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, start_server, write_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,10 +50,10 @@ def test_models_reports_missing_sources_with_the_fix(tmp_path: Path) -> None:
     proc = run(tmp_path, "models", "--models", str(models))
     assert proc.returncode == 0, proc.stderr
     a = next(line for line in proc.stdout.splitlines() if line.startswith("a *"))
-    assert a.endswith("missing: Python package 'frink_nope' is not installed "
+    assert a.endswith("unavailable: Python package 'frink_nope' is not installed "
                       "(run: pip install --no-deps frink-nope)")
     b = next(line for line in proc.stdout.splitlines() if line.startswith("b "))
-    assert f"missing: source not found: {tmp_path / 'gone'}" in b
+    assert f"unavailable: source not found: {tmp_path / 'gone'}" in b
 
 
 def test_import_then_models_shows_the_cached_checkpoint(tmp_path: Path, smollm2_gguf_path: Path) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import openai
 import pytest
+from daemon_support import generation_factory, start_server
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from daemon_support import generation_factory, start_server
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,8 @@ import anyio
 import httpx
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.routing import Route
 
 from frink_mlx.app import create_app, route_list

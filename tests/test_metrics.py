@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from prometheus_client.parser import text_string_to_metric_families
 
-from frink_mlx.engine.types import EngineStats
-from frink_mlx.metrics import Metrics
-from frink_mlx.settings import Settings
 from frink_mlx import metrics as metrics_mod
+from frink_mlx.engine.types import EngineStats
 from frink_mlx.http.access import note_generation
 from frink_mlx.http.security import build_middleware
+from frink_mlx.metrics import Metrics
+from frink_mlx.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import httpx
-
 from daemon_support import write_registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -91,7 +91,18 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fakes:
     return f
 
 
+def unused_port() -> int:
+    """A port nothing listens on (bound once, then closed): status probes it and finds no
+    daemon, whatever runs on this machine's default port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def settings_for(tmp_path: Path, **kw: object) -> Settings:
+    kw.setdefault("port", unused_port())
     return Settings(config_dir=str(tmp_path / "home" / "cfg"),  # type: ignore[arg-type]
                     cache_dir=str(tmp_path / "home" / "cache"), **kw)
 
@@ -139,12 +150,12 @@ def test_systemd_unit_rendering(tmp_path: Path) -> None:
     plan = odd_plan(tmp_path)
     unit = render_unit(plan)
     lines = unit.splitlines()
-    exec_start = next(l for l in lines if l.startswith("ExecStart="))
+    exec_start = next(line for line in lines if line.startswith("ExecStart="))
     assert shlex.split(exec_start.removeprefix("ExecStart=")) == list(plan.program_args)
     assert "Restart=on-failure" in lines and "RestartSec=10" in lines
     assert "TimeoutStopSec=17" in lines and "WantedBy=default.target" in lines
     assert f'Environment="FRINK_MLX_MODELS={tmp_path}/a&b <c> \'d\'/models.toml"' in lines
-    assert "@" not in "".join(l for l in lines if not l.startswith("#"))
+    assert "@" not in "".join(line for line in lines if not line.startswith("#"))
     assert service.systemd_quote('50% of $HOME "x"') == '"50%% of $$HOME \\"x\\""'
 
 
@@ -255,6 +266,32 @@ def test_status_reads_launchctl_and_health(tmp_path: Path, fakes: Fakes, health_
     assert service_command(settings, verb("status", "launchd")) == 0
     out = capsys.readouterr().out
     assert "state = running; pid = 4242" in out and '"status": "ok"' in out
+
+
+def test_status_reports_a_daemon_that_is_still_loading(tmp_path: Path, fakes: Fakes,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    class Loading(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"state": "loading", "progress": {"model": "smollm2", "phase": "loading"}}'
+            self.send_response(503)
+            self.send_header("retry-after", "2")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = settings_for(tmp_path, port=server.server_address[1])
+        service_command(settings, verb("install", "launchd"))
+        capsys.readouterr()
+        assert service_command(settings, verb("status", "launchd")) == 0
+        assert '"state": "loading"' in capsys.readouterr().out
+    finally:
+        server.shutdown()
 
 
 def test_launchd_logs_tail(tmp_path: Path, fakes: Fakes,

@@ -1,12 +1,17 @@
 """GET /health and the model admin routes.
 
-    GET  /health               state ready/loading/idle/unavailable, model, generation,
-                               uptime, context ceiling, KV blocks, queue; 503 when nothing is
-                               loaded and no request would load one (idle -> 200), or
-                               when the distributed group is lost (503, `reason` says why;
-                               `ranks` is the group size on rank 0 of a group)
-    GET  /admin/models         active generation, load in progress, last load error,
-                               retired generations still draining, the registry
+    GET  /health               state ready/loading/idle/unavailable/draining, model,
+                               generation, uptime, context ceiling, KV blocks, queue, the
+                               running load's `progress`; 503 + Retry-After when nothing is
+                               loaded and no request would load one (idle -> 200), while the
+                               first model loads, while draining, and when the distributed
+                               group is lost (`reason` says why; `ranks` is the group size on
+                               rank 0 of a group). Answers at once, even while a model loads
+                               (the load runs in a worker thread).
+    GET  /admin/models         active generation, load in progress (and its progress), last
+                               load error, retired generations still draining, how many freed
+                               ones are still handing memory back (`releasing`), the registry
+                               (each entry `available`, or its `unavailable` reason)
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs
     POST /admin/models/unload  retire the active generation; requests get 503 until a load
@@ -28,7 +33,7 @@ from .. import __version__
 from ..http.body import decode_body
 from ..http.errors import endpoint, openai_error
 from .endpoint import json_response
-from .openai.models import context_length_of
+from .openai.models import availability, context_length_of
 
 
 class LoadBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -41,6 +46,12 @@ def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
             "context_length": context_length_of(gen), "loaded_at": gen.created_unix,
             "leases": hub.num_leases(gen),
             "load_time_s": getattr(gen.loaded, "load_time_s", None)}
+
+
+def load_progress(hub: Any) -> dict[str, Any] | None:
+    """The running load's snapshot (serving/hub.py rule 3); None when none runs."""
+    progress = getattr(hub, "load_progress", None)
+    return progress.snapshot() if progress is not None else None
 
 
 def _kv(stats: Any) -> dict[str, Any] | None:
@@ -57,11 +68,12 @@ async def health(request: Request) -> Response:
     body: dict[str, Any] = {
         "state": hub.state, "version": __version__, "uptime_s": round(state.uptime_s, 3),
         "model": gen.spec.name if gen else None, "generation": gen.number if gen else None,
-        "loading": hub.loading, "context_ceiling": context_length_of(gen),
+        "loading": hub.loading, "progress": load_progress(hub),
+        "context_ceiling": context_length_of(gen),
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
     }
-    serving = gen is not None or hub.state == "idle"  # idle: the next request reloads it
+    serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
     lost = getattr(state.cluster, "lost", None)
     if lost is not None:  # distributed group lost (engine/channel.py): nothing can generate
         body["state"], body["reason"], serving = "unavailable", f"distributed group lost: {lost}", False
@@ -80,13 +92,14 @@ async def list_admin_models(request: Request) -> Response:
     hub = state.hub
     entries = [{"name": s.name, "kind": s.kind, "aliases": list(s.aliases), "source": s.source,
                 "loaded": hub.current is not None and hub.current.spec.name == s.name,
-                "description": s.description}
+                "description": s.description, **availability(state.registry, s)}
                for s in state.registry.entries.values()]
     return json_response({
         "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,
         "active": generation_info(hub, hub.current) if hub.current else None,
-        "loading": hub.loading, "last_error": hub.last_error,
+        "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
+        "releasing": hub.releasing,
         "default": state.registry.default, "models": entries,
     })
 

@@ -8,7 +8,7 @@ like /health, outside the in-flight bound, so a flooded daemon can still say
 why it is slow.
 
 Pure translation of what the hub, the engine stats, the access ring and the
-backend report; nothing here imports MLX (backend/info.py does, lazily).
+backend report (the hub's Backend object); nothing here imports MLX.
 
 Rules:
 1. Honest nulls: a number not measured (no model loaded, a counter this MLX
@@ -41,11 +41,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from .. import __version__
-from ..backend.info import DeviceFacts, device_facts
-from ..errors import ConfigError
+from ..backend.info import DeviceFacts
 from ..http.access import AccessRecord, RecentRequests
 from ..http.errors import endpoint, openai_error
-from ..registry import resolve_source
 from .openai.models import context_length_of
 
 if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
@@ -129,11 +127,12 @@ class Status(msgspec.Struct):
 def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
     """Rule 2 for every registry entry, in registry order."""
     return [ModelState(name=spec.name, kind=spec.kind, aliases=list(spec.aliases),
-                       default=spec.name == registry.default, **_state_of(hub, spec, now))
+                       default=spec.name == registry.default,
+                       **_state_of(hub, registry, spec, now))
             for spec in registry.entries.values()]
 
 
-def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
+def _state_of(hub: Hub, registry: Registry, spec: ModelSpec, now: float) -> dict[str, Any]:
     current = hub.current
     if current is not None and current.spec.name == spec.name:
         return {"state": "resident", "generation": current.number}
@@ -149,10 +148,9 @@ def _state_of(hub: Hub, spec: ModelSpec, now: float) -> dict[str, Any]:
     failed = hub.last_error
     if failed is not None and failed.get("model") == spec.name:
         return {"state": "unavailable", "reason": f"last load failed: {failed.get('message')}"}
-    try:
-        resolve_source(spec)
-    except ConfigError as exc:
-        return {"state": "unavailable", "reason": exc.message}
+    problem = registry.problem(spec)  # registry rule 5, as /v1/models and requests see it
+    if problem is not None:
+        return {"state": "unavailable", "reason": problem}
     if hub.sleeping is not None and hub.sleeping.name == spec.name:
         return {"state": "available", "reason": "unloaded after idling; the next request loads it"}
     return {"state": "available"}
@@ -181,7 +179,7 @@ def collect(state: StatusSource) -> Status:
     """The whole status (rules 1-4) of one AppState, read now."""
     hub, gen = state.hub, state.hub.current
     stats = state.engine_stats()
-    device = device_facts()
+    device = hub.backend.device_facts()
     kv = None if stats is None else Kv(
         blocks_total=stats.num_blocks_total, blocks_used=stats.num_blocks_used,
         blocks_cached=stats.num_blocks_cached, block_size=stats.block_size)

@@ -34,6 +34,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from .info import DeviceFacts, device_facts
+
 BackendName = Literal["metal", "cpu"]
 BudgetSource = Literal["metal", "ram"]
 
@@ -93,6 +95,17 @@ class Backend(ABC):
     @abstractmethod
     def prepare_encoder(self, model: Any) -> ForwardScope:
         """Ready an embedding model (models/encoder/) for its forwards (rule 3)."""
+
+    def device_facts(self) -> DeviceFacts:
+        """The device MLX computes on and its allocator's counters, read now (info.py)."""
+        return device_facts()
+
+    def release_freed_memory(self) -> None:
+        """Hand a freed generation's memory back to the OS: gc, MLX's buffer cache and,
+        on glibc, the free heap (backend/memory.py). Blocking; run off the event loop."""
+        from .memory import release_freed_memory
+
+        release_freed_memory()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

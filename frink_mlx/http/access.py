@@ -42,6 +42,10 @@ Rules:
    byte was sent. So a stream cut mid-answer (headers said 200), a request
    dropped mid-body and a non-streaming answer abandoned while it was being
    generated all read the same, on every route.
+7. A response from a generating route says the token budget its runs got
+   (serving/handles.py rule 3): `frink-max-tokens: N` (the largest of its
+   runs), and `frink-max-tokens-requested: M` when the client's max_tokens
+   was more than the context left room for and was clamped to N.
 """
 
 from __future__ import annotations
@@ -141,6 +145,20 @@ def runs_tally(runs: list[Any]) -> dict[str, Any]:
             "ttft_s": min(ttfts) if ttfts else None}
 
 
+def budget_headers(runs: list[Any]) -> list[tuple[bytes, bytes]]:
+    """Rule 7: the token budget the request's runs got, and what was asked when clamped."""
+    budgets = [b for b in (getattr(r, "max_tokens", None) for r in runs) if isinstance(b, int)]
+    if not budgets:
+        return []
+    headers = [(b"frink-max-tokens", str(max(budgets)).encode())]
+    clamped = [r.max_tokens_requested for r in runs
+               if isinstance(getattr(r, "max_tokens_requested", None), int)
+               and r.max_tokens_requested > r.max_tokens]
+    if clamped:
+        headers.append((b"frink-max-tokens-requested", str(max(clamped)).encode()))
+    return headers
+
+
 def new_request_id() -> str:
     return "req_" + uuid.uuid4().hex[:24]
 
@@ -199,6 +217,7 @@ class AccessLogMiddleware:
         state["request_id"] = request_id
         id_headers = [(b"request-id", request_id.encode()), (b"x-request-id", request_id.encode())]
         status = 500  # if the app raises before starting a response
+        runs: list[Any] = []
         complete = client_gone = False  # rule 6
 
         async def receive_noting_disconnect() -> Message:
@@ -215,12 +234,11 @@ class AccessLogMiddleware:
                 kept = [(k, v) for k, v in message.get("headers", [])
                         if k.lower() not in (b"request-id", b"x-request-id")]
                 message = dict(message)
-                message["headers"] = kept + id_headers
+                message["headers"] = kept + id_headers + budget_headers(runs)
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 complete = True
             await send(message)
 
-        runs: list[Any] = []
         token = _request_runs.set(runs)
         try:
             await self.app(scope, receive_noting_disconnect, send_with_id)

@@ -17,6 +17,7 @@ Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
     Anthropic  {"type": "error", "error": {"type", "message"}}
     llama.cpp  {"error": {"code": <status>, "message", "type"}}
+    Ollama     {"error": "<message>"}
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def anthropic_error(exc: FrinkError) -> JSONResponse:
 def llamacpp_error(exc: FrinkError) -> JSONResponse:
     body = {"error": {"code": exc.status, "message": exc.message, "type": exc.type}}
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
+
+
+def ollama_error(exc: FrinkError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=_headers(exc))
 
 
 def as_frink_error(exc: BaseException) -> FrinkError:

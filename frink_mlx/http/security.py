@@ -27,17 +27,19 @@ and disconnect detection):
    `/health` and the status page's shell (`/`, `/ui/*`: static files that
    hold no data) stay open; everything else (admin, status, metrics) is
    gated, so the page shows nothing until it is given the key.
-5. Body deadline. While the body is incomplete, each `receive()` waits at
-   most `settings.body_timeout_s`; a stall raises `RequestTimeout` (408) into
-   the endpoint's body read, so a slow client cannot hold a slot forever.
+5. Body deadline. The whole body must arrive within `settings.body_timeout_s`
+   of the request's start -- a total, not a per-read stall limit, so a client
+   sending a byte a second cannot hold a slot forever; past it, the body read
+   raises `RequestTimeout` (408 in the protocol's envelope). (Header and idle
+   timeouts live below ASGI: http/timeouts.py.)
 6. Concurrency bound. At most `settings.max_batch + settings.max_queue`
    requests are in flight (running + queued); beyond that, 503 with
    `Retry-After`. `/health`, `/metrics`, `/admin/status` and the page's
    shell are exempt so a flooded daemon still answers them (and can show why).
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
-Anthropic for /v1/messages*, llama.cpp for its native routes, OpenAI for the
-rest (see http/errors.py).
+Anthropic for /v1/messages*, llama.cpp for its native routes, Ollama for
+/api/*, OpenAI for the rest (see http/errors.py).
 
 `check_bind(settings)` refuses to start on a non-loopback address without a
 key; the server calls it before binding.
@@ -70,7 +72,7 @@ from ..errors import (
 from ..metrics import metrics_of
 from ..settings import Settings
 from .access import AccessLogMiddleware
-from .errors import Envelope, anthropic_error, llamacpp_error, openai_error
+from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
 
 OPEN_PATHS = frozenset({"/health", "/"})           # no key needed
 OPEN_PREFIXES = ("/ui/",)                           # the page's static assets (no data)
@@ -84,7 +86,7 @@ LLAMACPP_PATHS = frozenset({
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 KEY_FILE_NAME = "api_key"
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_EXPOSE = "request-id, x-request-id, retry-after"
+CORS_EXPOSE = "request-id, x-request-id, retry-after, frink-max-tokens, frink-max-tokens-requested"
 CORS_MAX_AGE_S = 600
 _TOKEN_LIST = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 
@@ -95,6 +97,8 @@ def envelope_for_path(path: str) -> Envelope:
         return anthropic_error
     if path in LLAMACPP_PATHS:
         return llamacpp_error
+    if path.startswith("/api/"):
+        return ollama_error
     return openai_error
 
 
@@ -291,17 +295,18 @@ class SecurityMiddleware:
 
     def _with_deadline(self, receive: Receive) -> Receive:
         body_done = False
+        deadline = anyio.current_time() + self.body_timeout_s  # gate 5: the whole body
 
         async def receive_with_deadline() -> Message:
             nonlocal body_done
             if body_done:  # later receives wait for http.disconnect: no deadline
                 return await receive()
-            with anyio.move_on_after(self.body_timeout_s):
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
                 message = await receive()
                 if message["type"] != "http.request" or not message.get("more_body", False):
                     body_done = True
                 return message
-            raise RequestTimeout(f"the request body stalled for more than "
+            raise RequestTimeout(f"the request body stalled: it was not complete within "
                                  f"{self.body_timeout_s:g} s", param="body")
         return receive_with_deadline
 

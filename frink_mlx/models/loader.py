@@ -19,11 +19,17 @@ Rules:
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
    by `spec.context_length`.
-6. Distributed (`shard` given, backend/distributed.py): the model is split
+6. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
+7. Sampling defaults come from the model: the checkpoint's
+   `generation_config.json` (temperature, top_p, top_k, min_p,
+   repetition_penalty -- the fields vLLM's `generation_config="auto"` takes;
+   `do_sample` is not read, as there) fill what the registry's `[sampling]`
+   leaves unset; the merged spec is `LoadedModel.spec`. A file with values
+   out of range is logged and ignored, never half-applied.
+8. Distributed (`shard` given, backend/distributed.py): the model is split
    for this rank after any dequantization, and the warm-up is skipped (its
    forward would issue all-reduces no other rank expects). `parallel` says
    how it was split ("tensor"), for /v1/models.
-7. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
 
 This module is blocking; call it off the event loop.
 """
@@ -31,6 +37,7 @@ This module is blocking; call it off the event loop.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +45,12 @@ from typing import Any, Callable, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+import msgspec
 
 from ..backend import Backend
 from ..config import LoadConfig
 from ..errors import ModelFormatError
-from ..registry import ModelSpec, resolve_source
+from ..registry import ModelSpec, SamplingDefaults, resolve_source
 from .encoder import Encoder, load_encoder
 from .gguf import import_gguf
 
@@ -61,8 +69,38 @@ class LoadedModel:
     dtype: mx.Dtype
     load_time_s: float
     encoder: Encoder | None = None
-    parallel: str | None = None   # rule 6: "tensor" when sharded over a group
+    parallel: str | None = None   # rule 8: "tensor" when sharded over a group
     num_ranks: int = 1
+
+
+log = logging.getLogger("frink_mlx.models")
+
+GENERATION_CONFIG_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def with_checkpoint_defaults(spec: ModelSpec, path: Path) -> ModelSpec:
+    """Rule 7: the checkpoint's generation_config.json under the registry's [sampling]."""
+    try:
+        raw = json.loads((path / "generation_config.json").read_text())
+    except FileNotFoundError:
+        return spec
+    except (OSError, ValueError) as exc:
+        log.warning("model %s: ignoring unreadable generation_config.json (%s)", spec.name, exc)
+        return spec
+    found = {k: raw[k] for k in GENERATION_CONFIG_FIELDS if isinstance(raw, dict)
+             and raw.get(k) is not None}
+    if not found:
+        return spec
+    try:
+        from_file = msgspec.convert(found, SamplingDefaults)
+    except msgspec.ValidationError as exc:
+        log.warning("model %s: ignoring generation_config.json sampling values (%s)",
+                    spec.name, exc)
+        return spec
+    mine = spec.sampling or SamplingDefaults()
+    merged = {f: getattr(mine, f) if getattr(mine, f) is not None else getattr(from_file, f)
+              for f in GENERATION_CONFIG_FIELDS}
+    return msgspec.structs.replace(spec, sampling=SamplingDefaults(**merged))
 
 
 def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
@@ -79,11 +117,12 @@ def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
 
 def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend, *,
                shard: Callable[[nn.Module], tuple[str, int]] | None = None) -> LoadedModel:
-    """`shard(model) -> (kind, num_ranks)` splits the model for this rank (rule 6)."""
+    """`shard(model) -> (kind, num_ranks)` splits the model for this rank (rule 8)."""
     started = time.perf_counter()
     path = checkpoint_path(spec, config)
     if spec.kind == "encoder":
         return _load_encoder(spec, config, path, started, backend)
+    spec = with_checkpoint_defaults(spec, path)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None

@@ -90,7 +90,8 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
     engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
                     channel=channel)
     engine.start()
-    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+    # loaded.spec: with the checkpoint's sampling defaults (models/loader.py rule 7)
+    return Generation(number, loaded.spec, loaded, engine, plan, time.monotonic())
 
 
 def _agreed_plan(plan: KVPlan, num_blocks: int, trained: int) -> KVPlan:

@@ -10,13 +10,10 @@ threads (docs/ARCHITECTURE.md, "Threads").
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
-
-import mlx.core as mx
 
 from ..backend import Backend
 from ..config import HubConfig
@@ -65,6 +62,7 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
                      backend: Backend) -> Generation:
     """Load `spec` and start its engine on `backend` (the production factory)."""
     loaded = load_model(spec, config.load, backend)
+    spec = loaded.spec  # with the checkpoint's sampling defaults (loader rule 7)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     plan = plan_kv(loaded, config.budget, backend.memory_budget())
@@ -87,11 +85,11 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
 
 
 def free_generation(gen: Generation, timeout_s: float) -> None:
-    """Shut the engine down and hand its memory back (blocking)."""
+    """Shut the engine down (blocking); the hub hands the memory back once its last
+    reference is gone (hub rule 4, Backend.release_freed_memory)."""
     if gen.engine is not None:
         try:
             gen.engine.shutdown(timeout_s)
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("engine shutdown failed for generation %d", gen.number)
-    gc.collect()
-    mx.clear_cache()
+

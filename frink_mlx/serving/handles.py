@@ -11,8 +11,12 @@ Rules:
 2. `start()` renders the prompt and tokenizes it before anything is sent to
    the client, so template errors and context overflows are real 400s.
 3. A prompt that can never fit -> ContextLengthExceeded (400, with the
-   numbers). max_tokens None or beyond the ceiling -> what room is left under
-   the ceiling (clamped, as issue 4 specifies; finish_reason says "length").
+   numbers). max_tokens None -> the registry entry's `max_tokens` cap when it
+   has one, else what room is left under the ceiling (OpenAI's "up to the
+   context"); a client's max_tokens beyond that room is clamped to it (issue
+   4; finish_reason says "length") and reported: `Run.max_tokens_requested`
+   keeps what was asked, and the response carries `frink-max-tokens` (the
+   budget used) and `frink-max-tokens-requested` (http/access.py rule 5).
 4. models.toml `[sampling]` defaults fill the fields the client did not send.
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
@@ -28,6 +32,10 @@ Rules:
    constraint (think_budget.py): after that many tokens inside an open think
    block the think-end marker is forced. A model without think markers never
    opens a block, so there is nothing to cap.
+11. `cut(error)` (the drain at shutdown) ends a run early: its stream ends
+   with an ErrorEvent of `error` (status, code, Retry-After), which each
+   protocol renders as its own terminal error frame -- never a silent end and
+   never a finish reason that pretends the answer was complete.
 7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
    generation keeps the last turns' ids (prompt + generated answer). A new
    prompt that continues one of them (its whole prompt matches) but differs
@@ -48,7 +56,7 @@ import uuid
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -209,8 +217,10 @@ class DecodeHandles:
         param = "messages" if request.messages is not None else "prompt"
         if num_prompt >= self.context_ceiling:
             raise ContextLengthExceeded(num_prompt, self.context_ceiling, param=param)
+        room = self.context_ceiling - num_prompt
         if request.max_tokens is None:
-            return self.context_ceiling - num_prompt
+            cap = self.generation.spec.max_tokens if self.generation is not None else None
+            return min(cap, room) if cap else room
         if request.max_tokens < 1:
             raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
         return min(request.max_tokens, self.context_ceiling - num_prompt)
@@ -251,6 +261,7 @@ class DecodeHandles:
                    generation=self.generation.number, created=int(time.time()),
                    prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
+                   max_tokens_requested=request.max_tokens,
                    _lease=lease, _handles=self, _memory=memory)
 
     def _budgeted(self, prepared: "Prepared", constraints: list[Any] | None) -> list[Any] | None:
@@ -296,8 +307,21 @@ class Run:
     _pipeline: OutputPipeline
     _lease: Lease | None
     _handles: DecodeHandles
+    max_tokens_requested: int | None = None  # rule 3: what the client asked (None: nothing)
     _memory: TurnMemory | None = None
     _finished: bool = False
+    _cut: FrinkError | None = None
+    on_close: Callable[["Run"], None] | None = None  # AppState forgets it (hub rule 4)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def cut(self, error: FrinkError) -> None:
+        """Rule 11: end this run now with `error` as its terminal event."""
+        if not self._finished and self._cut is None:
+            self._cut = error
+            self._stream.abort()
 
     @property
     def prompt_tokens(self) -> int:
@@ -338,13 +362,17 @@ class Run:
         steps = self._stream.__aiter__()
         try:
             async for step in steps:
+                if self._cut is not None:
+                    break
                 for event in pipeline.on_step(step):
                     if isinstance(event, Done) and step.finish is None and self.n > 1:
                         self._stream.abort(event.index)  # rule 9: a stop string ended it
                     yield event
                 if pipeline.all_done:
                     break
-            if not pipeline.all_done:
+            if self._cut is not None and not pipeline.all_done:
+                yield ErrorEvent.of(self._cut)  # rule 11
+            elif not pipeline.all_done:
                 for event in pipeline.abort("abort"):
                     yield event
         except FrinkError as exc:  # rule 8: e.g. Overloaded after a preemption
@@ -365,6 +393,8 @@ class Run:
             self._stream.abort()  # no-op after a normal end; frees rows ended by stop strings
             if self._memory is not None and self._pipeline.all_done:
                 self._memory.remember(self.prompt_ids, self._pipeline.choices[0].ids)
+            if self.on_close is not None:
+                self.on_close(self)
         if self._lease is not None:
             self._lease.release()
 

@@ -15,21 +15,32 @@ Rules:
 1. Resolution: None / "default" / the active model's name or aliases -> the
    active generation, immediately. Another registry entry -> a just-in-time
    swap when `config.auto_swap` (else Conflict 409). Names in no entry ->
-   ModelNotFound 404. Nothing active -> NoModelLoaded 503 (+ Retry-After).
+   ModelNotFound 404; an entry whose source is missing -> ModelUnavailable 404
+   with the reason (registry rule 5), checked before any swap or admin load.
+   Nothing active -> NoModelLoaded 503 (+ Retry-After); so is every request
+   while the first model loads (start-up), whatever it names.
 2. Swaps are serialised on one FIFO lock: waiting requests are answered in
    arrival order, and one that finds its model already active after the wait
    just leases it. A generation lives at least `config.min_generation_s`
    before a swap may replace it (no thrashing).
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the old generation serving and is kept
-   in `last_error` for /admin/models.
+   in `last_error` for /admin/models. While one runs, `load_progress` says
+   how far it is (`snapshot()`: phase, elapsed seconds; /health shows it) and
+   the log gets a line every LOAD_LOG_INTERVAL_S.
 4. A replaced (or unloaded) generation is retired: its engine is shut down
    and memory released when its last lease ends. Nothing in flight migrates.
+   Memory goes back to the OS only after the hub's last reference is dropped
+   (backend/memory.py: MLX's cache, then glibc's free heap); whoever else
+   keeps a Generation (a finished Run, a start-up task's result) keeps its
+   weights, so nothing does.
 5. After an explicit unload the hub is parked: every request gets 503 until
    an admin load; just-in-time swaps do not wake it.
 6. Idle unload (`config.keep_alive_s`): a generation with no lease for that
    long is retired and the hub goes to sleep ("idle"); the next request for it
    (or for "default") loads it again, even with auto-swap off.
+7. Drain (`begin_drain`, at SIGTERM): every new lease and load is refused
+   with 503 + Retry-After; leases already held run on.
 """
 
 from __future__ import annotations
@@ -45,14 +56,46 @@ import anyio
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
-from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded
+from ..errors import Conflict, EngineFailure, FrinkError, NoModelLoaded, Unavailable
 from ..registry import ModelSpec, Registry
 from .embeddings import attach_embedder
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 
 log = logging.getLogger("frink_mlx.hub")
 
-HubState = Literal["ready", "loading", "idle", "unavailable"]
+HubState = Literal["ready", "loading", "idle", "unavailable", "draining"]
+LOAD_LOG_INTERVAL_S = 5.0
+DRAIN_RETRY_AFTER_S = 5.0
+
+
+class LoadProgress:
+    """Rule 3: how far the running load is. `snapshot()` is what /health reports; a
+    loader that can count bytes or name phases may report into `phase()`."""
+
+    def __init__(self, model: str) -> None:
+        self.model, self.started = model, time.monotonic()
+        self.name, self.detail = "loading", ""
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.name, self.detail = name, detail
+        log.info("%s: %s %s", self.model, name, detail)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"model": self.model, "phase": self.name, "detail": self.detail,
+                "elapsed_s": round(self.elapsed_s, 3)}
+
+
+async def _log_progress(progress: LoadProgress) -> None:
+    """Rule 3: a log line every LOAD_LOG_INTERVAL_S while a load runs."""
+    log.info("loading %s", progress.model)
+    while True:
+        await asyncio.sleep(LOAD_LOG_INTERVAL_S)
+        log.info("still loading %s (%s, %.0f s)", progress.model, progress.name,
+                 progress.elapsed_s)
 
 
 class Lease:
@@ -80,6 +123,9 @@ class Hub:
         self.current: Generation | None = None
         self.loading: str | None = None
         self.loading_since: float | None = None  # time.monotonic() of the load's start
+        self.load_progress: LoadProgress | None = None
+        self.draining = False
+        self.releasing = 0  # rule 4: freed generations whose memory is still being handed back
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -94,6 +140,8 @@ class Hub:
     # --- state -----------------------------------------------------------------
     @property
     def state(self) -> HubState:
+        if self.draining:
+            return "draining"
         if self.current is not None:
             return "ready"
         if self.loading is not None:
@@ -110,13 +158,23 @@ class Hub:
 
     # --- leases ----------------------------------------------------------------
     async def acquire(self, name: str | None) -> Lease:
-        """Lease the generation that serves `name` (rules 1-2)."""
+        """Lease the generation that serves `name` (rules 1-2, 7)."""
+        self._refuse_while_draining()
         gen = self._active_for(name)
         if gen is not None:
             return self._pin(gen)
         wake = self._wakes(name)
-        spec = self.sleeping if wake and self.sleeping else self.registry.resolve(name)
+        spec = self.sleeping if wake and self.sleeping else self.registry.available(name)
         return await self._swap_for(spec, wake=wake)
+
+    def begin_drain(self) -> None:
+        """Rule 7: from now on every lease and load is refused; held leases run on."""
+        self.draining = True
+
+    def _refuse_while_draining(self) -> None:
+        if self.draining:
+            raise Unavailable("The daemon is shutting down; retry when it is back.",
+                              code="shutting_down", retry_after_s=DRAIN_RETRY_AFTER_S)
 
     def _pin(self, gen: Generation) -> Lease:
         """Count a lease; never separated from the pointer read by an await."""
@@ -143,6 +201,9 @@ class Hub:
             return gen
         if self._wakes(name):
             return None
+        if gen is None and self.loading is not None:  # rule 1: the first load runs
+            self.registry.resolve(name)
+            raise self._unavailable()
         if gen is None and (self.parked or name is None or name == "default"
                             or not self.config.auto_swap):
             self.registry.resolve(name)  # unknown names stay 404 even now
@@ -192,7 +253,8 @@ class Hub:
 
         The reservation is taken synchronously, so two requests can never both
         pass the check."""
-        spec = self.registry.resolve(name)
+        self._refuse_while_draining()
+        spec = self.registry.available(name)
         if self.loading is not None or self._swap_lock.locked():
             raise Conflict(f"The model '{self.loading or '?'}' is already loading; "
                            "try again when it finishes.", param="model")
@@ -228,6 +290,8 @@ class Hub:
         if self.loading != spec.name:  # a swap; an admin load keeps its reservation's start
             self.loading_since = started
         self.loading = spec.name
+        self.load_progress = progress = LoadProgress(spec.name)
+        ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
         try:
             gen = await anyio.to_thread.run_sync(
                 self._build, spec, number, abandon_on_cancel=False)
@@ -239,7 +303,8 @@ class Hub:
                 raise
             raise EngineFailure(f"Loading the model '{spec.name}' failed: {exc}") from exc
         finally:
-            self.loading = None
+            ticker.cancel()
+            self.loading, self.load_progress = None, None
         self._numbers = number
         log.info("generation %d: %s loaded in %.2fs", number, spec.name, time.monotonic() - started)
         self._publish(gen)
@@ -293,9 +358,21 @@ class Hub:
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
+        """Rule 4: shut the engine down, drop the hub's reference, then hand the memory
+        back -- only once nothing here holds the generation (Backend.release_freed_memory)."""
         loop = asyncio.get_running_loop()
+        number = gen.number
         future = loop.run_in_executor(None, free_generation, gen, self.config.drain_timeout_s)
-        future.add_done_callback(lambda _f: self._retired.pop(gen.number, None))
+        del gen  # the callback below must not keep it alive
+
+        def forget(_f: object) -> None:
+            self._retired.pop(number, None)
+            self.releasing += 1
+            release = loop.run_in_executor(None, self.backend.release_freed_memory)
+            release.add_done_callback(lambda _r: setattr(self, "releasing", self.releasing - 1))
+            self._frees.append(release)
+
+        future.add_done_callback(forget)
         self._frees.append(future)
 
     async def wait_freed(self) -> None:

@@ -15,12 +15,18 @@ from typing import Any
 
 import pytest
 
+from adapters.scripted import (
+    THINK_TEMPLATE,
+    TOOLS_TEMPLATE,
+    ScriptedEngine,
+    add_think_tokens,
+    add_tokens,
+    mixed_factory,
+    write_models_toml,
+)
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from adapters.scripted import (THINK_TEMPLATE, TOOLS_TEMPLATE, ScriptedEngine, add_think_tokens,
-                               add_tokens, mixed_factory, write_models_toml)
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
 

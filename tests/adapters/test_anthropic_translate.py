@@ -10,10 +10,17 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 
 from frink_mlx.adapters.anthropic import wire
-from frink_mlx.adapters.anthropic.translate import (MessageBuilder, thinking_signature,
-                                                    to_gen_request)
-from frink_mlx.core.events import (Done, ErrorEvent, ReasoningDelta, TextDelta, ToolCallDelta,
-                                   ToolCallEnd, ToolCallStart, Usage)
+from frink_mlx.adapters.anthropic.translate import MessageBuilder, thinking_signature, to_gen_request
+from frink_mlx.core.events import (
+    Done,
+    ErrorEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
 from frink_mlx.core.request import Message, ToolCall
 from frink_mlx.errors import InvalidRequest, UnsupportedField
 from frink_mlx.http.body import decode_struct

@@ -17,11 +17,10 @@ import anthropic
 import openai
 import pytest
 
+from adapters.scripted import TOOLS_TEMPLATE
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from adapters.scripted import TOOLS_TEMPLATE
 
 pytestmark = pytest.mark.slow
 

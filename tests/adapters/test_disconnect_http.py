@@ -28,11 +28,10 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from adapters.scripted import add_tokens, write_models_toml
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from adapters.scripted import add_tokens, write_models_toml
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
 MSGS = [{"role": "user", "content": "Tell me a very long story."}]
@@ -52,6 +51,10 @@ ROUTES: list[tuple[str, dict[str, Any], bytes]] = [
                      "ignore_eos": True, "temperature": 0}, b"\n\n"),
     ("/infill", {"model": "coder", "input_prefix": "def f(", "input_suffix": ")\n",
                  "n_predict": LONG, "ignore_eos": True, "temperature": 0}, b"\n\n"),
+    ("/api/chat", {"model": "tiny", "messages": MSGS,
+                   "options": {"num_predict": LONG, "temperature": 0}}, b"\n"),
+    ("/api/generate", {"model": "tiny", "prompt": "Tell me a very long story.",
+                       "options": {"num_predict": LONG, "temperature": 0}}, b"\n"),
 ]
 
 

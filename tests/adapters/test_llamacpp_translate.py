@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 
 from frink_mlx.adapters.llamacpp import fim_style, resolve_prompt, wire
-from frink_mlx.adapters.llamacpp.translate import (BANNED_BIAS, CompletionBuilder, check_prompt,
-                                                   infill_prompt, to_gen_request)
+from frink_mlx.adapters.llamacpp.translate import (
+    BANNED_BIAS,
+    CompletionBuilder,
+    check_prompt,
+    infill_prompt,
+    to_gen_request,
+)
 from frink_mlx.core.events import Done, ErrorEvent, TextDelta, Usage
 from frink_mlx.errors import InvalidRequest, UnsupportedField
 from frink_mlx.http.body import decode_struct

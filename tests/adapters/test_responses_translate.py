@@ -15,8 +15,16 @@ from frink_mlx.adapters.openai import responses_wire as w
 from frink_mlx.adapters.openai.responses import output_message, response_base, to_gen_request
 from frink_mlx.adapters.openai.responses_events import ResponseBuilder
 from frink_mlx.adapters.openai.responses_store import ResponseStore, StoredResponse
-from frink_mlx.core.events import (Done, ErrorEvent, ReasoningDelta, TextDelta, ToolCallDelta,
-                                   ToolCallEnd, ToolCallStart, Usage)
+from frink_mlx.core.events import (
+    Done,
+    ErrorEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
 from frink_mlx.core.request import Message, ToolCall
 from frink_mlx.errors import InvalidRequest, NotFound, UnsupportedField
 from frink_mlx.http.body import decode_struct

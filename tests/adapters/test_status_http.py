@@ -26,7 +26,10 @@ from frink_mlx.settings import Settings
 
 KEY = "sk-page-test"
 BASE = "http://127.0.0.1:8177"
-BROKEN = '\n[models.broken]\nsource = "/nonexistent/checkpoint"\n'
+# gone: its source is missing (unavailable from the start; a load is refused, never tried);
+# broken: its files are there but cannot load (unavailable once a load failed).
+BROKEN = ('\n[models.gone]\nsource = "/nonexistent/checkpoint"\n'
+          '\n[models.broken]\nsource = "{broken}"\n')
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,10 @@ def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("status")
     a, b = make_tiny_llama(root / "a", seed=0), make_tiny_llama(root / "b", seed=1)
-    return write_registry(root, a, b, extra=BROKEN)
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    return write_registry(root, a, b, extra=BROKEN.format(broken=broken))
 
 
 def _settings(registry_file: Path, tmp: Path, **kw: Any) -> Settings:
@@ -73,8 +79,8 @@ def test_status_matches_health_and_names_every_entry(client: TestClient) -> None
     assert states["tiny-a"]["state"] == "resident" and states["tiny-a"]["default"] is True
     assert states["tiny-a"]["aliases"] == ["alpha", "gpt-4o-mini"]
     assert states["tiny-b"]["state"] == "available" and states["tiny-b"]["reason"] is None
-    assert states["broken"]["state"] == "unavailable"
-    assert "source not found" in states["broken"]["reason"]
+    assert states["gone"]["state"] == "unavailable"
+    assert "source not found" in states["gone"]["reason"]
 
 
 def test_counters_and_ring_after_a_chat(client: TestClient) -> None:
@@ -107,9 +113,9 @@ def test_loading_state_reports_elapsed_seconds(registry_file: Path, tmp_path: Pa
     release = threading.Event()
     real = generation_factory()
 
-    def held_factory(spec: Any, settings: Any, number: int, gate: Any) -> Any:
+    def held_factory(spec: Any, config: Any, number: int, gate: Any, backend: Any) -> Any:
         release.wait(30)  # the real load, started only once the test has looked
-        return real(spec, settings, number, gate)
+        return real(spec, config, number, gate, backend)
 
     settings = _settings(registry_file, tmp_path)
     app = create_app(settings, registry=load_registry(settings), factory=held_factory,
@@ -130,6 +136,8 @@ def test_loading_state_reports_elapsed_seconds(registry_file: Path, tmp_path: Pa
 
 
 def test_failed_load_is_unavailable_with_its_reason(client: TestClient) -> None:
+    r = client.post("/admin/models/load", json={"model": "gone", "wait": True})
+    assert r.status_code == 404 and "source not found" in r.json()["error"]["message"]
     r = client.post("/admin/models/load", json={"model": "broken", "wait": True})
     assert r.status_code >= 400
     states = _states(client.get("/admin/status").json())

@@ -17,11 +17,10 @@ import httpx
 import mlx.core as mx
 import pytest
 
+from adapters.scripted import THINK_TEMPLATE, add_think_tokens
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
-
-from adapters.scripted import THINK_TEMPLATE, add_think_tokens
 
 
 def _grow_vocab(checkpoint: Path, extra: int) -> Path:

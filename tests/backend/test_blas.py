@@ -70,7 +70,8 @@ import os, sys
 sys.path.insert(0, {root!r})
 from frink_mlx.settings import Settings, environ_snapshot
 from frink_mlx.backend.cpu.blas import maybe_reexec_with_openblas
-print("run", os.environ.get("LD_PRELOAD", ""), os.environ.get("FRINK_MLX_BLAS_REEXEC", ""), sys.argv[1:], flush=True)
+print("run", os.environ.get("LD_PRELOAD", ""), os.environ.get("FRINK_MLX_BLAS_REEXEC", ""),
+      sys.argv[1:], flush=True)
 maybe_reexec_with_openblas(Settings.load().backend_config(), sys.argv, environ_snapshot())
 import mlx.core
 maybe_reexec_with_openblas(Settings.load().backend_config(), sys.argv, environ_snapshot())
@@ -98,7 +99,7 @@ def test_set_openblas_threads_reports_whether_openblas_is_loaded():
     import ctypes
 
     try:
-        ctypes.CDLL(None).openblas_set_num_threads
+        ctypes.CDLL(None).openblas_set_num_threads  # noqa: B018 - the lookup is the probe
         loaded = True
     except AttributeError:
         loaded = False

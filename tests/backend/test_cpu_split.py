@@ -72,8 +72,8 @@ def test_split_products_equal_stock(parts, rows):
     assert all(mx.array_equal(a, b) for a, b in zip(_outputs(model, x, h), want))  # outside: stock
     with cpu_split.split_forward(cpu_split.prepare(parts, POOL)):
         got = _outputs(model, x, h)
-    assert len(getattr(model.up, "_frink_ranges").parts) == min(parts, 192 // cpu_split.MIN_ROWS)
-    assert not getattr(model.small, "_frink_ranges").parts  # 40 rows: stock
+    assert len(model.up._frink_ranges.parts) == min(parts, 192 // cpu_split.MIN_ROWS)
+    assert not model.small._frink_ranges.parts  # 40 rows: stock
     for a, b in zip(got, want):
         assert a.shape == b.shape
         assert mx.allclose(a, b, rtol=1e-5, atol=1e-5)

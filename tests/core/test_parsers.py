@@ -11,8 +11,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frink_mlx.core.events import (Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd,
-                                   ToolCallStart)
+from frink_mlx.core.events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from frink_mlx.core.parsers import MarkupInfo, PassthroughParser, build_parser, detect_format
 from frink_mlx.core.request import GenRequest, Message, Tool
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from frink_mlx.core.parsers import MarkupInfo, build_parser
 from frink_mlx.core.events import ToolCallStart
+from frink_mlx.core.parsers import MarkupInfo, build_parser
 from frink_mlx.core.prompt import render_prompt, template_reads_tools
 from frink_mlx.core.request import GenRequest, Message, Tool, ToolCall
 from frink_mlx.serving.handles import DecodeHandles

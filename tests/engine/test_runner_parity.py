@@ -57,7 +57,8 @@ def drive(model, arrivals, *, block_size=4, num_blocks=96, chunk=5, max_batch=8,
         for seq_id, row in zip(step.seq_ids, rows):
             seq = sched.seqs.get(seq_id)
             if seq is not None and seq.num_pending:
-                outs.setdefault(seq.group.request.request_id, {}).setdefault(seq.index, []).append(row.token_id)
+                by_index = outs.setdefault(seq.group.request.request_id, {})
+                by_index.setdefault(seq.index, []).append(row.token_id)
         sched.update(step.seq_ids, [r.token_id for r in rows])
 
     step = 0

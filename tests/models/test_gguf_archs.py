@@ -22,6 +22,7 @@ import pytest
 from gguf_archs import ARCHS, make_arch_checkpoint, write_arch_gguf
 from mlx_lm.generate import generate_step
 
+from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
@@ -30,6 +31,7 @@ from frink_mlx.models.loader import load_model
 from frink_mlx.registry import ModelSpec
 from frink_mlx.settings import Settings
 
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 NUM_TOKENS = 6
 PROMPT_LENGTHS = (11, 5, 17, 9)
 # quantized types per architecture: one exact legacy type, one exact K-quant, one re-quantized
@@ -49,7 +51,7 @@ def engine_tokens(loaded, batch: list[list[int]]) -> tuple[list[int], list[list[
     """One request alone, then all of `batch` submitted together."""
     config = EngineConfig(block_size=4, num_blocks=160, max_batch=4, prefill_chunk_tokens=8,
                           batching=True, context_ceiling=256, max_queue=8, queue_timeout_s=60.0)
-    engine = Engine(loaded, config, DecodeGate())
+    engine = Engine(loaded, config, DecodeGate(), BACKEND)
     engine.start()
     greedy = SamplingParams(temperature=0)
     try:
@@ -69,7 +71,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def serve_gguf(path: Path, cache: Path, *, keep_quantized: bool):
     spec = ModelSpec(name="g", source=str(path))
-    return load_model(spec, Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None))
+    settings = Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None)
+    return load_model(spec, settings.load_config(), BACKEND)
 
 
 BATCHING_XFAIL = {"gemma2"}  # issue 18: gemma2's grouped-query reshape vs the paged mask (other branch)

@@ -92,7 +92,8 @@ def test_context_length_cap_and_chat_template_override(tiny_llama_dir: Path, tmp
     assert loader.context_length(loaded.config, uncapped) == 2048
 
 
-def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir: Path, tmp_path: Path) -> None:
+def test_dequantize_forced_replaces_quantized_modules_with_float32(quantized_dir: Path,
+                                                                   tmp_path: Path) -> None:
     spec = ModelSpec(name="q", source=str(quantized_dir))
     kept = load_model(spec, load_config(tmp_path, dequantize=False))
     assert is_quantized(kept.model)

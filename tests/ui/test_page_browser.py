@@ -171,7 +171,8 @@ def test_chat_streams_stops_and_frees_kv_blocks(daemon: LiveServer, page: Any) -
     page.wait_for_function("() => Number(document.querySelector('#chart').dataset.peaks.split(',')[0]) > 0")
     status = httpx.get(daemon.url + "/admin/status", timeout=10).json()
     chat = [r for r in status["recent"] if r["route"] == "/v1/chat/completions"][-1]
-    assert chat["status"] == 200 and 0 < chat["completion_tokens"] < LONG_ANSWER_TOKENS
+    # Stop aborts the stream: a client that left mid-answer is a 499 (http/access.py rule 6)
+    assert chat["status"] == 499 and 0 < chat["completion_tokens"] < LONG_ANSWER_TOKENS
     # a follow-up resends the conversation: usage shows the prefix-cache hit
     page.fill("#pg-max-tokens", "8")
     page.fill("#pg-input", "And of Italy?")

@@ -35,8 +35,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, ToolCallDelta,
-                            ToolCallEnd, ToolCallStart, Usage)
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire

@@ -28,8 +28,7 @@ from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import sse_frame
 from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
-from .translate import (FIM_STYLES, CompletionBuilder, check_prompt, infill_prompt,
-                        to_gen_request)
+from .translate import FIM_STYLES, CompletionBuilder, check_prompt, infill_prompt, to_gen_request
 
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 

@@ -24,10 +24,19 @@ import msgspec
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, TokenLogprob,
-                            ToolCallDelta, ToolCallEnd, ToolCallStart, Usage)
-from ...core.request import (GenRequest, Message, ResponseFormat, SamplingParams, Tool,
-                             ToolCall)
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, openai_error
 from ..endpoint import Answer, Protocol, generate, generating

@@ -181,7 +181,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
                     top: int | None) -> dict[str, Any]:
     first, n = runs[0], runs[0].n
     usage = UsageSum()
-    for k, run in enumerate(runs):
+    for k in range(len(runs)):
         u = UsageSum()
         for j in range(n):
             if acc[k * n + j].done is not None:

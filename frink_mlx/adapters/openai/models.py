@@ -8,7 +8,9 @@ null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 none) and `max_input_tokens` (longest input it takes; null when not known until
 loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
 `parallel` (null on one machine; `{"kind": "tensor", "ranks": N}` when the loaded
-model is sharded over a distributed group, backend/distributed.py).
+model is sharded over a distributed group, backend/distributed.py);
+`status` "available" or "unavailable" with the `reason` (its source is missing
+here: registry rule 5), checked on each listing, so a fixed source shows at once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ def context_length_of(gen: Any) -> int | None:
     return int(getattr(gen.loaded, "context_length", 0)) or None
 
 
+def availability(registry: Any, spec: Any) -> dict[str, Any]:
+    """{"status": "available"} or {"status": "unavailable", "reason": why} (registry rule 5)."""
+    problem = registry.problem(spec)
+    return {"status": "available"} if problem is None else \
+        {"status": "unavailable", "reason": problem}
+
+
 def model_object(state: Any, spec: Any) -> dict[str, Any]:
     gen = state.hub.current
     loaded = gen is not None and gen.spec.name == spec.name
@@ -40,7 +49,8 @@ def model_object(state: Any, spec: Any) -> dict[str, Any]:
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"], "parallel": _parallel(gen, loaded)}
+            "max_input_tokens": facts["max_input_tokens"], "parallel": _parallel(gen, loaded),
+            **availability(state.registry, spec)}
 
 
 def _parallel(gen: Any, loaded: bool) -> dict[str, Any] | None:

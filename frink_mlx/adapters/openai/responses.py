@@ -38,8 +38,8 @@ from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
 from ...http.sse import sse_frame
 from ..endpoint import Answer, generate, generating
-from .chat import OPENAI
 from . import responses_wire as w
+from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_store import ResponseStore, StoredResponse
 

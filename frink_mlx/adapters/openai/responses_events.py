@@ -23,8 +23,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.events import (Done, ErrorEvent, Event, ReasoningDelta, TextDelta, ToolCallDelta,
-                            ToolCallEnd, ToolCallStart, Usage)
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
 
 
 def new_id(prefix: str) -> str:

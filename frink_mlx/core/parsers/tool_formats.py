@@ -29,10 +29,12 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 ParsedCall = tuple[str, str]
 Schemas = Mapping[str, dict[str, Any]]   # tool name -> its JSON-schema parameters
+NO_SCHEMAS: Schemas = MappingProxyType({})
 
 
 def _arguments_text(value: Any) -> str:
@@ -58,14 +60,14 @@ def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ParsedCall:
     return obj["name"], "{}"
 
 
-def parse_json_tools(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
+def parse_json_tools(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
     return [_call_from_object(json.loads(body.strip()), ("arguments", "parameters"))]
 
 
 _MISTRAL_HEADER = re.compile(r"([\w.-]+)\s*\[ARGS\]\s*")
 
 
-def parse_mistral(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
+def parse_mistral(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
     text = body.strip()
     if text.startswith("["):
         payload = json.loads(text)
@@ -85,7 +87,7 @@ def parse_mistral(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
     return calls
 
 
-def parse_llama3_json(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
+def parse_llama3_json(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
     text = body.strip()
     decoder = json.JSONDecoder()
     calls: list[ParsedCall] = []
@@ -120,7 +122,7 @@ def _qwen_value(raw: str, schema: dict[str, Any] | None) -> Any:
     return value
 
 
-def parse_qwen3_coder(body: str, schemas: Schemas = {}) -> list[ParsedCall]:
+def parse_qwen3_coder(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
     calls = []
     for name, inner in _QWEN_FUNCTION.findall(body):
         props = schemas.get(name, {}).get("properties", {})

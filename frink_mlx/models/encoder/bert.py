@@ -11,7 +11,8 @@ Why our own and not `mlx-embeddings` (evaluated first, 0.1.0):
 3. It loads through `huggingface_hub` / `transformers.AutoTokenizer`; we read a
    local directory with `tokenizers` only.
 It does load all-MiniLM-L6-v2 and gives the same vectors at about the same
-speed (same maths; benchmarks/embed_bench.py), so nothing is lost. The model itself is ~150 lines, so owning it costs less
+speed (same maths; benchmarks/embed_bench.py), so nothing is lost. The model
+itself is ~150 lines, so owning it costs less
 than the dependency.
 
 Shapes: B rows, L tokens (right-padded), D = hidden_size, H heads, d = D / H.

@@ -1,0 +1,187 @@
+"""Ollama's model routes: GET /api/tags, POST /api/show, GET /api/ps, GET /api/version,
+POST /api/pull -- answered from the registry (models.toml) and the hub.
+
+Rules:
+1. Every registry entry is a model, listed as `name:latest` (Ollama's clients
+   expect a tag; `name` and `name:latest` both resolve). `size` and
+   `modified_at` are the source's on disk (a checkpoint dir sums its files);
+   `digest` is a SHA-256 of the entry's name and source -- a stable id, not an
+   Ollama blob digest. What cannot be known without loading is null.
+2. /api/show answers from the registry, plus what the loaded generation knows
+   when that model is the one loaded (its config, chat template, context
+   ceiling, whether it thinks). `capabilities`: "completion" and "tools" for
+   generative models (tools reach any template: core/prompt.py), "thinking"
+   when the loaded tokenizer has think markers, "embedding" for encoders.
+3. /api/ps lists the active generation (and retired ones still draining):
+   `size` the weights' bytes, `size_vram` the same on Metal's unified memory
+   and 0 on the CPU backend, `expires_at` when the idle unload would retire it
+   (null without `keep_alive_s`), `context_length` the context ceiling.
+4. /api/pull downloads nothing (frink-mlx serves what models.toml names): a
+   registry entry answers `{"status": "success"}` (one NDJSON line when
+   streaming); any other name is a 404 naming models.toml.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ... import __version__
+from ...errors import ConfigError, ModelNotFound
+from ...http.body import decode_body
+from ...http.errors import endpoint, ollama_error
+from ...http.sse import StreamResponse, ndjson_frame
+from ...registry import resolve_source
+from ..endpoint import NDJSON_MEDIA_TYPE, json_response
+from ..openai.models import context_length_of
+from . import wire
+from .translate import model_name
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    return stamp.isoformat().replace("+00:00", "Z")
+
+
+def _on_disk(spec: Any) -> tuple[int | None, float | None]:
+    """Rule 1: (bytes, mtime) of the entry's source, or (None, None) when absent."""
+    try:
+        path = resolve_source(spec)
+    except ConfigError:
+        return None, None
+    files = [path] if path.is_file() else [p for p in Path(path).rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files), path.stat().st_mtime
+
+
+def _details(spec: Any, gen: Any) -> dict[str, Any]:
+    config = gen.loaded.config if gen is not None and gen.spec.name == spec.name else {}
+    family = str(config.get("model_type", "")) if config else ""
+    return {"parent_model": "", "format": "gguf" if spec.source.lower().endswith(".gguf")
+            else "mlx", "family": family, "families": [family] if family else None,
+            "parameter_size": "", "quantization_level": ""}
+
+
+def _digest(spec: Any) -> str:
+    return hashlib.sha256(f"{spec.name}\0{spec.source}".encode()).hexdigest()
+
+
+def tagged(name: str) -> str:
+    """Rule 1: `name:latest` unless the name carries a tag already."""
+    return name if ":" in name else f"{name}:latest"
+
+
+def tag_entry(state: Any, spec: Any) -> dict[str, Any]:
+    size, mtime = _on_disk(spec)
+    return {"name": tagged(spec.name), "model": tagged(spec.name), "modified_at": _iso(mtime),
+            "size": size, "digest": _digest(spec), "details": _details(spec, state.hub.current)}
+
+
+@endpoint(ollama_error)
+async def tags(request: Request) -> Response:
+    state = request.app.state.frink
+    return json_response({"models": [tag_entry(state, spec)
+                                     for spec in state.registry.entries.values()]})
+
+
+def _loaded(state: Any, spec: Any) -> Any:
+    gen = state.hub.current
+    return gen if gen is not None and gen.spec.name == spec.name else None
+
+
+def _capabilities(spec: Any, gen: Any) -> list[str]:
+    if spec.kind == "encoder":
+        return ["embedding"]
+    caps = ["completion", "tools"]
+    if gen is not None and getattr(gen.loaded.tokenizer, "has_thinking", False):
+        caps.append("thinking")
+    return caps
+
+
+def _model_info(spec: Any, gen: Any, ceiling: int | None) -> dict[str, Any]:
+    if gen is None:
+        return {"general.architecture": None, "general.name": spec.name}
+    arch = str(gen.loaded.config.get("model_type", ""))
+    info: dict[str, Any] = {"general.architecture": arch, "general.name": spec.name}
+    if ceiling is not None:
+        info[f"{arch}.context_length"] = ceiling
+    return info
+
+
+@endpoint(ollama_error)
+async def show(request: Request) -> Response:
+    body = await decode_body(request, wire.ModelRequest)
+    state = request.app.state.frink
+    spec = state.registry.resolve(model_name(body.model_name))
+    gen = _loaded(state, spec)
+    _, mtime = _on_disk(spec)
+    ceiling = context_length_of(gen) if gen is not None else spec.context_length
+    template = spec.chat_template
+    if template is None and gen is not None and gen.loaded.tokenizer is not None:
+        template = getattr(gen.loaded.tokenizer, "chat_template", None)
+    return json_response({"modelfile": "", "parameters": "", "template": template or "",
+                          "license": "", "details": _details(spec, gen),
+                          "model_info": _model_info(spec, gen, ceiling),
+                          "capabilities": _capabilities(spec, gen), "modified_at": _iso(mtime)})
+
+
+def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
+    """Rule 3."""
+    spec = gen.spec
+    keep_alive_s = state.hub.config.keep_alive_s
+    expires_at = None
+    if keep_alive_s and gen is state.hub.current:
+        idle_since = max(state.hub.last_used, gen.created_at)
+        expires_at = time.time() + (idle_since + keep_alive_s - time.monotonic())
+    size = int(gen.plan.weights_bytes) if gen.plan is not None else None
+    on_metal = state.hub.backend.name == "metal"
+    return {"name": tagged(spec.name), "model": tagged(spec.name), "size": size,
+            "size_vram": size if on_metal else 0, "digest": _digest(spec),
+            "details": _details(spec, gen), "context_length": context_length_of(gen),
+            "expires_at": _iso(expires_at)}
+
+
+@endpoint(ollama_error)
+async def ps(request: Request) -> Response:
+    state = request.app.state.frink
+    gens = ([state.hub.current] if state.hub.current is not None else []) + state.hub.retired
+    return json_response({"models": [ps_entry(state, g) for g in gens]})
+
+
+@endpoint(ollama_error)
+async def version(request: Request) -> Response:
+    return json_response({"version": __version__})
+
+
+@endpoint(ollama_error)
+async def pull(request: Request) -> Response:
+    body = await decode_body(request, wire.ModelRequest)
+    name = model_name(body.model_name)
+    try:
+        request.app.state.frink.registry.resolve(name)
+    except ModelNotFound:
+        raise ModelNotFound(name) from None
+    if not body.stream:
+        return json_response({"status": "success"})
+
+    async def frames() -> Any:
+        yield ndjson_frame({"status": "success"})
+
+    return StreamResponse(frames(), keepalive_frame=None, media_type=NDJSON_MEDIA_TYPE)
+
+
+routes: list[BaseRoute] = [
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/ps", ps, methods=["GET"]),
+    Route("/api/version", version, methods=["GET"]),
+    Route("/api/pull", pull, methods=["POST"]),
+]

@@ -1,0 +1,344 @@
+"""Ollama /api/chat and /api/generate <-> GenRequest / events. Pure functions, no I/O.
+
+Field treatment (chat = /api/chat, gen = /api/generate; "no-op" = accepted,
+documented, cannot change the answer):
+
+| field                     | treatment                                                      |
+|---------------------------|----------------------------------------------------------------|
+| model                     | registry name or alias; a trailing `:latest` tag is dropped    |
+| messages (chat)           | system/user/assistant/tool; `thinking` -> earlier reasoning;   |
+|                           | `tool_calls` (arguments objects) -> calls; `tool_name` names a |
+|                           | tool result; `images` refused by name                          |
+| prompt, system (gen)      | rendered with the chat template as [system, user]              |
+| raw (gen)                 | true: the prompt is continued as is, no template               |
+| suffix (gen)              | fill-in-the-middle with the model's FIM tokens; 400 without    |
+| template, context (gen)   | refused by name (no Go templates; no token-context replay)     |
+| images                    | refused by name (text-only models)                             |
+| stream                    | default true: NDJSON, final frame `done: true`                 |
+| format                    | "json" -> any JSON object; a schema -> that schema (llguidance)|
+| tools                     | offered to the template; calls come back as `tool_calls`       |
+| think                     | true/effort -> thinking on, false -> off; reasoning is always  |
+|                           | returned apart, as `thinking`                                  |
+| keep_alive                | no-op (the hub's idle unload, `keep_alive_s`, governs)         |
+| logprobs                  | false/absent only; true refused by name                        |
+| options.*                 | see OPTION_TREATMENT                                           |
+
+Response rules:
+1. Durations are nanoseconds: `total_duration` from the request's start to
+   its end; `load_duration` the time spent getting the model ready and the
+   prompt admitted (a swap's load included); `prompt_eval_duration` the time to
+   the first token; `eval_duration` the rest.
+2. `prompt_eval_count` counts the prompt tokens evaluated, i.e. not read from
+   the prefix cache (as Ollama reports them); `eval_count` the generated tokens.
+3. `done_reason`: "length" when the token limit ended it, else "stop" (tool
+   calls included, as Ollama does).
+4. Tool calls are sent whole, once each is complete (Ollama does not stream
+   arguments); an engine failure mid-stream is one `{"error": ...}` line.
+5. Arguments that are not a JSON object (a call cut by the token limit) stay
+   in `content` as text, as Ollama leaves markup it cannot parse.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...core.events import (
+    Done,
+    ErrorEvent,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from ...errors import InvalidRequest, UnsupportedField
+from . import wire
+
+# Ollama option -> (treatment, SamplingParams field or note). "sampling": honoured;
+# "noop": cannot change the answer (placement, threads, memory); "neutral": refused
+# unless at the value that disables it.
+OPTION_TREATMENT: dict[str, tuple[str, Any]] = {
+    "temperature": ("sampling", "temperature"), "top_k": ("sampling", "top_k"),
+    "top_p": ("sampling", "top_p"), "min_p": ("sampling", "min_p"),
+    "repeat_penalty": ("sampling", "repetition_penalty"),
+    "repeat_last_n": ("sampling", "penalty_context_size"),
+    "presence_penalty": ("sampling", "presence_penalty"),
+    "frequency_penalty": ("sampling", "frequency_penalty"),
+    "seed": ("seed", None), "num_predict": ("num_predict", None), "stop": ("stop", None),
+    "num_ctx": ("num_ctx", None),
+    **{name: ("noop", None) for name in (
+        "num_keep", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "num_thread",
+        "use_mmap", "use_mlock", "vocab_only", "logits_all", "embedding_only", "f16_kv",
+        "penalize_newline")},  # penalize_newline: ignored by Ollama's own current engine
+    "tfs_z": ("neutral", 1.0), "typical_p": ("neutral", 1.0), "mirostat": ("neutral", 0),
+    "mirostat_tau": ("neutral", None), "mirostat_eta": ("neutral", None),
+}
+PARAM_NAMES = {"temperature": "options.temperature", "top_k": "options.top_k",
+               "top_p": "options.top_p", "min_p": "options.min_p",
+               "repetition_penalty": "options.repeat_penalty",
+               "penalty_context_size": "options.repeat_last_n",
+               "presence_penalty": "options.presence_penalty",
+               "frequency_penalty": "options.frequency_penalty",
+               "max_tokens": "options.num_predict"}
+WHOLE_CONTEXT = 1 << 31
+
+
+@dataclass(slots=True)
+class Knobs:
+    """What `options` asks for, translated."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sent: set[str] = field(default_factory=set)
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    num_ctx: int | None = None
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"'options.{name}' must be a number.", param=f"options.{name}")
+    return value
+
+
+def _apply(knobs: Knobs, name: str, value: Any) -> None:
+    kind, target = OPTION_TREATMENT[name]
+    param = f"options.{name}"
+    if kind == "sampling":
+        number = _number(name, value)
+        if name == "repeat_last_n" and number == -1:
+            number = WHOLE_CONTEXT   # Ollama: -1 = the whole context
+        if name == "top_k" and number <= 0:
+            number = 0               # top_k <= 0 disables it
+        setattr(knobs.sampling, target, int(number) if name in ("top_k", "repeat_last_n")
+                else float(number))
+        knobs.sent.add(target)
+    elif kind == "seed":
+        knobs.sampling.seed = int(_number(name, value))
+    elif kind == "num_predict":
+        number = int(_number(name, value))
+        knobs.max_tokens = None if number in (-1, -2) else number  # -1 forever, -2 fill context
+    elif kind == "stop":
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise InvalidRequest("'options.stop' must be a list of strings.", param=param)
+        knobs.stop = list(value)
+    elif kind == "num_ctx":
+        knobs.num_ctx = int(_number(name, value))
+        if knobs.num_ctx < 1:
+            raise InvalidRequest("'options.num_ctx' must be at least 1.", param=param)
+    elif kind == "neutral" and value is not None and value != target:
+        raise UnsupportedField(param, "is not supported (that sampler is not implemented); "
+                               f"leave it out{'' if target is None else f' or send {target}'}")
+
+
+def options_of(options: dict[str, Any] | None) -> Knobs:
+    """`options` -> Knobs; an unknown option is refused by name (it might change the answer)."""
+    knobs = Knobs()
+    for name, value in (options or {}).items():
+        if name not in OPTION_TREATMENT:
+            raise UnsupportedField(f"options.{name}", "is not a known Ollama option")
+        if value is not None:
+            _apply(knobs, name, value)
+    return knobs
+
+
+def _tool_call(call: wire.ToolCall, i: int, k: int) -> ToolCall:
+    return ToolCall(call.id or f"call_{i}_{k}", call.function.name,
+                    json.dumps(call.function.arguments, ensure_ascii=False))
+
+
+def to_messages(messages: list[wire.ChatMessage]) -> list[Message]:
+    out = []
+    for i, m in enumerate(messages):
+        if m.images:
+            raise UnsupportedField(f"messages[{i}].images", "cannot be read: this server "
+                                   "serves text-only models")
+        if m.role not in ("system", "user", "assistant", "tool"):
+            raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or "
+                                 f"tool, got {m.role!r}.", param=f"messages[{i}].role")
+        calls = [_tool_call(c, i, k) for k, c in enumerate(m.tool_calls or [])]
+        out.append(Message(m.role, m.content or "", tool_calls=calls,  # type: ignore[arg-type]
+                           tool_call_id=m.tool_call_id, name=m.tool_name,
+                           reasoning=m.thinking))
+    return out
+
+
+def to_tools(tools: list[wire.ToolSpec] | None) -> list[Tool]:
+    out = []
+    for i, t in enumerate(tools or []):
+        if t.type != "function":
+            raise UnsupportedField(f"tools[{i}].type", f"'{t.type}' tools are not supported")
+        out.append(Tool(t.function.name, t.function.description or "",
+                        t.function.parameters or {"type": "object", "properties": {}}))
+    return out
+
+
+def to_response_format(fmt: wire.Format) -> ResponseFormat | None:
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return ResponseFormat("json_object", param="format")
+    if isinstance(fmt, dict):
+        return ResponseFormat("json_schema", schema=fmt, param="format")
+    raise InvalidRequest(f"'format' must be \"json\" or a JSON schema object, got {fmt!r}.",
+                         param="format")
+
+
+def to_thinking(think: wire.Think) -> bool | None:
+    if think is None or isinstance(think, bool):
+        return think
+    if think in ("low", "medium", "high"):
+        return True
+    raise InvalidRequest(f"'think' must be true, false, \"low\", \"medium\" or \"high\", "
+                         f"got {think!r}.", param="think")
+
+
+def model_name(name: str) -> str:
+    """Ollama's `name:latest` is the name itself; an empty name is the default model."""
+    name = name.removesuffix(":latest")
+    return name or "default"
+
+
+def _common(body: wire.ChatRequest | wire.GenerateRequest, knobs: Knobs) -> dict[str, Any]:
+    if body.logprobs:
+        raise UnsupportedField("logprobs", "is not supported on the Ollama API; use "
+                               "/v1/chat/completions with logprobs")
+    return dict(model=model_name(body.model), max_tokens=knobs.max_tokens, stop=knobs.stop,
+                sampling=knobs.sampling, sampling_sent=frozenset(knobs.sent),
+                stream=body.stream, thinking=to_thinking(body.think),
+                response_format=to_response_format(body.format), param_names=dict(PARAM_NAMES))
+
+
+def chat_request(body: wire.ChatRequest) -> GenRequest:
+    knobs = options_of(body.options)
+    if not body.messages:
+        raise InvalidRequest("'messages' must contain at least one message.", param="messages")
+    return GenRequest(messages=to_messages(body.messages), tools=to_tools(body.tools),
+                      **_common(body, knobs))
+
+
+def generate_request(body: wire.GenerateRequest, prompt: str | None = None) -> GenRequest:
+    """`prompt`: the fill-in-the-middle prompt the route built from `suffix`, if any."""
+    knobs = options_of(body.options)
+    for name in ("template", "context", "images"):
+        if getattr(body, name):
+            raise UnsupportedField(name, {"template": "cannot be applied: Ollama's Go templates "
+                                          "are not supported (the model's chat template is used)",
+                                          "context": "cannot be replayed; send the conversation "
+                                          "to /api/chat instead",
+                                          "images": "cannot be read: this server serves "
+                                          "text-only models"}[name])
+    if prompt is not None or body.raw:
+        return GenRequest(prompt=prompt if prompt is not None else body.prompt or "",
+                          **_common(body, knobs))
+    messages = ([Message("system", body.system)] if body.system else []) + \
+        [Message("user", body.prompt or "")]
+    return GenRequest(messages=messages, **_common(body, knobs))
+
+
+# -- response ------------------------------------------------------------------
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class Clock:
+    """Rule 1's reference points (perf_counter_ns)."""
+
+    started_ns: int
+    load_ns: int = 0
+
+    @classmethod
+    def start(cls) -> Clock:
+        return cls(time.perf_counter_ns())
+
+    def loaded(self) -> None:
+        self.load_ns = time.perf_counter_ns() - self.started_ns
+
+
+def final_fields(done: Done, clock: Clock) -> dict[str, Any]:
+    """Rules 1-3: the fields of the frame that ends an answer."""
+    usage = done.usage
+    prompt_ns = int(float(done.timings.get("prompt_ms", 0.0)) * 1e6)
+    eval_ns = int(float(done.timings.get("predicted_ms", 0.0)) * 1e6)
+    return {"done": True, "done_reason": "length" if done.finish_reason == "length" else "stop",
+            "total_duration": time.perf_counter_ns() - clock.started_ns,
+            "load_duration": clock.load_ns,
+            "prompt_eval_count": usage.prompt_tokens - usage.cached_tokens,
+            "prompt_eval_duration": prompt_ns, "eval_count": usage.completion_tokens,
+            "eval_duration": eval_ns}
+
+
+@dataclass(slots=True)
+class AnswerBuilder:
+    """Events -> Ollama frames (stream) or one body (collected); chat or generate."""
+
+    model: str
+    chat: bool
+    clock: Clock
+    text: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    done: dict[str, Any] | None = None
+
+    def _frame(self, content: str = "", thinking: str = "",
+               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        frame: dict[str, Any] = {"model": self.model, "created_at": now_rfc3339()}
+        if self.chat:
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = calls
+            frame["message"] = message
+        else:
+            frame["response"] = content
+            if thinking:
+                frame["thinking"] = thinking
+        return frame
+
+    def feed(self, event: Event) -> list[dict[str, Any]]:
+        """Frames for one event (rule 4); the final frame carries final_fields."""
+        if isinstance(event, TextDelta):
+            self.text.append(event.text)
+            return [{**self._frame(content=event.text), "done": False}]
+        if isinstance(event, ReasoningDelta):
+            self.thinking.append(event.text)
+            return [{**self._frame(thinking=event.text), "done": False}]
+        if isinstance(event, ToolCallStart):
+            self.names[event.call_index] = event.name
+            return []
+        if isinstance(event, ToolCallEnd):
+            return self._call(event)
+        if isinstance(event, Done):
+            self.done = final_fields(event, self.clock)
+            return [{**self._frame(), **self.done}]
+        if isinstance(event, ErrorEvent):
+            return [{"error": event.message}]
+        return []
+
+    def _call(self, event: ToolCallEnd) -> list[dict[str, Any]]:
+        """Rule 5: a call whose arguments are not a JSON object stays text."""
+        try:
+            arguments = json.loads(event.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            self.text.append(event.arguments)
+            return [{**self._frame(content=event.arguments), "done": False}]
+        call = {"id": f"call_{event.call_index}",
+                "function": {"index": event.call_index,
+                             "name": self.names.get(event.call_index, ""),
+                             "arguments": arguments}}
+        self.calls.append(call)
+        return [{**self._frame(calls=[call]), "done": False}]
+
+    def result(self) -> dict[str, Any]:
+        """The collected answer (the non-streaming body)."""
+        frame = self._frame("".join(self.text), "".join(self.thinking), self.calls)
+        return {**frame, **(self.done or {"done": True})}
