@@ -92,6 +92,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
+    cluster: Any = None  # engine/channel.py PlanChannel on rank 0 of a group; its `lost` reason
     startup: "asyncio.Task[None] | None" = None  # rule 1
     recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
@@ -105,6 +106,7 @@ class AppState:
         Raises FrinkError before anything is sent; the Run owns the lease."""
         check_request(req, max_n=self.settings.max_batch)  # before any per-choice state
         self._refuse_encoder_target(req.model)
+        self.check_cluster()
         lease = await self.hub.acquire(req.model)
         try:
             handles = DecodeHandles.take(lease.generation)
@@ -190,6 +192,13 @@ class AppState:
         """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
         return embeddings.describe(self.registry.resolve(name), self.registry, self.hub.current)
 
+    def check_cluster(self) -> None:
+        """503 once the distributed group is lost (engine/channel.py rule 5)."""
+        lost = getattr(self.cluster, "lost", None)
+        if lost is not None:
+            raise Unavailable(f"distributed group lost: {lost}; restart the group",
+                              retry_after_s=10.0)
+
     # --- shutdown ----------------------------------------------------------------
     async def drain(self, timeout_s: float, *, flush_s: float = 2.0) -> int:
         """Rule 2; returns how many runs had to be cut."""
@@ -261,7 +270,7 @@ async def _load_default(hub: Hub) -> None:
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
                factory: GenerationFactory | None = None, backend: Backend | None = None,
-               background_load: bool = False) -> Starlette:
+               background_load: bool = False, cluster: Any = None) -> Starlette:
     """The daemon app. `factory` replaces model loading (tests only); `backend` is
     the entry point's choice (server.py), else chosen here, once per app;
     `background_load`: rule 1 (the lifespan does not wait for the default model)."""
@@ -273,7 +282,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
         if registry is None:  # registry rule 5, Hub and Ollama entries included
             reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
-        state = AppState(settings, reg, hub)
+        state = AppState(settings, reg, hub, cluster=cluster)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state

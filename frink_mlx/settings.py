@@ -16,6 +16,10 @@ serve` builds one flag per field from it (cli_flags.py, with the default and
 the environment variable in the help), and README.md's settings section is
 generated from it (a test checks every field has a row, a flag and a README
 line). A new Settings field needs one row there.
+
+A process started by `mlx.launch` is a rank of a distributed group: MLX's own
+MLX_RANK and MLX_HOSTFILE stand in for `--rank` and `--distributed`
+(backend/distributed.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from .backend.distributed import GroupConfig
 from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
 from .errors import ConfigError
 
@@ -108,6 +113,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: str = "info"
     access_log: bool = True
     embed_batch_size: int = 32
+    # --- several machines (backend/distributed.py, engine/channel.py) ---
+    distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
+    distributed_rank: int | None = None          # --rank; 0 serves HTTP, the others follow
+    distributed_backend: str = "ring"            # ring | jaccl | mpi | any (MLX's backends)
+    distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
+    distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
+    distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
+    distributed_exit_after_lost_s: float | None = 10.0  # rank 0 exits 1 this long after the group
+                                                 # is lost, so its supervisor restarts the group
+                                                 # (None: stay up answering 503)
 
     @classmethod
     def load(cls, **overrides: Any) -> "Settings":
@@ -122,6 +137,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             values["models_path"] = os.environ[ENV_PREFIX + "MODELS"]
         for name, value in _foreign_stores().items():
             values.setdefault(name, value)
+        for name, variable in (("distributed_rank", "MLX_RANK"),
+                               ("distributed_hostfile", "MLX_HOSTFILE")):
+            if name not in values and os.environ.get(variable):  # started by mlx.launch
+                values[name] = os.environ[variable]
         for name, value in overrides.items():
             if value is not None:
                 values[name] = value
@@ -170,6 +189,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def backend_config(self) -> BackendConfig:
         return BackendConfig(use_openblas=self.use_openblas,
                              cpu_matmul_parts=self.cpu_matmul_parts)
+
+    @property
+    def distributed(self) -> bool:
+        """This process is one rank of a group (module docstring)."""
+        return self.distributed_hostfile is not None or self.distributed_rank is not None
+
+    def group_config(self) -> GroupConfig:
+        if self.distributed_backend not in ("ring", "jaccl", "mpi", "any"):
+            raise ConfigError(f"invalid setting: distributed_backend {self.distributed_backend!r}"
+                              " is none of ring, jaccl, mpi, any")
+        return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
+                           backend=self.distributed_backend)  # type: ignore[arg-type]
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
@@ -279,6 +310,19 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
     "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
     "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),
+    # --- several machines (README "Several Macs") ---
+    "distributed_hostfile": SettingDoc("serve one model over a group of machines: the MLX hostfile "
+                                       "(env also MLX_HOSTFILE under mlx.launch)", ("--distributed",)),
+    "distributed_rank": SettingDoc("this machine's rank in the hostfile; 0 serves HTTP, the "
+                                   "others follow (env also MLX_RANK)", ("--rank",)),
+    "distributed_backend": SettingDoc("MLX distributed backend: ring, jaccl, mpi or any"),
+    "distributed_timeout_s": SettingDoc("a step's collectives taking longer than this mark the "
+                                        "group lost"),
+    "distributed_load_timeout_s": SettingDoc("how long every rank may take to load a model"),
+    "distributed_ping_s": SettingDoc("rank 0 checks an idle group this often"),
+    "distributed_exit_after_lost_s": SettingDoc("rank 0 exits 1 this long after losing the group, "
+                                                "so the service manager restarts it; unset: stay "
+                                                "up answering 503"),
     # --- lifecycle ---
     "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
     "log_level": SettingDoc("debug, info, warning, error or critical"),

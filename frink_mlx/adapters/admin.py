@@ -4,8 +4,10 @@
                                generation, uptime, context ceiling, KV blocks, queue, the
                                running load's `progress`; 503 + Retry-After when nothing is
                                loaded and no request would load one (idle -> 200), while the
-                               first model loads and while draining. Answers at once, even
-                               while a model loads (the load runs in a worker thread).
+                               first model loads, while draining, and when the distributed
+                               group is lost (`reason` says why; `ranks` is the group size on
+                               rank 0 of a group). Answers at once, even while a model loads
+                               (the load runs in a worker thread).
     GET  /admin/models         active generation, load in progress (and its progress), last
                                load error, retired generations still draining, how many freed
                                ones are still handing memory back (`releasing`), the registry
@@ -72,6 +74,11 @@ async def health(request: Request) -> Response:
         "running": stats.num_running if stats else None,
     }
     serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
+    lost = getattr(state.cluster, "lost", None)
+    if lost is not None:  # distributed group lost (engine/channel.py): nothing can generate
+        body["state"], body["reason"], serving = "unavailable", f"distributed group lost: {lost}", False
+    if state.cluster is not None:
+        body["ranks"] = state.cluster.group.size
     if hub.sleeping is not None:
         body["sleeping"] = hub.sleeping.name
     headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}

@@ -87,6 +87,11 @@ class StepResult:
         """Read back before the next step is planned (first tokens, or verify rows)."""
         return self.has_first_tokens or self.has_drafts
 
+    def wait(self) -> None:
+        """Block until the step's tokens are computed (without reading them back)."""
+        if self._out is not None:
+            mx.eval(*self._out.arrays())
+
     def read(self) -> list[RowResult]:
         """Block until the step's tokens are on the host; one result per sampled row."""
         flat = self._read_positions()
@@ -146,18 +151,7 @@ class Runner:
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
         """Dispatch one step (asynchronously); see the module docstring."""
         started_s = time.perf_counter()
-        self.store.copy_blocks(plan.copies)
-        parts: list[mx.array] = []
-        if plan.decode:
-            parts.append(self._decode(plan.decode, plan.width))
-            if plan.prefill:
-                # Dispatch decode first: its gathers must run before the prefill's
-                # scatters reach the same pools, or those scatters copy (paged.py rule 1).
-                mx.async_eval(parts[0])
-        if plan.prefill:
-            final = self._prefill(plan.prefill)
-            if final is not None:
-                parts.append(final)
+        parts = self.forward(plan)
         seq_ids = plan.sample_seq_ids
         drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
         if not parts:
@@ -174,6 +168,25 @@ class Runner:
                             [drafts.get(s, []) for s in seq_ids], positions)
         result.started_s = started_s
         return result
+
+    def forward(self, plan: SchedulerOutput) -> list[mx.array]:
+        """Steps 1-3: the logits to sample from (decode rows, then final chunks' rows).
+
+        A distributed follower (follower.py) runs this alone: the same forwards,
+        hence the same all-reduces in the same order as rank 0, without sampling."""
+        self.store.copy_blocks(plan.copies)
+        parts: list[mx.array] = []
+        if plan.decode:
+            parts.append(self._decode(plan.decode, plan.width))
+            if plan.prefill:
+                # Dispatch decode first: its gathers must run before the prefill's
+                # scatters reach the same pools, or those scatters copy (paged.py rule 1).
+                mx.async_eval(parts[0])
+        if plan.prefill:
+            final = self._prefill(plan.prefill)
+            if final is not None:
+                parts.append(final)
+        return parts
 
     @staticmethod
     def _position_samplers(seq_ids: list[int], drafts: dict[int, list[int]],

@@ -40,6 +40,10 @@ Rules:
    ignored, never half-applied.
 8. Each phase (download, convert, load, dequantize, warm-up) is reported to
    `progress.current()` (log, CLI lines, the hub's /health entry).
+9. Distributed (`shard` given, backend/distributed.py): the model is split
+   for this rank after any dequantization, and the warm-up is skipped (its
+   forward would issue all-reduces no other rank expects). `parallel` says
+   how it was split ("tensor"), for /v1/models.
 
 This module is blocking; call it off the event loop.
 """
@@ -51,7 +55,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -82,6 +86,8 @@ class LoadedModel:
     dtype: mx.Dtype
     load_time_s: float
     encoder: Encoder | None = None
+    parallel: str | None = None   # rule 9: "tensor" when sharded over a group
+    num_ranks: int = 1
 
 
 log = logging.getLogger("frink_mlx.models")
@@ -132,13 +138,16 @@ def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
     return msgspec.structs.replace(spec, **changes) if changes else spec
 
 
-def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedModel:
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend, *,
+               shard: Callable[[nn.Module], tuple[str, int]] | None = None) -> LoadedModel:
+    """`shard(model) -> (kind, num_ranks)` splits the model for this rank (rule 9)."""
     with progress_mod.ensure(spec.name) as progress:  # rule 8
-        return _load(spec, config, backend, progress)
+        return _load(spec, config, backend, progress, shard)
 
 
 def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
-          progress: progress_mod.Progress) -> LoadedModel:
+          progress: progress_mod.Progress,
+          shard: Callable[[nn.Module], tuple[str, int]] | None) -> LoadedModel:
     started = time.perf_counter()
     source = resolve(spec, config)
     spec, path = with_source_defaults(spec, source), source.checkpoint
@@ -159,12 +168,15 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
     if should_dequantize(model, spec, config, backend):
         progress.phase("dequantize", "to float32")
         dequantize_to_float32(model)
-    progress.phase("warm-up")
-    _warm_up(model, tokenizer)
+    parallel, num_ranks = shard(model) if shard is not None else (None, 1)
+    if shard is None:
+        progress.phase("warm-up")
+        _warm_up(model, tokenizer)
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
+        parallel=parallel, num_ranks=num_ranks,
     )
 
 

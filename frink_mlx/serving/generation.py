@@ -67,8 +67,15 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     plan = plan_kv(loaded, config.budget, backend.memory_budget())
+    engine = Engine(loaded, engine_config(config, plan, number), gate, backend)  # type: ignore[arg-type]
+    engine.start()
+    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+
+
+def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
+    """The engine's config for generation `number`, from the hub's limits and the KV plan."""
     limits = config.engine
-    engine_config = EngineConfig(
+    return EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
         prefill_chunk_tokens=limits.prefill_chunk_tokens, batching=limits.batching,
         context_ceiling=plan.context_ceiling, max_queue=limits.max_queue,
@@ -79,9 +86,6 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
                         max_rows=limits.spec_max_rows)
         if limits.speculative else None)
-    engine = Engine(loaded, engine_config, gate, backend)  # type: ignore[arg-type]
-    engine.start()
-    return Generation(number, spec, loaded, engine, plan, time.monotonic())
 
 
 def free_generation(gen: Generation, timeout_s: float) -> None:
