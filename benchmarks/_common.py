@@ -156,6 +156,8 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    draft_tokens: int | None = None    # frink-mlx usage extension (speculative decoding)
+    draft_accepted: int | None = None
     finish_reason: str | None = None
     error: str | None = None         # an error event inside a 200 stream, or a dropped connection
     stamps: list[float] = field(default_factory=list)  # one per text chunk
@@ -203,6 +205,8 @@ def _take_chunk(reply: Reply, chunk: dict[str, Any], now: float) -> None:
         reply.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         reply.cached_tokens = details.get("cached_tokens")
+        reply.draft_tokens = usage.get("draft_tokens")
+        reply.draft_accepted = usage.get("draft_accepted")
     for choice in chunk.get("choices") or []:
         text = (choice.get("delta") or {}).get("content")
         if text:

@@ -38,6 +38,8 @@ from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from . import metrics as metrics_module
@@ -50,11 +52,13 @@ from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
 from .engine.types import EngineStats
-from .errors import InvalidRequest, Unavailable
+from .errors import FrinkError, InvalidRequest, NotFound, Unavailable
 from .http import security
 from .http.access import RecentRequests, track_run
+from .http.fields import IgnoredFieldsHeader
 from .metrics import Metrics
 from .models.encoder import Encoder
+from .models.sources import source_checker
 from .registry import Registry, load_registry
 from .serving import embeddings, room
 from .serving.embeddings import EmbedResult
@@ -76,7 +80,7 @@ def route_list() -> list[BaseRoute]:
 
 
 def middleware_list(settings: Settings) -> list[Middleware]:
-    return list(security.build_middleware(settings))
+    return [*security.build_middleware(settings), Middleware(IgnoredFieldsHeader)]
 
 
 @dataclass
@@ -88,6 +92,7 @@ class AppState:
     hub: Hub
     started_at: float = field(default_factory=time.monotonic)
     metrics: Metrics | None = None
+    cluster: Any = None  # engine/channel.py PlanChannel on rank 0 of a group; its `lost` reason
     startup: "asyncio.Task[None] | None" = None  # rule 1
     recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
@@ -101,6 +106,7 @@ class AppState:
         Raises FrinkError before anything is sent; the Run owns the lease."""
         check_request(req, max_n=self.settings.max_batch)  # before any per-choice state
         self._refuse_encoder_target(req.model)
+        self.check_cluster()
         lease = await self.hub.acquire(req.model)
         try:
             handles = DecodeHandles.take(lease.generation)
@@ -131,6 +137,7 @@ class AppState:
 
     def _refuse_encoder_target(self, name: str | None) -> None:
         """Do not load or evict anything just to refuse the request."""
+        name = self.registry.route(name)
         if any(gen.answers_to(name) for gen in self.hub.resident):
             return
         spec = self.registry.resolve(name)
@@ -197,6 +204,13 @@ class AppState:
 
     def memory_report(self) -> dict[str, int]:
         return room.memory_report(self.hub)
+
+    def check_cluster(self) -> None:
+        """503 once the distributed group is lost (engine/channel.py rule 5)."""
+        lost = getattr(self.cluster, "lost", None)
+        if lost is not None:
+            raise Unavailable(f"distributed group lost: {lost}; restart the group",
+                              retry_after_s=10.0)
 
     # --- shutdown ----------------------------------------------------------------
     async def drain(self, timeout_s: float, *, flush_s: float = 2.0) -> int:
@@ -279,7 +293,7 @@ async def _load_default(hub: Hub) -> None:
 
 def create_app(settings: Settings, *, registry: Registry | None = None, load_default: bool = True,
                factory: GenerationFactory | None = None, backend: Backend | None = None,
-               background_load: bool = False) -> Starlette:
+               background_load: bool = False, cluster: Any = None) -> Starlette:
     """The daemon app. `factory` replaces model loading (tests only); `backend` is
     the entry point's choice (server.py), else chosen here, once per app;
     `background_load`: rule 1 (the lifespan does not wait for the default model)."""
@@ -288,8 +302,10 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         reg = registry if registry is not None else load_registry(settings)
+        if registry is None:  # registry rule 5, Hub and Ollama entries included
+            reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
-        state = AppState(settings, reg, hub)
+        state = AppState(settings, reg, hub, cluster=cluster)
         state.metrics = Metrics(stats_fn=state.engine_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
@@ -304,4 +320,18 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reaper.cancel()
             await hub.shutdown()
 
-    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan)
+    return Starlette(routes=route_list(), middleware=middleware_list(settings), lifespan=lifespan,
+                     exception_handlers={404: _no_route, 405: _no_route})
+
+
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """An unknown path or method, in the envelope its protocol's clients parse (not text)."""
+    status = getattr(exc, "status_code", 404)
+    error: FrinkError = NotFound(f"No route for {request.method} {request.url.path}.")
+    if status == 405:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.url.path}.",
+                               code="method_not_allowed")
+        error.status = 405
+    response = security.envelope_for_path(request.url.path)(error)
+    response.headers.update(getattr(exc, "headers", None) or {})   # 405's Allow
+    return response

@@ -1,10 +1,11 @@
 """argv -> Settings -> one command. No logic lives here.
 
-    frink-mlx serve     [--host H] [--port P] [--models FILE] [--model NAME] ...
-    frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--temp T]
-    frink-mlx chat      [--model NAME] [--max-tokens N] [--temp T] [--url URL]
+    frink-mlx serve     [every setting as a flag: see `serve --help`, cli_flags.py]
+    frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--url URL | --local]
+    frink-mlx chat      [--model NAME] [--max-tokens N] [--verbose] [--url URL | --local]
     frink-mlx models    [--models FILE]
-    frink-mlx import    PATH.gguf [--float]
+    frink-mlx import    PATH.gguf | ollama:NAME[:TAG] [--float]
+    frink-mlx pull      ORG/NAME[@REVISION]
     frink-mlx service   install|uninstall|start|stop|status|logs
     frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
 
@@ -17,30 +18,34 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import __version__
+from .cli_flags import COMMON, add_setting_flags, setting_fields
 from .errors import FrinkError
 from .settings import Settings
 
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", dest="models_path", help="models.toml to use")
-    p.add_argument("--cache-dir", dest="cache_dir", help="where converted checkpoints are cached")
-    p.add_argument("--no-dequantize", dest="dequantize", action="store_const", const=False,
-                   help="keep quantized weights on the CPU backend")
-    p.add_argument("--dequantize", dest="dequantize", action="store_const", const=True,
-                   help="dequantize quantized weights to float32 (CPU backend)")
-    p.add_argument("--no-openblas", dest="use_openblas", action="store_const", const=False,
-                   help="do not re-execute with the system OpenBLAS preloaded")
+CHAT_HELP = """Inside the REPL: /help, /reset, /system TEXT, /model NAME, /save FILE,
+/retry, /stats, /quit (also mlx_lm.chat's q, r, h). Ctrl-C stops an answer and keeps
+the conversation; Ctrl-D or Ctrl-C twice at the prompt ends the session."""
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", dest="model", default=None, help="registry name or alias")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    g = p.add_argument_group("generation")
+    g.add_argument("--model", "-m", dest="model", default=None,
+                   help="registry name or alias [default: the daemon's or registry's default]")
+    g.add_argument("--max-tokens", type=int, default=256, help="answer length cap [default: 256]")
+    g.add_argument("--temp", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy [default: 0.0]")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling [default: 1.0]")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed [default: none]")
+    g.add_argument("--system", default=None, help="system prompt")
+    g.add_argument("--url", default=None,
+                   help="daemon base URL; nothing answering there is an error "
+                        "[default: the configured host and port, else in process]")
+    g.add_argument("--local", action="store_true",
+                   help="never use a daemon; load the model in this process")
 
 
 def _open_parser(sub: Any) -> None:
@@ -54,69 +59,60 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
+def _model_store_parsers(sub: Any) -> None:
+    """models, import, pull: the registry and the model stores (registry_cli.py)."""
+    models = sub.add_parser("models", help="list the registry and each entry's status")
+    add_setting_flags(models, COMMON)
+
+    imp = sub.add_parser("import", help="convert a GGUF file (or an Ollama model) to a cached "
+                                        "MLX checkpoint")
+    add_setting_flags(imp, COMMON)
+    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix), or "
+                                   "ollama:NAME[:TAG] from the Ollama store")
+    imp.add_argument("--float", dest="as_float", action="store_true",
+                     help="store quantized tensors dequantized to float32 instead of MLX affine")
+
+    pull = sub.add_parser("pull", help="download a Hugging Face repo into its cache ahead of time")
+    add_setting_flags(pull, COMMON + ("hf_offline", "hf_endpoint", "hf_cache_dir"))
+    pull.add_argument("repo", help="org/name[@revision]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frink-mlx", description="Local MLX inference daemon.")
     parser.add_argument("--version", action="version", version=f"frink-mlx {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the daemon")
-    _common(serve)
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--model", dest="default_model",
-                       help="model to load at start (default: registry default)")
-    serve.add_argument("--api-key", dest="api_key")
-    serve.add_argument("--api-key-file", dest="api_key_file")
-    serve.add_argument("--allowed-host", dest="allowed_hosts", action="append")
-    serve.add_argument("--cors-origin", dest="cors_origins", action="append")
-    serve.add_argument("--no-auto-swap", dest="auto_swap", action="store_const", const=False)
-    serve.add_argument("--no-batching", dest="batching", action="store_const", const=False)
-    serve.add_argument("--max-batch", dest="max_batch", type=int)
-    serve.add_argument("--keep-alive", dest="keep_alive_s", type=float, help="idle unload after seconds")
-    serve.add_argument("--log-level", dest="log_level")
+    serve = sub.add_parser("serve", help="run the daemon", description=(
+        "Run the daemon. Every setting is a flag here and a FRINK_MLX_<NAME> environment "
+        "variable (flag > environment > default)."))
+    add_setting_flags(serve, setting_fields())
 
-    gen = sub.add_parser("generate", help="generate once, in process")
-    _common(gen)
+    gen = sub.add_parser("generate", help="generate once (through the daemon when one is up)")
     _sampling(gen)
     gen.add_argument("--prompt", "-p", required=True)
     gen.add_argument("--no-chat-template", action="store_true", help="use the prompt as raw text")
+    add_setting_flags(gen, COMMON, "in-process settings")
 
-    chat = sub.add_parser("chat", help="interactive chat (talks to a running daemon when one is up)")
-    _common(chat)
+    chat = sub.add_parser("chat", help="interactive chat (through the daemon when one is up)",
+                          description="An mlx_lm.chat-style REPL. " + CHAT_HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _sampling(chat)
-    chat.add_argument("--url", default=None, help="daemon base URL (default: the local daemon if up)")
-    chat.add_argument("--local", action="store_true", help="never use a daemon; load in process")
-    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--verbose", "-v", action="store_true",
+                      help="print tokens/s after each answer (/stats toggles it)")
+    add_setting_flags(chat, COMMON, "in-process settings")
 
-    models = sub.add_parser("models", help="list the registry and each entry's status")
-    _common(models)
-
-    imp = sub.add_parser("import", help="convert a GGUF file to a cached MLX checkpoint")
-    _common(imp)
-    imp.add_argument("path", help="a GGUF file (any name: Ollama blobs have no suffix)")
-    imp.add_argument("--float", dest="as_float", action="store_true",
-                     help="store quantized tensors dequantized to float32 instead of MLX affine")
-
+    _model_store_parsers(sub)
     _open_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
-    _common(svc)
+    add_setting_flags(svc, COMMON + ("host", "port", "api_key_file", "distributed_hostfile",
+                                     "distributed_rank", "distributed_backend"))
     svc.add_argument("action", choices=["install", "uninstall", "start", "stop", "status", "logs"])
-    svc.add_argument("--port", type=int)
     svc.add_argument("--generate-key", action="store_true", help="create an API key file (0600)")
-    svc.add_argument("--host", help="address the service binds (non-loopback needs --generate-key)")
-    svc.add_argument("--api-key-file", dest="api_key_file", help="key file the service uses")
     svc.add_argument("--backend", choices=["auto", "launchd", "systemd"], default="auto",
                      help="service manager (default: launchd on macOS, systemd elsewhere)")
     svc.add_argument("--lines", "-n", type=int, default=50, help="log lines to show (logs)")
     svc.add_argument("--follow", "-f", action="store_true", help="keep following the log (logs)")
     return parser
-
-
-_SETTINGS_KEYS = {
-    "models_path", "cache_dir", "dequantize", "use_openblas", "host", "port", "default_model",
-    "api_key", "api_key_file", "allowed_hosts", "cors_origins", "auto_swap", "batching",
-    "max_batch", "keep_alive_s", "log_level",
-}
 
 
 def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
@@ -127,9 +123,10 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name in ("generate", "chat"):
         from . import chat as chat_mod
         fn = chat_mod.generate_command if name == "generate" else chat_mod.chat_command
-    elif name in ("models", "import"):
+    elif name in ("models", "import", "pull"):
         from . import registry_cli as reg
-        fn = reg.models_command if name == "models" else reg.import_command
+        fn = {"models": reg.models_command, "import": reg.import_command,
+              "pull": reg.pull_command}[name]
     elif name == "open":
         from .page_cli import open_command
         fn = open_command
@@ -143,7 +140,8 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in _SETTINGS_KEYS}
+    fields = setting_fields()
+    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k in fields}
     try:
         settings = Settings.load(**overrides)
         return _command(args.command)(settings, args)

@@ -39,6 +39,10 @@ class LoadConfig(_Slice, frozen=True):
     cache_dir: str                 # converted checkpoints (GGUF imports) live here
     dequantize: bool | None        # None = the model's entry, else the backend decides
     encoder: EncoderConfig         # an encoder entry loads with these
+    hf_offline: bool               # HF_HUB_OFFLINE: Hugging Face cache only (models/sources.py)
+    hf_endpoint: str | None        # HF_ENDPOINT; None = huggingface_hub's default
+    hf_cache_dir: str | None       # HF_HUB_CACHE / $HF_HOME/hub; None = huggingface_hub's default
+    ollama_models: str             # the Ollama store ($OLLAMA_MODELS, ~/.ollama/models)
 
 
 class BudgetConfig(_Slice, frozen=True):
@@ -64,6 +68,10 @@ class EngineLimits(_Slice, frozen=True):
     pipeline: bool | None          # None = the backend decides
     max_queue: int
     queue_timeout_s: float
+    speculative: bool = True       # prompt-lookup speculation (engine/spec.py)
+    spec_max_draft: int = 8        # most tokens a row drafts per step
+    spec_ngram: int = 4            # longest suffix n-gram looked up
+    spec_max_rows: int = 2         # steps decoding more rows than this do not speculate
 
 
 class HubConfig(_Slice, frozen=True):

@@ -161,6 +161,10 @@ class _EngineCollector:
              stats.prefix_hit_tokens_total),
             ("frink_engine_steps", "Engine steps run by the current model generation.",
              stats.steps_total),
+            ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup).",
+             stats.draft_tokens_total),
+            ("frink_spec_draft_accepted_tokens", "Speculative tokens accepted by verification.",
+             stats.draft_accepted_tokens_total),
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=float(value))

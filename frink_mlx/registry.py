@@ -15,24 +15,40 @@ Rules:
    may only be an alias of the default entry.
 4. `embeddings` must name a `kind = "encoder"` entry, or be "self" (a
    generative model pooling its own hidden states, asked for explicitly).
-5. Sources: an MLX checkpoint dir, a `.gguf` file (relative paths are relative
-   to the models.toml that names them; `~` expands), or
-   `package:<module>/<file inside the package>`. A missing source does not
-   stop the registry from loading: `source_problem(spec)` says why an entry
-   cannot be loaded from here (no network, a few stats), `resolve_source`
-   raises it with a pip hint for packages. `load_registry` checks every entry
-   once and logs a warning for each non-default one it finds unavailable; the
-   server refuses to start when the default is (one line, exit 2), the hub
-   refuses a request or admin load naming one (404 `model_unavailable`, the
-   reason in the message), and /v1/models and `frink-mlx models` list them
-   as unavailable with the reason. `warn_unavailable` logs a warning for each
+5. Sources (`source_kind` names them; models/sources.py resolves them): an
+   MLX checkpoint dir or a GGUF file (relative paths are relative to the
+   models.toml that names them; `~` expands),
+   `package:<module>/<file inside the package>`, `ollama:NAME[:TAG]` (the
+   Ollama store), or a Hugging Face repo id `org/name[@revision]`. A bare
+   `org/name` is a path when that path exists next to the models.toml (as
+   mlx_lm.load decides), else a repo id; `./org/name` is always a path.
+   Nothing here touches the network. A missing source does not stop the
+   registry from loading: `source_problem(spec)` says why a path or package
+   entry cannot be loaded from here (a few stats; a GGUF is known by its magic
+   bytes, not its suffix); Hub and Ollama entries need the store settings, so
+   the entry points install `models.sources.missing_reason` as the registry's
+   `source_check`, which covers them too. `resolve_source` raises the problem
+   with a pip hint for packages. `load_registry` checks every entry once and
+   logs a warning for each non-default one it finds unavailable; the server
+   refuses to start when the default is (one line, exit 2), the hub refuses a
+   request or admin load naming one (404 `model_unavailable`, the reason in
+   the message), and /v1/models and `frink-mlx models` list them as
+   unavailable with the reason. `warn_unavailable` logs a warning for each
    non-default one (the server calls it once it is bound, so a refusal stays
    one line).
 6. `settings.default_model`, when set, overrides the file's `default`.
 7. `max_tokens` caps generation for requests that name no limit (OpenAI's
    "up to the context" when absent); a client's own limit is still honoured
    up to the context ceiling.
-8. Residency (serving/residency.py): `keep_alive` seconds idle before the
+8. Fallback (`settings.fallback`; unset = on for a loopback daemon): clients
+   hard-code model names (Claude Code's `claude-...`, `gpt-4o-mini`,
+   llama.vscode's `GPT-4`, `text-embedding-3-small`, `ada-002`). `route()`
+   turns a name that is neither an entry nor an alias into "default", so it is
+   served as "default" is -- by the active generative model (its side-car
+   encoder for embeddings), else the registry's default -- and the response's
+   `model` names what answered. `resolve()` stays strict (GET /v1/models/{id},
+   admin loads). Names the user wants pinned go in `aliases`.
+9. Residency (serving/residency.py): `keep_alive` seconds idle before the
    model is evicted (absent = the daemon's --keep-alive; `-1`, or any
    negative as Ollama reads it, = pinned, never evicted; `0` = evicted as soon
    as its last request ends); `preload = true` loads it at start-up next to
@@ -59,6 +75,9 @@ from .settings import Settings
 log = logging.getLogger("frink_mlx.registry")
 
 PACKAGE_PREFIX = "package:"
+OLLAMA_PREFIX = "ollama:"
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+SourceKind = Literal["package", "ollama", "hf", "path"]
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
@@ -90,9 +109,9 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dequantize: bool | None = None
     kv_budget_bytes: Positive | None = None
     max_tokens: Positive | None = None  # rule 7: cap when a request names no limit
-    keep_alive: float | None = None     # rule 8: idle seconds before eviction; -1 = pinned
-    preload: bool = False               # rule 8: load at start-up, next to the default
-    max_kv_bytes: Positive | None = None  # rule 8: cap on this model's KV pool
+    keep_alive: float | None = None     # rule 9: idle seconds before eviction; -1 = pinned
+    preload: bool = False               # rule 9: load at start-up, next to the default
+    max_kv_bytes: Positive | None = None  # rule 9: cap on this model's KV pool
     description: str = ""
 
 
@@ -104,6 +123,17 @@ class Registry:
     # rule 5's check; a registry parsed from a models.toml checks its files, one built in
     # code (tests with stand-in factories) names no files and checks nothing
     source_check: Callable[[ModelSpec], str | None] | None = None
+    fallback: bool = False   # rule 8
+
+    def knows(self, name: str) -> bool:
+        return name == "default" or name in self.entries or any(
+            name in spec.aliases for spec in self.entries.values())
+
+    def route(self, name: str | None) -> str | None:
+        """Rule 8: `name`, or "default" for an unknown name when fallback is on."""
+        if name is None or not self.fallback or self.knows(name):
+            return name
+        return "default"
 
     def resolve(self, name: str | None) -> ModelSpec:
         """None / "default" -> the default entry; else a name or an alias."""
@@ -161,6 +191,7 @@ def load_registry(settings: Settings) -> Registry:
     except (OSError, UnicodeDecodeError) as exc:
         raise _refuse(path, "file", f"cannot read ({exc})") from None
     registry = parse_registry(data, path)
+    registry.fallback = settings.fallback_enabled()
     if settings.default_model:
         try:
             registry.default = registry.resolve(settings.default_model).name
@@ -219,10 +250,16 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         raise _refuse(path, *_explain(key, str(exc))) from None
     if not spec.source.strip():
         raise _refuse(path, f"{key}.source", "must not be empty")
-    if spec.source.startswith(PACKAGE_PREFIX):
+    kind = source_kind(spec.source)
+    if kind == "package":
         module, _, rel = spec.source[len(PACKAGE_PREFIX):].partition("/")
         if not module.isidentifier() or not rel:
             raise _refuse(path, f"{key}.source", "package sources look like 'package:<module>/<file>'")
+    elif kind == "ollama":
+        if not spec.source[len(OLLAMA_PREFIX):].strip(" :"):
+            raise _refuse(path, f"{key}.source", "Ollama sources look like 'ollama:NAME[:TAG]'")
+    elif kind == "hf" and not (path.parent / spec.source).exists():
+        pass  # a Hugging Face repo id, kept as written
     else:
         source = Path(spec.source).expanduser()
         if not source.is_absolute():
@@ -232,6 +269,23 @@ def _parse_entry(name: str, table: Any, path: Path) -> ModelSpec:
         if not _NAME_RE.match(alias):
             raise _refuse(path, f"{key}.aliases", f"invalid alias {alias!r}")
     return spec
+
+
+def source_kind(source: str) -> SourceKind:
+    """Which kind of source a models.toml `source` string is (rule 5; pure parsing)."""
+    if source.startswith(PACKAGE_PREFIX):
+        return "package"
+    if source.startswith(OLLAMA_PREFIX):
+        return "ollama"
+    if _HF_REPO_RE.match(source) and not source.lower().endswith(".gguf"):
+        return "hf"
+    return "path"
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """'org/name@rev' -> ('org/name', 'rev'); no '@' -> (repo, None)."""
+    repo_id, _, revision = repo.partition("@")
+    return repo_id, revision or None
 
 
 def _explain(key: str, message: str) -> tuple[str, str]:
@@ -291,27 +345,31 @@ def source_problem(spec: ModelSpec) -> str | None:
 
     Checks what a load would find first, without reading weights or touching
     the network: the path or package file exists, a directory holds a
-    `config.json`, a file is a `.gguf` with GGUF's magic bytes."""
+    `config.json`, a file starts with GGUF's magic bytes (Ollama blobs have no
+    suffix). Hub and Ollama sources are not checked here (rule 5)."""
+    if source_kind(spec.source) in ("hf", "ollama"):
+        return None
     try:
         source = resolve_source(spec)
     except ConfigError as exc:
         return exc.message.split(": ", 1)[-1]
     if source.is_dir():
         return None if (source / "config.json").is_file() else f"{source} has no config.json"
-    if source.suffix.lower() != ".gguf":
-        return f"{source} is neither an MLX checkpoint directory nor a .gguf file"
     try:
         with source.open("rb") as handle:
             magic = handle.read(4)
     except OSError as exc:
         return f"cannot read {source} ({exc.strerror or exc})"
     if magic != b"GGUF":
-        return f"{source} is not a GGUF file (it does not start with 'GGUF')"
+        return f"{source} is neither an MLX checkpoint directory nor a .gguf file (no GGUF magic)"
     return None
 
 
 def resolve_source(spec: ModelSpec) -> Path:
-    """The local file or dir behind `spec.source`; ConfigError (with a fix) if absent."""
+    """The local file or dir behind a path or package source; ConfigError (with a
+    fix) if absent. Hub and Ollama sources resolve in models/sources.py."""
+    if source_kind(spec.source) in ("hf", "ollama"):
+        raise ConfigError(f"model {spec.name!r}: {spec.source} is not a local source")
     if not spec.source.startswith(PACKAGE_PREFIX):
         path = Path(spec.source)
         if not path.exists():

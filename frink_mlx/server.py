@@ -6,7 +6,9 @@ Rules:
 2. Start-up refusals are one `frink-mlx: error: ...` line with a hint and
    exit 2, checked before anything loads: a non-loopback bind without an API
    key (http/security.py `check_bind`), a bad models.toml, a default model
-   whose source is missing (registry rule 5), a port that is busy or not
+   whose source is missing (registry rule 5; with models/sources.py's check
+   installed, so a Hugging Face repo offline and not cached or a missing
+   Ollama model counts), a port that is busy or not
    ours to bind. The socket is bound here (port 0 picks a free one), so the
    ready line can name the real address.
 3. The socket serves before the model is in: the default model loads in the
@@ -27,6 +29,16 @@ Rules:
 5. Connection timeouts (http/timeouts.py): headers within
    `header_timeout_s`, idle keep-alive connections closed after
    `idle_timeout_s`; bodies are held to `body_timeout_s` by the middleware.
+6. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
+   joins the group first (blocking until all have), before the socket is
+   bound; rank 0 goes on as below with a generation factory that shards and
+   tells the followers (serving/distributed.py); the other ranks bind no
+   socket, print no ready line and serve rank 0's plans until it stops the
+   group (exit 0) or is lost (exit 1).
+7. Rank 0 of a lost group (engine/channel.py) answers 503 with the reason
+   for `distributed_exit_after_lost_s`, then drains and exits 1: the
+   supervisor restarts it, and every rank joins the new group (the followers
+   exit by themselves once rank 0 is gone).
 """
 
 from __future__ import annotations
@@ -202,10 +214,13 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .http.security import check_bind
 
     check_bind(settings)
+    from .models.sources import source_checker
     from .registry import load_registry, warn_unavailable
 
     registry = load_registry(settings)
+    registry.source_check = source_checker(settings.load_config())  # Hub/Ollama entries too
     check_default_model(registry)
+    factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
     import uvicorn
@@ -213,7 +228,8 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .app import create_app
     from .http.timeouts import guarded_protocol
 
-    app = create_app(settings, registry=registry, background_load=True, backend=backend)
+    app = create_app(settings, registry=registry, background_load=True, backend=backend,
+                     factory=factory, cluster=channel)
     url, host, port = base_url(sock)
     config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
@@ -221,6 +237,8 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
                             http=guarded_protocol(settings.header_timeout_s), log_config=None)
     server = _server_class()(config)
     server.refusal = None
+    if channel is not None:
+        _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
     log.info("frink-mlx %s listening on %s (loading %s)", __version__, url, registry.default)
     try:
         asyncio.run(_serve(server, sock, url, host, port, app, settings.drain_timeout_s))
@@ -233,8 +251,41 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
         if server.started:  # threads that touched MLX exist now: see below
             _exit_without_finalisation(2)
         return 2
+    if channel is not None:
+        channel.stop(tell_followers=True)
     log.info("frink-mlx stopped")
-    _exit_without_finalisation(0)
+    _exit_without_finalisation(1 if channel is not None and channel.lost else 0)
+
+
+def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, Any]:
+    """Rule 6: join the group; rank 0 gets (generation factory, channel), the others never return."""
+    from .backend.distributed import init_group
+    from .engine.channel import PlanChannel
+    from .serving import distributed
+
+    group = init_group(settings.group_config())
+    channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,
+                          load_timeout_s=settings.distributed_load_timeout_s,
+                          ping_s=settings.distributed_ping_s)
+    if not group.is_leader:
+        _exit_without_finalisation(distributed.serve_follower(
+            channel, group, registry, settings.hub_config(), backend))
+    channel.start_watch()
+    return distributed.leader_factory(channel, group), channel
+
+
+def _exit_when_lost(channel: Any, server: Any, after_s: float | None) -> None:
+    """Rule 7: once the group is lost, /health says why for `after_s`, then rank 0 stops
+    and exits 1, so its supervisor (launchd KeepAlive) starts the group again."""
+    if after_s is None:
+        return
+
+    def stop() -> None:
+        log.error("the distributed group is lost; stopping so the supervisor restarts it")
+        server.should_exit = True
+        threading.Timer(60.0, lambda: os._exit(1)).start()  # if the drain itself hangs
+
+    channel.on_lost.append(lambda _reason: threading.Timer(after_s, stop).start())
 
 
 def _exit_without_finalisation(code: int) -> NoReturn:

@@ -79,6 +79,7 @@ def plan_service(settings: Settings, *, key_file: Path | None,
             "--host", settings.host, "--port", str(settings.port)]
     if key_file is not None:
         args += ["--api-key-file", str(key_file)]
+    args += _distributed_args(settings)
     env = {"PYTHONUNBUFFERED": "1", "FRINK_MLX_CONFIG_DIR": settings.config_dir}
     if settings.models_path:
         env["FRINK_MLX_MODELS"] = str(Path(settings.models_path).expanduser().absolute())
@@ -92,6 +93,18 @@ def plan_service(settings: Settings, *, key_file: Path | None,
         working_directory=Path(settings.config_dir), log_file=log_dir / "frink-mlx.log",
         port=settings.port, health_url=f"http://{probe_host}:{settings.port}/health",
         key_file=key_file, exit_timeout_s=int(settings.drain_timeout_s) + STOP_MARGIN_S)
+
+
+def _distributed_args(settings: Settings) -> list[str]:
+    """One rank of a group of Macs (README, "Several Macs"); nothing on one machine."""
+    args: list[str] = []
+    if settings.distributed_hostfile:
+        args += ["--distributed", str(Path(settings.distributed_hostfile).expanduser().absolute())]
+    if settings.distributed_rank is not None:
+        args += ["--rank", str(settings.distributed_rank)]
+    if settings.distributed and settings.distributed_backend != "ring":
+        args += ["--distributed-backend", settings.distributed_backend]
+    return args
 
 
 # --- rendering ---------------------------------------------------------------

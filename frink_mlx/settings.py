@@ -6,6 +6,20 @@ result is passed to everything else. Nothing below this module looks at
 `os.environ` (the one exception is the BLAS re-exec marker, read here too).
 
 Precedence: CLI flag > environment variable > default.
+
+Model stores other tools own keep their own variables, read here as the
+defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
+`HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
+`OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
+`SETTING_DOCS` below is the one table of what each setting means: `frink-mlx
+serve` builds one flag per field from it (cli_flags.py, with the default and
+the environment variable in the help), and README.md's settings section is
+generated from it (a test checks every field has a row, a flag and a README
+line). A new Settings field needs one row there.
+
+A process started by `mlx.launch` is a rank of a distributed group: MLX's own
+MLX_RANK and MLX_HOSTFILE stand in for `--rank` and `--distributed`
+(backend/distributed.py).
 """
 
 from __future__ import annotations
@@ -13,10 +27,11 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
+from .backend.distributed import GroupConfig
 from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
 from .errors import ConfigError
 
@@ -47,6 +62,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
     cors_origins: tuple[str, ...] = ()           # exact origins; none by default
     max_body_bytes: int = 8 * 1024 * 1024
+    strict_fields: bool = False                  # unknown request fields: 400 instead of
+                                                 # a x-frink-ignored-fields header (http/fields.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
     body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
@@ -57,12 +74,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cache_dir: str = msgspec.field(default_factory=_default_cache_dir)
     default_model: str | None = None             # overrides the registry's `default`
     auto_swap: bool = True
+    fallback: bool | None = None                 # unknown model names -> the default model (its
+                                                 # side-car for embeddings); None = on when the
+                                                 # daemon binds a loopback address only
     min_generation_s: float = 2.0                # a generation lives at least this long before a swap
     keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
     max_resident_models: int = 0                 # models resident at once; 0 = as memory allows
     evict_wait_s: float = 10.0                   # a load waits this long for busy models to go idle
     dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
     use_openblas: bool = True
+    hf_offline: bool = False                     # HF_HUB_OFFLINE: the HF cache only, no network
+    hf_endpoint: str | None = None               # HF_ENDPOINT (None: huggingface_hub's default)
+    hf_cache_dir: str | None = None              # HF_HUB_CACHE / $HF_HOME/hub (None: its default)
+    ollama_models: str = msgspec.field(default_factory=lambda: str(Path.home() / ".ollama" / "models"))
     # --- engine ---
     batching: bool = True
     max_batch: int = 16
@@ -79,6 +103,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
+    speculative: bool = True                     # prompt-lookup speculative decoding in the batch
+                                                 # (engine/spec.py); per request `speculative: false`
+    spec_max_draft: int = 8                      # most tokens a row drafts per step
+    spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
+    spec_max_rows: int = 2                       # a step decoding more rows does not speculate
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
@@ -89,6 +118,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: str = "info"
     access_log: bool = True
     embed_batch_size: int = 32
+    # --- several machines (backend/distributed.py, engine/channel.py) ---
+    distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
+    distributed_rank: int | None = None          # --rank; 0 serves HTTP, the others follow
+    distributed_backend: str = "ring"            # ring | jaccl | mpi | any (MLX's backends)
+    distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
+    distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
+    distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
+    distributed_exit_after_lost_s: float | None = 10.0  # rank 0 exits 1 this long after the group
+                                                 # is lost, so its supervisor restarts the group
+                                                 # (None: stay up answering 503)
 
     @classmethod
     def load(cls, **overrides: Any) -> "Settings":
@@ -101,6 +140,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 values[name] = raw
         if "models_path" not in values and os.environ.get(ENV_PREFIX + "MODELS"):
             values["models_path"] = os.environ[ENV_PREFIX + "MODELS"]
+        for name, value in _foreign_stores().items():
+            values.setdefault(name, value)
+        for name, variable in (("distributed_rank", "MLX_RANK"),
+                               ("distributed_hostfile", "MLX_HOSTFILE")):
+            if name not in values and os.environ.get(variable):  # started by mlx.launch
+                values[name] = os.environ[variable]
         for name, value in overrides.items():
             if value is not None:
                 values[name] = value
@@ -112,10 +157,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         except msgspec.ValidationError as exc:
             raise ConfigError(f"invalid setting: {exc}") from None
 
+    def fallback_enabled(self) -> bool:
+        """`fallback`, or when unset: on for a daemon bound to a loopback address only."""
+        if self.fallback is not None:
+            return self.fallback
+        return self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
+
     # --- slices for the layers below the composition root (config.py) ----------
     def load_config(self) -> LoadConfig:
         return LoadConfig(cache_dir=self.cache_dir, dequantize=self.dequantize,
-                          encoder=self.encoder_config())
+                          encoder=self.encoder_config(), hf_offline=self.hf_offline,
+                          hf_endpoint=self.hf_endpoint, hf_cache_dir=self.hf_cache_dir,
+                          ollama_models=self.ollama_models)
 
     def budget_config(self) -> BudgetConfig:
         return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
@@ -124,7 +177,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
 
     def engine_limits(self) -> EngineLimits:
+        if self.spec_max_draft < 1 or self.spec_ngram < 2:
+            raise ConfigError("invalid setting: spec_max_draft must be >= 1 and spec_ngram >= 2")
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
+                            speculative=self.speculative, spec_max_draft=self.spec_max_draft,
+                            spec_ngram=self.spec_ngram, spec_max_rows=self.spec_max_rows,
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
                             shared_prefill_tokens=self.shared_prefill_tokens,
@@ -139,6 +196,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return BackendConfig(use_openblas=self.use_openblas,
                              cpu_matmul_parts=self.cpu_matmul_parts)
 
+    @property
+    def distributed(self) -> bool:
+        """This process is one rank of a group (module docstring)."""
+        return self.distributed_hostfile is not None or self.distributed_rank is not None
+
+    def group_config(self) -> GroupConfig:
+        if self.distributed_backend not in ("ring", "jaccl", "mpi", "any"):
+            raise ConfigError(f"invalid setting: distributed_backend {self.distributed_backend!r}"
+                              " is none of ring, jaccl, mpi, any")
+        return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
+                           backend=self.distributed_backend)  # type: ignore[arg-type]
+
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
                          keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
@@ -146,6 +215,135 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                          evict_wait_s=self.evict_wait_s,
                          load=self.load_config(), budget=self.budget_config(),
                          engine=self.engine_limits())
+
+
+def _foreign_stores() -> dict[str, Any]:
+    """Settings defaults from the Hugging Face and Ollama variables (module docstring)."""
+    env = os.environ
+    found: dict[str, Any] = {}
+    offline = env.get("HF_HUB_OFFLINE", "").strip().upper()
+    if offline:
+        found["hf_offline"] = offline in ("1", "ON", "YES", "TRUE")
+    if env.get("HF_ENDPOINT"):
+        found["hf_endpoint"] = env["HF_ENDPOINT"].rstrip("/")
+    if env.get("HF_HUB_CACHE"):
+        found["hf_cache_dir"] = env["HF_HUB_CACHE"]
+    elif env.get("HF_HOME"):
+        found["hf_cache_dir"] = str(Path(env["HF_HOME"]).expanduser() / "hub")
+    if env.get("OLLAMA_MODELS"):
+        found["ollama_models"] = env["OLLAMA_MODELS"]
+    return found
+class SettingDoc(NamedTuple):
+    """One row of the flag table (see the module docstring)."""
+
+    help: str                      # one line; says what an unset (None) value means
+    flags: tuple[str, ...] = ()    # flag names when not `--field-name`; the first is shown
+    default: str = ""              # the default as shown, when it is computed at run time
+
+
+SETTING_DOCS: dict[str, SettingDoc] = {
+    # --- network ---
+    "host": SettingDoc("address to bind; a non-loopback address needs an API key"),
+    "port": SettingDoc("TCP port; 0 picks a free one (the ready line names it)"),
+    "api_key": SettingDoc("API key clients must send (Bearer or x-api-key); unset: none "
+                          "unless a key file exists"),
+    "api_key_file": SettingDoc("file holding the API key (mode 0600); unset: the "
+                               "file api_key in config_dir when it exists"),
+    "allowed_hosts": SettingDoc("extra Host header names accepted beyond loopback ones "
+                                "(repeat the flag; env: comma-separated)", ("--allowed-host",)),
+    "cors_origins": SettingDoc("exact browser origins allowed by CORS (repeat the flag; env: "
+                               "comma-separated)", ("--cors-origin",)),
+    "max_body_bytes": SettingDoc("request bodies larger than this get 413"),
+    "header_timeout_s": SettingDoc("the request line and headers must arrive within this many "
+                                   "seconds, else 408 or the connection is closed"),
+    "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
+                                 "else 408"),
+    "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
+    "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
+                                "accepting and reporting them (x-frink-ignored-fields)"),
+    # --- models ---
+    "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
+                              "~/.config/frink-mlx/models.toml, then the packaged one",
+                              ("--models",)),
+    "config_dir": SettingDoc("where the user's key file lives",
+                             default="$XDG_CONFIG_HOME/frink-mlx or ~/.config/frink-mlx"),
+    "cache_dir": SettingDoc("where converted (GGUF-imported) checkpoints are cached",
+                            default="~/Library/Caches/frink-mlx on macOS, else "
+                                    "$XDG_CACHE_HOME/frink-mlx or ~/.cache/frink-mlx"),
+    "default_model": SettingDoc("model to load at start; unset: the registry's `default`",
+                                ("--model",)),
+    "fallback": SettingDoc("serve unknown model names with the default model (embeddings: the "
+                           "embedding model); unset: on for a loopback-only daemon"),
+    "auto_swap": SettingDoc("a request naming another registry entry swaps to it "
+                            "(--no-auto-swap answers 409 instead)"),
+    "min_generation_s": SettingDoc("a loaded model lives at least this many seconds before "
+                                   "a swap may replace it"),
+    "keep_alive_s": SettingDoc("unload after this many idle seconds, reload on the next "
+                               "request; unset: never", ("--keep-alive", "--keep-alive-s")),
+    "max_resident_models": SettingDoc("models kept loaded at once; 0: as many as the memory "
+                                      "budget holds (1: the classic single-model swap)"),
+    "evict_wait_s": SettingDoc("a load that needs memory held by busy models waits this long "
+                               "for them to go idle, then answers 503 with Retry-After"),
+    "dequantize": SettingDoc("dequantize quantized weights to float32 on the CPU backend; "
+                             "unset: the model's entry, else where memory allows"),
+    "use_openblas": SettingDoc("re-execute once with the system OpenBLAS preloaded (Linux)",
+                               ("--openblas",)),
+    "hf_offline": SettingDoc("resolve Hugging Face repo ids from the local cache only, never "
+                             "the network (env also HF_HUB_OFFLINE)"),
+    "hf_endpoint": SettingDoc("Hugging Face Hub endpoint (env also HF_ENDPOINT); unset: "
+                              "huggingface_hub's default"),
+    "hf_cache_dir": SettingDoc("Hugging Face cache directory (env also HF_HUB_CACHE / "
+                               "$HF_HOME/hub); unset: huggingface_hub's default"),
+    "ollama_models": SettingDoc("the Ollama store that `ollama:NAME[:TAG]` sources read "
+                                "(env also OLLAMA_MODELS)", default="~/.ollama/models"),
+    # --- engine ---
+    "batching": SettingDoc("continuous batching; --no-batching decodes one request at a time"),
+    "max_batch": SettingDoc("sequences decoded together at most"),
+    "block_size": SettingDoc("tokens per KV block: the prefix cache reuses a shared prefix "
+                             "rounded down to it"),
+    "prefill_chunk_tokens": SettingDoc("prompt tokens prefilled per step while other streams "
+                                       "decode"),
+    "idle_prefill_tokens": SettingDoc("prompt tokens prefilled in a step that decodes nobody"),
+    "shared_prefill_tokens": SettingDoc("prompt tokens prefilled per step while another "
+                                        "resident model's engine runs (bounds its streams' "
+                                        "inter-token gap)"),
+    "admission_window_ms": SettingDoc("an idle engine gathers a burst of requests this long "
+                                      "into one step"),
+    "pipeline": SettingDoc("dispatch decode step t+1 before reading step t; unset: on Metal "
+                           "only"),
+    "cpu_matmul_parts": SettingDoc("CPU backend: split each matmul over this many MLX streams; "
+                                   "unset: one per usable core (at most 8); 1 turns it off"),
+    "kv_budget_bytes": SettingDoc("device memory budget for weights and KV; unset: measured "
+                                  "(Metal's working set or physical RAM)"),
+    "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
+                                           "KV pool"),
+    "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
+    "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
+    "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
+    "speculative": SettingDoc("prompt-lookup speculative decoding inside the batch (greedy "
+                              "output unchanged); requests opt out with `speculative: false`"),
+    "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
+    "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
+    "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),
+    # --- several machines (README "Several Macs") ---
+    "distributed_hostfile": SettingDoc("serve one model over a group of machines: the MLX hostfile "
+                                       "(env also MLX_HOSTFILE under mlx.launch)", ("--distributed",)),
+    "distributed_rank": SettingDoc("this machine's rank in the hostfile; 0 serves HTTP, the "
+                                   "others follow (env also MLX_RANK)", ("--rank",)),
+    "distributed_backend": SettingDoc("MLX distributed backend: ring, jaccl, mpi or any"),
+    "distributed_timeout_s": SettingDoc("a step's collectives taking longer than this mark the "
+                                        "group lost"),
+    "distributed_load_timeout_s": SettingDoc("how long every rank may take to load a model"),
+    "distributed_ping_s": SettingDoc("rank 0 checks an idle group this often"),
+    "distributed_exit_after_lost_s": SettingDoc("rank 0 exits 1 this long after losing the group, "
+                                                "so the service manager restarts it; unset: stay "
+                                                "up answering 503"),
+    # --- lifecycle ---
+    "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
+    "log_level": SettingDoc("debug, info, warning, error or critical"),
+    "access_log": SettingDoc("one JSON access-log line per request on stderr"),
+    "embed_batch_size": SettingDoc("texts embedded together at most"),
+}
 
 
 def user_config_home() -> str:

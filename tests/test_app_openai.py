@@ -35,8 +35,8 @@ def settings(checkpoints, tmp_path_factory):
     # one resident model at a time (residency rule 5): these tests pin swap-era answers;
     # tests/serving/test_residency_http.py covers several resident models
     return Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                         max_body_bytes=64 * 1024, cache_dir=str(tmp_path_factory.mktemp("c")),
-                         max_resident_models=1)
+                         max_body_bytes=64 * 1024, fallback=False,
+                         cache_dir=str(tmp_path_factory.mktemp("c")), max_resident_models=1)
 
 
 @pytest.fixture(scope="module")

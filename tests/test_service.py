@@ -159,6 +159,17 @@ def test_systemd_unit_rendering(tmp_path: Path) -> None:
     assert service.systemd_quote('50% of $HOME "x"') == '"50%% of $$HOME \\"x\\""'
 
 
+def test_a_rank_of_a_group_of_macs_is_installed_with_its_hostfile_and_rank(tmp_path: Path) -> None:
+    hostfile = tmp_path / "ring.json"
+    s = Settings(config_dir=str(tmp_path), distributed_hostfile=str(hostfile), distributed_rank=1,
+                 distributed_backend="jaccl")
+    plan = plan_service(s, key_file=None, log_dir=tmp_path)
+    assert list(plan.program_args[-6:]) == ["--distributed", str(hostfile), "--rank", "1",
+                                            "--distributed-backend", "jaccl"]
+    one = plan_service(Settings(config_dir=str(tmp_path)), key_file=None, log_dir=tmp_path)
+    assert "--distributed" not in one.program_args
+
+
 def test_non_loopback_install_needs_key_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--generate-key"):
         plan_service(Settings(host="0.0.0.0", config_dir=str(tmp_path)), key_file=None,

@@ -4,8 +4,10 @@
                                generation, uptime, context ceiling, KV blocks, queue, the
                                running load's `progress`; 503 + Retry-After when nothing is
                                loaded and no request would load one (idle -> 200), while the
-                               first model loads and while draining. Answers at once, even
-                               while a model loads (the load runs in a worker thread).
+                               first model loads, while draining, and when the distributed
+                               group is lost (`reason` says why; `ranks` is the group size on
+                               rank 0 of a group). Answers at once, even while a model loads
+                               (the load runs in a worker thread).
     GET  /admin/models         resident generations, the default one (`active`), load in
                                progress (and its progress), last load error, retired
                                generations still draining, how many freed ones are still
@@ -83,6 +85,11 @@ async def health(request: Request) -> Response:
         "models": state.model_states(), "memory": state.memory_report(),
     }
     serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
+    lost = getattr(state.cluster, "lost", None)
+    if lost is not None:  # distributed group lost (engine/channel.py): nothing can generate
+        body["state"], body["reason"], serving = "unavailable", f"distributed group lost: {lost}", False
+    if state.cluster is not None:
+        body["ranks"] = state.cluster.group.size
     if hub.sleeping is not None:
         body["sleeping"] = hub.sleeping.name
     headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}
@@ -135,6 +142,7 @@ async def unload_model(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),   # llama-server's alias
     Route("/admin/models", list_admin_models, methods=["GET"]),
     Route("/admin/models/load", load_model, methods=["POST"]),
     Route("/admin/models/unload", unload_model, methods=["POST"]),

@@ -15,8 +15,9 @@ Rules:
    lacks) is null, never 0.
 2. Each registry entry has one `state`:
      resident     the active generation (or the encoder it carries as side-car)
-     loading      being loaded now; `loading_s` is how long it has been (the
-                  loader reports no fraction done, so there is no percentage)
+     loading      being loaded now; `loading_s` is how long it has been, `progress`
+                  the load's phase and bytes (models/progress.py rule 3: a download
+                  has a fraction, other phases only their elapsed time)
      draining     retired, finishing requests it had started
      available    not loaded, its source is there (the next request may load it;
                   `reason` says when it was unloaded for idleness)
@@ -75,6 +76,7 @@ class ModelState(msgspec.Struct):
     reason: str | None = None
     generation: int | None = None
     loading_s: float | None = None
+    progress: dict[str, Any] | None = None
 
 
 class Backend(msgspec.Struct):
@@ -142,7 +144,9 @@ def _state_of(hub: Hub, registry: Registry, spec: ModelSpec, now: float) -> dict
                     "reason": f"side-car encoder of {gen.spec.name}"}
     if hub.loading == spec.name:
         since = hub.loading_since
-        return {"state": "loading", "loading_s": None if since is None else round(now - since, 1)}
+        progress = hub.load_progress.snapshot() if hub.load_progress is not None else None
+        return {"state": "loading", "loading_s": None if since is None else round(now - since, 1),
+                "progress": progress}
     draining = [g.number for g in hub.retired if g.spec.name == spec.name]
     if draining:
         return {"state": "draining", "generation": draining[-1]}

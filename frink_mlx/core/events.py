@@ -39,6 +39,10 @@ class Usage:
     # in this conversation (frink extension; None = no divergence measured).
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
+    # Speculative decoding (engine/spec.py): tokens drafted and accepted for this
+    # choice; None = the request did not speculate (off, or opted out).
+    draft_tokens: int | None = None
+    draft_accepted: int | None = None
 
     @property
     def total_tokens(self) -> int:

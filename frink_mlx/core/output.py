@@ -22,6 +22,9 @@ Rules:
    own completion tokens (adapters sum completion tokens over choices).
 6. Logprobs ride on the first `TextDelta` emitted after their tokens' text is
    released; those still held when the choice ends go out on an empty delta.
+7. With `parallel_tool_calls` off the choice ends ("tool_calls") as soon as its
+   first call is complete: the row is aborted instead of decoding calls the
+   parser would only drop.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .events import Done, ErrorEvent, Event, TextDelta, TokenLogprob, Usage
+from .events import Done, ErrorEvent, Event, TextDelta, TokenLogprob, ToolCallEnd, Usage
 from .parsers import MarkupInfo, StreamParser, build_parser
 from .request import GenRequest
 
@@ -156,6 +159,10 @@ class OutputPipeline:
             self.usage.prompt_tokens = step.num_prompt_tokens
         if step.num_cached_tokens is not None:
             self.usage.cached_tokens = step.num_cached_tokens
+        if step.num_drafted is not None:
+            self.usage.draft_tokens = (self.usage.draft_tokens or 0) + step.num_drafted
+            self.usage.draft_accepted = (self.usage.draft_accepted or 0) + \
+                (step.num_draft_accepted or 0)
         choice = self.choices[step.index]
         if choice.done:
             return []  # tokens after a stop string, until the row ends
@@ -187,6 +194,9 @@ class OutputPipeline:
         if choice.stops.matched is not None:
             events += self._finish(choice, "stop", stop_kind="stop_sequence",
                                    stop_sequence=choice.stops.matched)
+        elif not self.request.parallel_tool_calls and any(
+                isinstance(e, ToolCallEnd) for e in events):  # rule 7
+            events += self._finish(choice, "tool_calls", stop_kind="tool_calls")
         return events
 
     def _parse(self, choice: ChoiceState, text: str, final: bool = False) -> list[Event]:

@@ -66,6 +66,7 @@ class Tool:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False   # arguments must match `parameters` (core/structured.py rule 6)
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than the three = that function's name
@@ -110,6 +111,7 @@ class GenRequest:
     echo: bool = False                     # completions: return the prompt too
     cache_prompt: bool = True              # llama.cpp: False bypasses the prefix cache
     cache_salt: str | None = None
+    speculative: bool = True               # False: no speculative drafts (engine/spec.py)
     thinking: bool | None = None           # None = the template's default
     thinking_budget_tokens: int | None = None
     response_format: ResponseFormat | None = None

@@ -30,6 +30,15 @@ Rules:
    before (template + stream parser). A forced call takes precedence over
    `response_format` either way: that turn's output is the call itself.
    The call's arguments admit only the declared parameters (`closed_objects`).
+6. `tool_choice: "auto"` with at least one `strict` tool (OpenAI's strict
+   function calling; openai-agents marks every tool strict) and no
+   `response_format`: free text, or calls in the model's `json_tools` markup
+   whose arguments match the schema -- strict tools' own schemas, any JSON
+   object for the others. The text before a call is a lazy lexeme that ends at
+   the first `<tool_call>`, so once the model opens a call it can only write a
+   valid one; with `parallel_tool_calls` off at most one call is allowed. Other
+   markups (llama3_json has no opening marker, Mistral's is a control token)
+   get no grammar, as in rule 5.
 """
 
 from __future__ import annotations
@@ -78,7 +87,31 @@ def grammar_for_request(req: GenRequest, markup: MarkupInfo) -> GrammarSpec | No
         return grammar_for_tools(req.tools, req.tool_choice, markup)
     if req.response_format is not None:
         return grammar_for_format(req.response_format)
+    if req.tool_choice == "auto" and any(t.strict for t in req.tools):
+        return grammar_for_strict_tools(req.tools, markup, parallel=req.parallel_tool_calls)
     return None
+
+
+def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel: bool
+                             ) -> GrammarSpec | None:
+    """Rule 6: free text, or schema-valid calls once a call opens."""
+    if markup.tool_format != "json_tools":
+        return None
+    for i, tool in enumerate(tools):
+        if tool.strict:
+            check_schema(tool.parameters, f"tools[{i}].parameters")
+    start = json.dumps(markup.tool_call_start or "<tool_call>")
+    end = json.dumps(markup.tool_call_end or "</tool_call>")
+    calls = "call*" if parallel else "call?"
+    return GrammarSpec("lark", (
+        "%llguidance {}\n"
+        f"start: {calls} tail\n"
+        "tail: TEXT\n"
+        "TEXT: /(.|\\n)*/\n"
+        f"opening[lazy]: TEXT {start}\n"
+        f'call: opening "\\n" body "\\n" {end}\n'
+        f"body: %json {json.dumps(_call_schema(tools, 'arguments', strict_only=True))}\n"
+    ), "tools")
 
 
 def grammar_for_format(fmt: ResponseFormat) -> GrammarSpec:
@@ -146,17 +179,7 @@ def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> s
     llama3_json: {"name": ..., "parameters": {...}}                           (calls joined by "; ")
     """
     args_key = "parameters" if markup.tool_format == "llama3_json" else "arguments"
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, args_key: closed_objects(t.parameters)},
-            "required": ["name", args_key],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    call_schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
-    call_schema = {**call_schema, "x-guidance": JSON_OPTIONS}
+    call_schema = _call_schema(tools, args_key)
     if markup.tool_format == "llama3_json":
         separator, call = '"; "', "body"
     else:
@@ -170,6 +193,26 @@ def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> s
         f"call: {call}\n"
         f"body: %json {json.dumps(call_schema)}\n"
     )
+
+
+def _call_schema(tools: list[Tool], args_key: str, *, strict_only: bool = False
+                 ) -> dict[str, Any]:
+    """One call object: `name` one of the tools, `args_key` its parameters.
+
+    `strict_only`: non-strict tools take any JSON object as arguments (rule 6)."""
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name},
+                           args_key: closed_objects(t.parameters)
+                           if t.strict or not strict_only else {"type": "object"}},
+            "required": ["name", args_key],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return {**schema, "x-guidance": JSON_OPTIONS}
 
 
 _NESTED_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else")

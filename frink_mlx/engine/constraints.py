@@ -30,6 +30,12 @@ Why it is shaped this way:
    (`Backend.device_token_masks`: Metal) with llguidance's own kernel
    (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal back-end"
    elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
+6. Speculation (engine/spec.py) verifies k drafted tokens in one step, so a
+   row needs the masks of all 1 + k positions at once: `masks_along` walks the
+   matcher over the draft and rolls it back (it ends where it started). It
+   stops at the first draft token the grammar forbids; the masks after it
+   repeat, harmlessly, since verification never accepts past a forbidden
+   token. The matcher then advances (`accept`) over accepted tokens only.
 """
 
 from __future__ import annotations
@@ -112,6 +118,42 @@ class GrammarConstraint:
         if self._free_until is not None:
             return None
         return unpack_bitmask(self.bitmask(), self._tokenizer_vocab, self._vocab_size)
+
+    def masks_along(self, draft: Sequence[int]) -> list[np.ndarray | None]:
+        """The allowed masks of a verify row's 1 + k positions (rule 6): position j's
+        is the grammar's after draft[:j]."""
+        masks: list[np.ndarray | None] = []
+        free, tail, consumed = self._free_until, self._tail, 0
+        for j in range(len(draft) + 1):
+            mask = None if free is not None else self._peek_mask()
+            masks.append(mask)
+            if j == len(draft):
+                break
+            token = draft[j]
+            if free is not None:  # rule 4's watch, on copies of its state
+                assert self._decode is not None
+                tail = (tail + self._decode(token))[-4 * len(free):]
+                if free in tail:
+                    free, tail = None, ""
+                continue
+            if mask is None or not 0 <= token < mask.shape[0] or not mask[token] \
+                    or not self._matcher.consume_token(token):
+                break
+            consumed += 1
+        if consumed:
+            self._matcher.rollback(consumed)
+        return masks + [masks[-1]] * (len(draft) + 1 - len(masks))
+
+    def _peek_mask(self) -> np.ndarray:
+        """The next-token mask now, without failing the row on a dead end."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        if self._error is None:
+            words = np.zeros_like(self._bitmask)
+            fill_next_token_bitmask(self._matcher, words, 0)
+            if not self._matcher.is_error():
+                return unpack_bitmask(words[0], self._tokenizer_vocab, self._vocab_size)
+        return np.zeros(self._vocab_size, dtype=bool)
 
     def accept(self, token_id: int) -> bool:
         if self._error is not None:

@@ -35,10 +35,17 @@ Failure rules:
    finish="error"; an exception while evaluating one also rebuilds the KV
    pools (their contents are unknown) and ends every live row. The thread
    keeps serving either way: no request ever hangs.
+
+Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
+which posts each plan to the followers; steps are never pipelined (leader.py
+rule 1); once the channel is lost (channel.py) `submit` answers `Unavailable`
+(503) and the requests in flight end with it; shutting down tells the
+followers to free the generation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import queue
@@ -53,14 +60,17 @@ from mlx.utils import tree_flatten
 
 from ..backend import Backend
 from ..core.checks import check_sampling
-from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded
+from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded, Unavailable
 from .admission import QueueDepth
+from .channel import Free, PlanChannel
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
+from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
+from .spec import SpecConfig
 from .stream import SeqStream
 from .types import EngineStats, SeqRequest
 
@@ -89,14 +99,19 @@ class EngineConfig:
     shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
+    spec: SpecConfig | None = None           # speculative decoding (spec.py); None = off
 
 
 class Engine:
     def __init__(self, loaded: EngineModel, config: EngineConfig, gate: DecodeGate,
-                 backend: Backend) -> None:
-        """`backend` prepares the model for the engine's forwards (backend/base.py)."""
+                 backend: Backend, *, channel: PlanChannel | None = None) -> None:
+        """`backend` prepares the model for the engine's forwards (backend/base.py);
+        `channel`: this engine is rank 0 of a distributed group (module docstring)."""
         self.loaded = loaded
-        if config.pipeline is None:
+        self._channel = channel
+        if channel is not None:
+            config = dataclasses.replace(config, pipeline=False)
+        elif config.pipeline is None:
             config = dataclasses.replace(config, pipeline=backend.pipelines_steps())
         self.config = config
         self.gate = gate
@@ -109,10 +124,9 @@ class Engine:
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
             one_request_at_a_time=not config.batching,
-            idle_prefill_tokens=config.idle_prefill_tokens,
+            idle_prefill_tokens=config.idle_prefill_tokens, spec=config.spec,
             shared_prefill_tokens=config.shared_prefill_tokens)
-        self.runner = Runner(model, self._new_store(), backend.prepare_decoder(model),
-                             device_masks=backend.device_token_masks())
+        self.runner = self._new_runner(model, backend)
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._depth = QueueDepth()
         self._stats = EngineStats(num_blocks_total=config.num_blocks, block_size=config.block_size,
@@ -123,6 +137,23 @@ class Engine:
             self._depth, self._stats)
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    def _new_runner(self, model: Any, backend: Backend) -> Runner:
+        forward, masks = backend.prepare_decoder(model), backend.device_token_masks()
+        if self._channel is None:
+            return Runner(model, self._new_store(), forward, device_masks=masks)
+        self._channel.on_lost.append(self._fail_in_flight)
+        return LeaderRunner(model, self._new_store(), forward, channel=self._channel,
+                            generation=self.config.generation, device_masks=masks)
+
+    def _fail_in_flight(self, reason: str) -> None:
+        """The channel was lost (called from its watchdog): end every request in flight.
+
+        The engine thread may be parked inside a collective that never returns
+        (channel.py rule 2), so the streams are ended from here."""
+        error = Unavailable(f"distributed group lost: {reason}", retry_after_s=10.0)
+        for stream in list(self._loop.router.streams.values()):
+            stream._push(error)
 
     @property
     def store(self) -> PagedKVStore:
@@ -147,6 +178,9 @@ class Engine:
         """Validate (rule 1) and enqueue; the stream yields this request's outputs."""
         if self._stopping:
             raise Overloaded("The engine is shutting down.", retry_after_s=1.0)
+        if self._channel is not None and self._channel.lost is not None:
+            raise Unavailable(f"distributed group lost: {self._channel.lost}; restart the group",
+                              retry_after_s=10.0)
         seq = self._validated(seq)
         depth = self._depth.try_enter(self.config.max_queue)
         if depth is not None:
@@ -191,6 +225,9 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if sch.speculator is not None:
+            s.draft_tokens_total = sch.speculator.num_drafted_total
+            s.draft_accepted_tokens_total = sch.speculator.num_accepted_total
         store = self.runner.store  # may be swapped by the MLX thread after an error
         if store is not None and store.keys:
             s.extra["kv_pool_bytes"] = float(store.nbytes)
@@ -200,11 +237,18 @@ class Engine:
         """Let running rows finish for up to timeout_s, abort the rest, join the thread."""
         self._stopping = True
         self._inbox.put(Drain(time.monotonic() + max(0.0, timeout_s)))
+        lost = self._channel is not None and self._channel.lost is not None
         if self._thread is not None:
-            self._thread.join(timeout=max(0.0, timeout_s) + 30.0)
+            # a lost group may have parked the thread in a collective for good (channel.py rule 2)
+            self._thread.join(timeout=1.0 if lost else max(0.0, timeout_s) + 30.0)
             if not self._thread.is_alive():
                 self._release_arrays()
             self._thread = None
+        if self._channel is not None:
+            self._channel.on_lost.remove(self._fail_in_flight)
+            if self._channel.lost is None:
+                with contextlib.suppress(Unavailable), self._channel.exclusive():
+                    self._channel.post(Free(self.config.generation))
 
     def _release_arrays(self) -> None:
         """Hand the KV pools and the thread's stream back now, not at interpreter exit

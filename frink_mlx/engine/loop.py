@@ -16,7 +16,10 @@ see engine.py):
 So the device works on t+1 while the host turns step t into events. A row
 that finished at step t costs one wasted row in step t+1. A step that sampled
 first tokens (final prefill chunks) is read back before the next step is
-dispatched, and without `pipeline` every step is (engine.py says why).
+dispatched, and without `pipeline` every step is (engine.py says why); so
+is a step with verify rows (speculation, spec.py): how many drafts a row
+kept decides its next input and positions; and so is a step with a row
+that would draft next (spec.py rule 4).
 
 The inbox carries three messages, `Submit`, `Abort` and `Drain`; failure
 rules 2 and 3 of engine.py are implemented here.
@@ -99,8 +102,9 @@ class StepLoop:
                 if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
                     break
                 self._expire_waiting()
-                if pending is not None and (not self.config.pipeline or pending.has_first_tokens
-                                            or self.router.needs_host(pending)):
+                if pending is not None and (not self.config.pipeline or pending.must_read
+                                            or self.router.needs_host(pending)
+                                            or self._wants_drafts(pending)):
                     self._deliver(pending)
                     pending = None
                 pending = self._step(pending)
@@ -116,6 +120,11 @@ class StepLoop:
             self._refuse_inbox()
             mx.synchronize()  # nothing of ours may still run on the device after the join
             self.runner.forget_pending()  # no array of this thread's stream outlives it
+
+    def _wants_drafts(self, step: StepResult) -> bool:
+        """Speculation needs a row's last token on the host to draft (spec.py rule 4)."""
+        speculator = self.scheduler.speculator
+        return speculator is not None and speculator.wants_host(step.seq_ids, self.scheduler.seqs)
 
     def _refuse_inbox(self) -> None:
         """Streams submitted while the engine was stopping end with Overloaded."""
@@ -172,6 +181,8 @@ class StepLoop:
                                         param="request_id"))
             return
         group = self.scheduler.add(seq)
+        if seq.constraints and not all(hasattr(c, "masks_along") for c in seq.constraints):
+            group.speculative = False  # a verify row needs every position's mask (spec.py)
         self._recount_queue()
         router.streams[seq.request_id] = stream
         base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
@@ -242,6 +253,9 @@ class StepLoop:
             log.exception("engine step failed while evaluating")
             self._reset_after_eval_error(exc)
             return
+        speculator = self.scheduler.speculator
+        if speculator is not None and step.num_positions:
+            speculator.cost.observe(step.num_positions, step.elapsed_s)  # spec.py rule 3
         self.router.deliver(step, rows)
 
     def _finish(self, finished: list[Finished]) -> None:

@@ -16,6 +16,10 @@ Rules:
 3. A request's stream is closed (dropped from the books) when its last row
    has finished; every finish, however it came (step, abort, error, expiry),
    goes through `finish_rows` or `deliver`, so no stream is left open.
+4. A verify row (speculation, spec.py) yields its accepted drafts and the
+   token after them as several outputs of one step, checked by rule 2 in
+   order (a verdict drops the tokens after it); the first carries
+   `num_drafted` / `num_draft_accepted` for the request's usage.
 """
 
 from __future__ import annotations
@@ -53,39 +57,58 @@ class OutputRouter:
                    for i in step.seq_ids)
 
     def deliver(self, step: StepResult, rows: list[RowResult]) -> None:
-        """Turn one read-back step into StepOutputs (and finishes), rules 1-3."""
-        live: dict[int, Seq] = {}
+        """Turn one read-back step into StepOutputs (and finishes), rules 1-4."""
+        live: dict[int, tuple[Seq, int]] = {}
         stop: dict[int, EngineFinish] = {}
+        kept: dict[int, list[RowResult]] = {}
         for seq_id, row in zip(step.seq_ids, rows):
             seq = self.scheduler.seqs.get(seq_id)
             if seq is None or seq.num_pending == 0:
                 continue
-            live[seq_id] = seq
-            sampler = self.samplers.get(seq_id)
-            if sampler is not None:
-                sampler.history.append(row.token_id)
-                reason = _constraint_verdict(sampler, row.token_id)
-                if reason is not None:
-                    stop[seq_id] = reason
-        finished = {f.seq.seq_id: f for f in self.scheduler.update(
-            step.seq_ids, [r.token_id for r in rows], stop)}
+            live[seq_id] = (seq, len(seq.token_ids))
+            kept[seq_id] = self._checked(seq_id, [row, *row.following], stop)
+        finished = {f.seq.seq_id: f for f in self.scheduler.update_rows(
+            step.seq_ids, [[r.token_id for r in kept.get(s, [])] for s in step.seq_ids], stop)}
         outputs: dict[str, list[StepOutput]] = {}
         for seq_id, row in zip(step.seq_ids, rows):
-            seq = live.get(seq_id)
-            if seq is None:
+            if seq_id not in live:
                 continue
+            seq, before = live[seq_id]
+            emitted = kept[seq_id][:len(seq.token_ids) - before]
             done = finished.get(seq_id)
-            error = done.error if done else None
-            if done is not None and done.reason == "constraint" and error is None:
-                error = _constraint_error(self.samplers.get(seq_id))
-            out = StepOutput(seq.index, row.token_id, row.logprob, row.top_logprobs,
-                             finish=done.reason if done else None, error=error)
-            self._first_output(seq, out)
-            outputs.setdefault(seq.group.request.request_id, []).append(out)
-            self._stats.generated_tokens_total += 1
-            if done:
+            outs = [StepOutput(seq.index, r.token_id, r.logprob, r.top_logprobs)
+                    for r in emitted]
+            if done is not None:
+                error = done.error
+                if done.reason == "constraint" and error is None:
+                    error = _constraint_error(self.samplers.get(seq_id))
+                outs[-1].finish, outs[-1].error = done.reason, error
                 self.samplers.pop(seq_id, None)
+            if seq.group.speculative:  # rule 4
+                outs[0].num_drafted = row.num_drafted
+                outs[0].num_draft_accepted = min(len(row.following), len(emitted))
+            self._first_output(seq, outs[0])
+            if done is not None:
+                self._reported.discard(seq_id)
+            outputs.setdefault(seq.group.request.request_id, []).extend(outs)
+            self._stats.generated_tokens_total += len(outs)
         self.push_outputs(outputs)
+
+    def _checked(self, seq_id: int, results: list[RowResult],
+                 stop: dict[int, EngineFinish]) -> list[RowResult]:
+        """Rule 2 over a row's tokens in order; the tokens up to the first verdict."""
+        sampler = self.samplers.get(seq_id)
+        if sampler is None:
+            return results
+        if results[0].num_drafted:
+            sampler.step += len(results)  # draw number = output position (sampling.py rule 4)
+        for j, result in enumerate(results):
+            sampler.history.append(result.token_id)
+            reason = _constraint_verdict(sampler, result.token_id)
+            if reason is not None:
+                stop[seq_id] = reason
+                return results[:j + 1]
+        return results
 
     def finish_rows(self, finished: list[Finished]) -> None:
         """Tell each finished row's request (rule 3)."""

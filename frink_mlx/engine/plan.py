@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .spec import RowDrafter
 from .types import EngineFinish, SeqRequest
 
 
@@ -27,6 +28,7 @@ class Group:
     seqs: list["Seq"] = field(default_factory=list)
     num_cached_tokens: int = 0
     activated: bool = False  # row 0's prompt was prefilled; every row is live
+    speculative: bool = True  # rows may draft (spec.py); off per request or engine
 
 
 @dataclass(slots=True)
@@ -42,6 +44,8 @@ class Seq:
     num_scheduled_outputs: int = 0   # outputs known + pending + scheduled this step
     prefill_target: int = 0          # positions to prefill before decoding (0 = decoding)
     finish: EngineFinish | None = None
+    drafter: RowDrafter | None = None  # spec.py, made at the row's first draft
+    num_drafted: int = 0               # tokens drafted by the step in flight (verify row)
 
     @property
     def num_outputs(self) -> int:
@@ -67,6 +71,7 @@ class DecodeRow:
     position: int
     block_table: list[int]
     token_id: int | None  # None: the token the previous step sampled (still on device)
+    draft: list[int] = field(default_factory=list)  # verified after token_id (spec.py)
 
 
 @dataclass(slots=True)
@@ -75,6 +80,11 @@ class SchedulerOutput:
     prefill: list[PrefillChunk] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
     preempted: list[int] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        """Positions per decode row: 1 + the longest draft (rows are padded to it)."""
+        return 1 + max((len(row.draft) for row in self.decode), default=0)
 
     @property
     def is_empty(self) -> bool:

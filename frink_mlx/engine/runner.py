@@ -18,6 +18,13 @@ One step, in order:
    length would waste compute.
 4. Sampling (sampling.py) over [decode rows; final chunk rows repeated once
    per sampled row], in `SchedulerOutput.sample_seq_ids` order.
+   Speculation (engine/spec.py): a decode row with a draft of k tokens is a
+   verify row, inputs [last token, d1..dk] at positions p..p+k, like a small
+   prefill chunk whose every position is sampled; the decode call is then
+   (B, 1 + longest draft), shorter rows padded (paged.py rule 4). Position
+   j's sample is checked against d(j+1): `StepResult.read` keeps the tokens
+   up to the first mismatch, so a verify row yields its accepted drafts plus
+   the token after them (greedy: exactly what k + 1 plain steps would give).
 5. `mx.async_eval` of the tokens and the KV pools; `StepResult.read()`
    blocks until the host has the values.
 
@@ -29,15 +36,16 @@ attention, SwiGLU and RoPE and matmuls split over one MLX stream per core
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from ..backend import ForwardScope
-from .kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
-from .sampling import RowSampler, SampleOutput, sample
+from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
+from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .types import TopLogprob
 
@@ -49,21 +57,61 @@ class RowResult:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[TopLogprob] | None = None
+    num_drafted: int = 0  # a verify row's draft length; `following` are its accepted
+    following: list[RowResult] = field(default_factory=list)  # tokens after token_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [self.token_id, *(r.token_id for r in self.following)]
 
 
 class StepResult:
     """The lazy outputs of one dispatched step."""
 
     def __init__(self, seq_ids: list[int], out: SampleOutput | None, samplers: Sequence[RowSampler],
-                 has_first_tokens: bool = False) -> None:
+                 has_first_tokens: bool = False, drafts: Sequence[list[int]] | None = None,
+                 num_positions: int = 0) -> None:
         self.seq_ids = seq_ids
         self.has_first_tokens = has_first_tokens  # a final prefill chunk sampled here
         self._out = out
         self._want_top = [s.params.top_logprobs for s in samplers]
         self._want_lp = [s.params.logprobs for s in samplers]
+        self._drafts = list(drafts) if drafts is not None else [[] for _ in seq_ids]
+        self.has_drafts = any(self._drafts)
+        self.num_positions = num_positions  # decode-only step: rows x width (else 0)
+        self.started_s = time.perf_counter()
+        self.elapsed_s = 0.0
+
+    @property
+    def must_read(self) -> bool:
+        """Read back before the next step is planned (first tokens, or verify rows)."""
+        return self.has_first_tokens or self.has_drafts
+
+    def wait(self) -> None:
+        """Block until the step's tokens are computed (without reading them back)."""
+        if self._out is not None:
+            mx.eval(*self._out.arrays())
 
     def read(self) -> list[RowResult]:
-        """Block until the step's tokens are on the host."""
+        """Block until the step's tokens are on the host; one result per sampled row."""
+        flat = self._read_positions()
+        self.elapsed_s = time.perf_counter() - self.started_s
+        if not self.has_drafts:
+            return flat
+        results, at = [], 0
+        for draft in self._drafts:
+            kept = [flat[at]]
+            for j, token in enumerate(draft):  # position j checked d(j+1)
+                if flat[at + j].token_id != token:
+                    break
+                kept.append(flat[at + j + 1])
+            head = kept[0]
+            head.num_drafted, head.following = len(draft), kept[1:]
+            results.append(head)
+            at += len(draft) + 1
+        return results
+
+    def _read_positions(self) -> list[RowResult]:
         if self._out is None:
             return []
         out = self._out
@@ -96,15 +144,40 @@ class Runner:
         self._forward = forward
         self._device_masks = device_masks
         self._split = _split_head(model)
+        self._grouped_mask = groups_queries_per_kv_head(model)  # kv/paged.py rule 5
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
         """Dispatch one step (asynchronously); see the module docstring."""
+        started_s = time.perf_counter()
+        parts = self.forward(plan)
+        seq_ids = plan.sample_seq_ids
+        drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
+        if not parts:
+            mx.async_eval(self.store.arrays())
+            return StepResult([], None, [])
+        rows, index = self._position_samplers(seq_ids, drafts, samplers)
+        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        out = sample(logits, rows, device_masks=self._device_masks)
+        self._prev_tokens = out.tokens
+        self._prev_index = index
+        mx.async_eval(*out.arrays(), *self.store.arrays())
+        positions = 0 if plan.prefill else len(plan.decode) * plan.width
+        result = StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill),
+                            [drafts.get(s, []) for s in seq_ids], positions)
+        result.started_s = started_s
+        return result
+
+    def forward(self, plan: SchedulerOutput) -> list[mx.array]:
+        """Steps 1-3: the logits to sample from (decode rows, then final chunks' rows).
+
+        A distributed follower (follower.py) runs this alone: the same forwards,
+        hence the same all-reduces in the same order as rank 0, without sampling."""
         self.store.copy_blocks(plan.copies)
         parts: list[mx.array] = []
         if plan.decode:
-            parts.append(self._decode(plan.decode))
+            parts.append(self._decode(plan.decode, plan.width))
             if plan.prefill:
                 # Dispatch decode first: its gathers must run before the prefill's
                 # scatters reach the same pools, or those scatters copy (paged.py rule 1).
@@ -113,30 +186,53 @@ class Runner:
             final = self._prefill(plan.prefill)
             if final is not None:
                 parts.append(final)
-        seq_ids = plan.sample_seq_ids
-        rows = [samplers[s] for s in seq_ids]
-        if not parts:
-            mx.async_eval(self.store.arrays())
-            return StepResult([], None, [])
-        logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        out = sample(logits, rows, device_masks=self._device_masks)
-        self._prev_tokens = out.tokens
-        self._prev_index = {s: i for i, s in enumerate(seq_ids)}
-        mx.async_eval(*out.arrays(), *self.store.arrays())
-        return StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill))
+        return parts
+
+    @staticmethod
+    def _position_samplers(seq_ids: list[int], drafts: dict[int, list[int]],
+                           samplers: dict[int, RowSampler]
+                           ) -> tuple[list[RowSampler], dict[int, int]]:
+        """One sampler per sampled position (a verify row has 1 + k), and where each
+        plain row's token sits (the next step's input)."""
+        rows: list[RowSampler] = []
+        index: dict[int, int] = {}
+        for seq_id in seq_ids:
+            draft = drafts.get(seq_id)
+            if draft:
+                rows += draft_samplers(samplers[seq_id], draft)
+            else:
+                index[seq_id] = len(rows)
+                rows.append(samplers[seq_id])
+        return rows, index
+
+    def _caches(self, layout: BatchLayout) -> list[Any]:
+        return make_layer_caches(self.store, layout, self._grouped_mask)
 
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""
         self._prev_tokens = None
         self._prev_index = {}
 
-    def _decode(self, rows: list[DecodeRow]) -> mx.array:
-        layout = BatchLayout([RowSpan(r.position, 1, r.block_table) for r in rows],
+    def _decode(self, rows: list[DecodeRow], width: int = 1) -> mx.array:
+        """Logits of every sampled position: one per row, 1 + k for a verify row."""
+        layout = BatchLayout([RowSpan(r.position, 1 + len(r.draft), r.block_table) for r in rows],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        inputs = self._decode_inputs(rows)
+        inputs = self._decode_inputs(rows)[:, None]
+        caches = self._caches(layout)
+        if width == 1:
+            with self._forward():
+                logits = self.model(inputs, cache=caches)
+            return logits[:, -1, :]
+        drafts = np.zeros((len(rows), width - 1), dtype=np.int32)
+        for i, r in enumerate(rows):
+            drafts[i, :len(r.draft)] = r.draft
+        x = mx.concatenate([inputs, mx.array(drafts)], axis=1)
+        finals = [(i, len(r.draft), 1) for i, r in enumerate(rows)]
         with self._forward():
-            logits = self.model(inputs[:, None], cache=make_layer_caches(self.store, layout))
-        return logits[:, -1, :]
+            if self._split is not None:
+                body, head = self._split
+                return head(_pick_all(body(x, caches), finals))
+            return _pick_all(self.model(x, cache=caches), finals)
 
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
         if all(r.token_id is not None for r in rows):
@@ -167,7 +263,7 @@ class Runner:
             inputs[i, :len(c.token_ids)] = c.token_ids
         layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        caches = make_layer_caches(self.store, layout)
+        caches = self._caches(layout)
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
@@ -184,6 +280,13 @@ def _pick(values: mx.array, finals: list[tuple[int, int, int]]) -> mx.array:
     """values[(row, pos)] for each final chunk, repeated once per sampled row."""
     rows = [r for r, _, n in finals for _ in range(n)]
     cols = [c for _, c, n in finals for _ in range(n)]
+    return values[mx.array(rows), mx.array(cols)]
+
+
+def _pick_all(values: mx.array, spans: list[tuple[int, int, int]]) -> mx.array:
+    """values[(row, 0..last)] for each (row, last, _) span, in order: verify positions."""
+    rows = [r for r, last, _ in spans for _ in range(last + 1)]
+    cols = [c for _, last, _ in spans for c in range(last + 1)]
     return values[mx.array(rows), mx.array(cols)]
 
 

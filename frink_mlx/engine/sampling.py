@@ -19,6 +19,17 @@ Rules, in the order they apply (mlx-lm's order):
    with a key derived from (seed, step): the same seed gives the same
    tokens, independent of what else shares the batch. Rows without a seed
    get a random one at admission.
+4. Verify positions (speculation, engine/spec.py): a verify row's 1 + k
+   positions are each a `RowSampler` of their own (`draft_samplers`): the
+   row's history and grammar advanced over the drafts before it, draw number
+   `step + j`. The draw number is the row's output position, not a count of
+   steps, and a draw is Gumbel-max (`mx.random.categorical`), so position j
+   draws exactly the token a plain step would have drawn there. The caller
+   keeps draft d(j+1) iff that draw equals it: with probability p(d), and a
+   rejection yields the draw itself, distributed as the residual (p without
+   d, renormalised). That is the standard speculative-sampling rule for a
+   point-mass draft, so outputs follow the target distribution, and a seeded
+   row gives the same tokens with speculation on or off.
 """
 
 from __future__ import annotations
@@ -87,6 +98,37 @@ def splitmix64(x: int) -> int:
 def step_key(seed: int, step: int) -> mx.array:
     """The PRNG key of draw number `step` of a row seeded with `seed` (rule 3)."""
     return mx.random.key(splitmix64(splitmix64(seed & _MASK64) ^ step) >> 1)
+
+
+@dataclass(slots=True)
+class FixedMask:
+    """A verify position's grammar mask, computed ahead (constraints.py rule 6)."""
+
+    mask: np.ndarray | None
+    error: str | None = None
+
+    def allowed_mask(self) -> np.ndarray | None:
+        return self.mask
+
+    def accept(self, token_id: int) -> bool:
+        return True
+
+    def is_done(self) -> bool:
+        return False
+
+
+def draft_samplers(row: RowSampler, draft: list[int]) -> list[RowSampler]:
+    """The samplers of a verify row's 1 + len(draft) positions (rule 4). The row's own
+    draw number moves on by the tokens it keeps (`advance`), once they are known."""
+    c = row.constraint
+    along = getattr(c, "masks_along", None)
+    masks = along(draft) if along is not None else [None] * (len(draft) + 1)
+    p = row.params
+    penalised = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 \
+        or p.frequency_penalty != 0.0
+    return [RowSampler(p, row.seed, FixedMask(masks[j]) if c is not None else None,
+                       row.history + draft[:j] if penalised else [], row.step + j)
+            for j in range(len(draft) + 1)]
 
 
 def sample(logits: mx.array, rows: Sequence[RowSampler], *,
@@ -176,3 +218,4 @@ def _draw(logprobs: mx.array, rows: Sequence[RowSampler]) -> mx.array:
     parts = [picks[i].astype(mx.int32).reshape(1) if i in picks else greedy[i:i + 1]
              for i in range(len(rows))]
     return mx.concatenate(parts)
+

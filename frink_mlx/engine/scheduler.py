@@ -25,10 +25,9 @@ Rules:
    decodes nothing has no stream to stall: it may spend `idle_prefill_tokens`
    (a burst of new prompts, or one long prompt, then runs in fewer, larger
    steps; each step streams every weight once, whatever its token count) --
-   unless `contended` (another resident model's engine shares the decode
-   gate, engine/gate.py rule 5): then the other engine's streams are the ones
-   a large step would stall, and every chunk is cut to `shared_prefill_tokens`
-   (one chunk is what those streams wait between two of their steps).
+   unless `contended` (another model's engine shares the gate, engine/gate.py
+   rule 5): its streams wait one chunk per step, so chunks are cut to
+   `shared_prefill_tokens`.
 3. Decode needs one new slot per row per step; when the pool is out of
    blocks, the newest running seq is preempted (blocks freed, requeued at the
    head of the waiting queue, recomputed later from its prompt + outputs,
@@ -40,6 +39,10 @@ Rules:
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
+5b. Speculation (spec.py, `spec` set): after step 1's reservations a decode
+   row whose last token is on the host may draft k tokens and reserve k more
+   slots (never preempting for them); `update_rows` takes the accepted drafts
+   plus one token, and rolls the row's positions and slots back to them.
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
@@ -55,6 +58,7 @@ from typing import Iterable
 from .kv.hashing import make_extra_key
 from .kv.manager import KVCacheManager
 from .plan import DecodeRow, Finished, Group, PrefillChunk, SchedulerOutput, Seq
+from .spec import SpecConfig, Speculator
 from .types import EngineFinish, SeqRequest
 
 __all__ = ["DecodeRow", "Finished", "Group", "PrefillChunk", "Scheduler", "SchedulerOutput", "Seq"]
@@ -71,6 +75,7 @@ class Scheduler:
         one_request_at_a_time: bool = False,
         idle_prefill_tokens: int | None = None,
         shared_prefill_tokens: int | None = None,
+        spec: SpecConfig | None = None,
     ) -> None:
         if max_batch < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
@@ -93,12 +98,15 @@ class Scheduler:
         self.num_preemptions = 0
         self.blocked_since_s: float | None = None  # see _track_shortage
         self._head_short = False
+        self.speculator = Speculator(spec, kv) if spec is not None else None
 
     # -- requests in and out ----------------------------------------------------
 
     def add(self, request: SeqRequest, now_s: float | None = None) -> Group:
+        spec = self.speculator
         group = Group(request, make_extra_key(self.generation, request.cache_salt),
-                      time.monotonic() if now_s is None else now_s)
+                      time.monotonic() if now_s is None else now_s,
+                      speculative=request.speculative and spec is not None)
         for index in range(request.n if request.n > 1 else 1):
             seq = Seq(self._new_id(), group, index, list(request.prompt_ids),
                       len(request.prompt_ids), request.max_tokens)
@@ -224,6 +232,8 @@ class Scheduler:
             out.decode.append(DecodeRow(seq.seq_id, position, [], token))
             seq.num_computed += 1
             seq.num_scheduled_outputs += 1
+        if self.speculator is not None:
+            self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
             row.block_table = self.kv.block_table(row.seq_id)
 
@@ -253,7 +263,7 @@ class Scheduler:
         seq.num_computed = seq.prefill_target = 0
         seq.num_scheduled_outputs = seq.num_outputs
         solo = Group(group.request, group.extra_key, group.arrival_s, [seq],
-                     group.num_cached_tokens, activated=True)
+                     group.num_cached_tokens, activated=True, speculative=group.speculative)
         seq.group = solo
         self.waiting.appendleft(solo)
 
@@ -349,29 +359,51 @@ class Scheduler:
 
     def update(self, seq_ids: list[int], token_ids: list[int],
                stop_reasons: dict[int, EngineFinish] | None = None) -> list[Finished]:
-        """Record the tokens one step sampled; returns the rows that finished.
+        """Record the one token each row of a step sampled; see `update_rows`."""
+        return self.update_rows(seq_ids, [[t] for t in token_ids], stop_reasons)
 
-        Rows no longer live (aborted, finished or preempted meanwhile) are skipped.
-        A row finishes on a stop token ("eos"), its max_tokens ("length"), or a
-        reason the engine supplies (constraint verdicts).
+    def update_rows(self, seq_ids: list[int], tokens: list[list[int]],
+                    stop_reasons: dict[int, EngineFinish] | None = None) -> list[Finished]:
+        """Record the tokens one step produced per row; returns the rows that finished.
+
+        A row's tokens are one sampled token, or for a verify row (rule 5b) its
+        accepted drafts and the token after them. Rows no longer live (aborted,
+        finished or preempted meanwhile) are skipped. A row finishes on a stop
+        token ("eos", later tokens dropped), its max_tokens ("length"), or a
+        reason the engine supplies for its last token (constraint verdicts).
         """
         done: list[Finished] = []
-        for seq_id, token in zip(seq_ids, token_ids):
+        for seq_id, row_tokens in zip(seq_ids, tokens):
             seq = self.seqs.get(seq_id)
             if seq is None or seq.num_pending == 0:
                 continue
             seq.num_pending -= 1
-            seq.token_ids.append(token)
+            num_kept = self._append(seq, row_tokens)
+            given = (stop_reasons or {}).get(seq_id)  # it belongs to the last token
+            reason = given if given is not None and num_kept == len(row_tokens) \
+                else self._end_reason(seq)
+            if seq.num_drafted and self.speculator is not None:
+                self.speculator.settle(seq, len(row_tokens) - 1)
             self._publish(seq)
-            reason = (stop_reasons or {}).get(seq_id)
-            if reason is None and token in seq.group.request.stop_token_ids:
-                reason = "eos"
-            if reason is None and seq.num_outputs >= seq.max_tokens and not seq.num_pending:
-                reason = "length"
             if reason is not None:
                 self._drop_waiting(seq)
                 done.append(self._finish(seq, reason))
         return done
+
+    def _append(self, seq: Seq, row_tokens: list[int]) -> int:
+        """Append a row's tokens up to the first that ends it; how many were appended."""
+        for num, token in enumerate(row_tokens, 1):
+            seq.token_ids.append(token)
+            if self._end_reason(seq) is not None:
+                return num
+        return len(row_tokens)
+
+    def _end_reason(self, seq: Seq) -> EngineFinish | None:
+        if seq.num_outputs and seq.token_ids[-1] in seq.group.request.stop_token_ids:
+            return "eos"
+        if seq.num_outputs >= seq.max_tokens and not seq.num_pending:
+            return "length"
+        return None
 
     def _publish(self, seq: Seq) -> None:
         if seq.seq_id not in self.kv or seq.in_prefill:

@@ -54,6 +54,7 @@ class SeqRequest:
     cache_salt: str | None = None
     constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
     priority: int = 0
+    speculative: bool = True  # rows may draft and verify (engine/spec.py); False opts out
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class StepOutput:
 
     The first output of each row carries `num_prompt_tokens` and
     `num_cached_tokens` (prefix-cache hit, a multiple of the block size).
+    A verify step (speculation) yields several outputs of one row at once.
     When `finish` is set, `token_id` may be None (e.g. abort, error).
     """
 
@@ -79,6 +81,10 @@ class StepOutput:
     error: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    # Speculation (engine/spec.py): set on the first output of a row's step when the
+    # row may speculate; tokens it drafted for that step and how many were accepted.
+    num_drafted: int | None = None
+    num_draft_accepted: int | None = None
 
 
 @dataclass(slots=True)
@@ -96,4 +102,6 @@ class EngineStats:
     generated_tokens_total: int = 0
     context_ceiling: int = 0
     steps_total: int = 0
+    draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec.py)
+    draft_accepted_tokens_total: int = 0  # ... and accepted by verification
     extra: dict[str, float] = field(default_factory=dict)

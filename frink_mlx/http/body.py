@@ -7,6 +7,8 @@ Rules:
 3. JSON of the wrong shape -> 400 `InvalidRequest` whose `param` is the field's
    path as msgspec reports it, without the leading `$.` (e.g. `max_tokens`,
    `messages[0].content`); the message keeps msgspec's full explanation.
+4. Keys the struct does not declare are reported (x-frink-ignored-fields) or,
+   under --strict-fields, refused by name: http/fields.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import msgspec
 from starlette.requests import Request
 
 from ..errors import InvalidRequest, PayloadTooLarge
+from .fields import check_unknown
 
 T = TypeVar("T")
 
@@ -69,5 +72,8 @@ def decode_struct(data: bytes, struct_type: type[T]) -> T:
 
 
 async def decode_body(request: Request, struct_type: type[T]) -> T:
-    """Read, size-check and decode the body of `request` into `struct_type`."""
-    return decode_struct(await read_body(request), struct_type)
+    """Read, size-check and decode the body of `request` into `struct_type` (rules 1-4)."""
+    data = await read_body(request)
+    body = decode_struct(data, struct_type)
+    check_unknown(request, data, struct_type)
+    return body

@@ -16,7 +16,10 @@ that turns them into responses, so every route answers the same way:
 Envelopes:
     OpenAI     {"error": {"message", "type", "param", "code"}}
     Anthropic  {"type": "error", "error": {"type", "message"}}
-    llama.cpp  {"error": {"code": <status>, "message", "type"}}
+    llama.cpp  {"error": {"code": <status>, "message", "type"}} with llama-server's types by
+               status (invalid_request_error, authentication_error, permission_error,
+               not_found_error, not_supported_error, unavailable_error, server_error); a
+               context overflow is `exceed_context_size_error` with `n_prompt_tokens`, `n_ctx`
     Ollama     {"error": "<message>"}
 """
 
@@ -30,7 +33,7 @@ from typing import Any, Awaitable, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from ..errors import FrinkError
+from ..errors import ContextLengthExceeded, FrinkError
 from .access import CLIENT_CLOSED
 from .sse import ClientDisconnected
 
@@ -63,8 +66,20 @@ def anthropic_error(exc: FrinkError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 
+_LLAMACPP_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error",
+}
+
+
 def llamacpp_error(exc: FrinkError) -> JSONResponse:
-    body = {"error": {"code": exc.status, "message": exc.message, "type": exc.type}}
+    kind = _LLAMACPP_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500
+                               else "server_error")
+    error: dict[str, Any] = {"code": exc.status, "message": exc.message, "type": kind}
+    if isinstance(exc, ContextLengthExceeded):
+        error.update(type="exceed_context_size_error", n_prompt_tokens=exc.num_tokens,
+                     n_ctx=exc.limit)
+    body = {"error": error}
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 

@@ -74,10 +74,10 @@ from ..settings import Settings
 from .access import AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
 
-OPEN_PATHS = frozenset({"/health", "/"})           # no key needed
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/"})  # no key needed
 OPEN_PREFIXES = ("/ui/",)                           # the page's static assets (no data)
 # cheap; must answer during a flood
-UNBOUNDED_PATHS = frozenset({"/health", "/metrics", "/admin/status", "/"})
+UNBOUNDED_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/admin/status", "/"})
 # llama.cpp's native routes answer in its envelope; /v1/messages* in Anthropic's.
 LLAMACPP_PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/infill", "/embedding",
@@ -86,7 +86,8 @@ LLAMACPP_PATHS = frozenset({
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 KEY_FILE_NAME = "api_key"
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-CORS_EXPOSE = "request-id, x-request-id, retry-after, frink-max-tokens, frink-max-tokens-requested"
+CORS_EXPOSE = ("request-id, x-request-id, retry-after, frink-max-tokens, "
+               "frink-max-tokens-requested, x-frink-ignored-fields")
 CORS_MAX_AGE_S = 600
 _TOKEN_LIST = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+(\s*,\s*[A-Za-z0-9!#$%&'*+.^_`|~-]+)*$")
 

@@ -1,20 +1,31 @@
 """Registry entry -> a loaded, warmed-up model (`load_model`).
 
-Why: every source kind (MLX checkpoint dir, GGUF file, pip-package resource)
-must end as the same `LoadedModel`, and one choice depends on the device:
+Why: every source kind (MLX checkpoint dir, GGUF file, pip-package resource,
+Hugging Face repo, Ollama store) must end as the same `LoadedModel`, and one
+choice depends on the device:
 MLX's CPU quantized matmul runs at ~1 GFLOP/s while float32 goes through
 BLAS, so the CPU backend dequantizes quantized weights to float32 when memory
 allows (the backend answers: backend/cpu/backend.py rule 2).
 
 Rules:
-1. `package:` sources resolve through `registry.resolve_source`; a `.gguf` source
-   is imported first (cached by content hash, see models/gguf/).
+1. Sources resolve in sources.py (cache, download, GGUF import: models/gguf/).
+   Defaults a source brings (an Ollama params layer) fill what the registry
+   entry leaves unset; the merged spec is `LoadedModel.spec`. Its stop
+   strings that are one token become EOS ids; longer ones are logged as not
+   applied.
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
    replaces the checkpoint's template.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
    when set (True forces, even past the memory check). Unset means the
    backend decides (`Backend.dequantize_by_default`): Metal never, the CPU
-   backend when the float32 weights fit in its share of physical RAM.
+   backend when the float32 weights fit in its share of physical RAM. Every
+   quantization mode MLX has (affine 2-8 bits, mxfp4, mxfp8, nvfp4)
+   dequantizes straight to float32: mlx-lm's own `dequantize_model` leaves
+   fp4/fp8 modes in bfloat16 (their scales are not floats, so `set_dtype`
+   cannot steer the output), whose matmuls are several times slower than
+   float32 on the CPU and drift. Half-precision float checkpoints (bfloat16,
+   float16, e.g. a BF16 GGUF) follow the same decision and are upcast to
+   float32 where the backend would dequantize.
 4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
    lazy weight materialisation and kernel set-up.
 5. `context_length` = the trained length (`max_position_embeddings`), capped
@@ -24,8 +35,15 @@ Rules:
    `generation_config.json` (temperature, top_p, top_k, min_p,
    repetition_penalty -- the fields vLLM's `generation_config="auto"` takes;
    `do_sample` is not read, as there) fill what the registry's `[sampling]`
-   leaves unset; the merged spec is `LoadedModel.spec`. A file with values
-   out of range is logged and ignored, never half-applied.
+   and then the source (rule 1) leave unset; the merged spec is
+   `LoadedModel.spec`. A file with values out of range is logged and
+   ignored, never half-applied.
+8. Each phase (download, convert, load, dequantize, warm-up) is reported to
+   `progress.current()` (log, CLI lines, the hub's /health entry).
+9. Distributed (`shard` given, backend/distributed.py): the model is split
+   for this rank after any dequantization, and the warm-up is skipped (its
+   forward would issue all-reduces no other rank expects). `parallel` says
+   how it was split ("tensor"), for /v1/models.
 
 This module is blocking; call it off the event loop.
 """
@@ -37,7 +55,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -46,9 +64,12 @@ import msgspec
 from ..backend import Backend
 from ..config import LoadConfig
 from ..errors import ModelFormatError
-from ..registry import ModelSpec, SamplingDefaults, resolve_source
+from ..registry import ModelSpec, SamplingDefaults
+from . import progress as progress_mod
 from .encoder import Encoder, load_encoder
-from .gguf import import_gguf
+from .sources import ResolvedSource, resolve
+
+log = logging.getLogger("frink_mlx.models")
 
 WARMUP_TOKENS = 4
 
@@ -65,6 +86,8 @@ class LoadedModel:
     dtype: mx.Dtype
     load_time_s: float
     encoder: Encoder | None = None
+    parallel: str | None = None   # rule 9: "tensor" when sharded over a group
+    num_ranks: int = 1
 
 
 log = logging.getLogger("frink_mlx.models")
@@ -98,39 +121,77 @@ def with_checkpoint_defaults(spec: ModelSpec, path: Path) -> ModelSpec:
 
 
 def checkpoint_path(spec: ModelSpec, config: LoadConfig) -> Path:
-    """The MLX checkpoint dir behind `spec`, importing a GGUF if needed (rule 1)."""
-    source = resolve_source(spec)
-    if source.is_file():
-        if source.suffix.lower() != ".gguf":
-            raise ModelFormatError(f"model {spec.name!r}: {source} is neither a dir nor a .gguf file")
-        return import_gguf(source, config.cache_dir)
-    if not (source / "config.json").is_file():
-        raise ModelFormatError(f"model {spec.name!r}: {source} has no config.json")
-    return source
+    """The MLX checkpoint dir behind `spec`, fetched or imported if needed (rule 1)."""
+    return resolve(spec, config).checkpoint
 
 
-def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend) -> LoadedModel:
+def with_source_defaults(spec: ModelSpec, source: ResolvedSource) -> ModelSpec:
+    """Rule 1: the source's defaults under the registry entry's own values."""
+    changes: dict[str, Any] = {}
+    if source.sampling is not None:
+        mine = spec.sampling or source.sampling
+        merged = {f: getattr(mine, f) if getattr(mine, f) is not None else getattr(source.sampling, f)
+                  for f in source.sampling.__struct_fields__}
+        changes["sampling"] = type(source.sampling)(**merged)
+    if source.context_length and spec.context_length is None:
+        changes["context_length"] = source.context_length
+    return msgspec.structs.replace(spec, **changes) if changes else spec
+
+
+def load_model(spec: ModelSpec, config: LoadConfig, backend: Backend, *,
+               shard: Callable[[nn.Module], tuple[str, int]] | None = None) -> LoadedModel:
+    """`shard(model) -> (kind, num_ranks)` splits the model for this rank (rule 9)."""
+    with progress_mod.ensure(spec.name) as progress:  # rule 8
+        return _load(spec, config, backend, progress, shard)
+
+
+def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
+          progress: progress_mod.Progress,
+          shard: Callable[[nn.Module], tuple[str, int]] | None) -> LoadedModel:
     started = time.perf_counter()
-    path = checkpoint_path(spec, config)
+    source = resolve(spec, config)
+    spec, path = with_source_defaults(spec, source), source.checkpoint
+    progress.phase("load", source.origin)
     if spec.kind == "encoder":
         return _load_encoder(spec, config, path, started, backend)
     spec = with_checkpoint_defaults(spec, path)
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
+    log.info("loading %s from %s", spec.name, path)
     try:
         model, tokenizer, model_config = cast(Any, mlx_lm.load(
             str(path), tokenizer_config=tokenizer_config, return_config=True))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
+    _add_stop_tokens(spec, tokenizer, source.stop)
     if should_dequantize(model, spec, config, backend):
+        progress.phase("dequantize", "to float32")
         dequantize_to_float32(model)
-    _warm_up(model, tokenizer)
+    parallel, num_ranks = shard(model) if shard is not None else (None, 1)
+    if shard is None:
+        progress.phase("warm-up")
+        _warm_up(model, tokenizer)
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
+        parallel=parallel, num_ranks=num_ranks,
     )
+
+
+def _add_stop_tokens(spec: ModelSpec, tokenizer: Any, stops: tuple[str, ...]) -> None:
+    """Rule 1: one-token stop strings join the EOS ids."""
+    skipped = []
+    for stop in stops:
+        ids = tokenizer.encode(stop, add_special_tokens=False)
+        if len(ids) == 1:
+            tokenizer.add_eos_token(ids[0])
+        else:
+            skipped.append(stop)
+    if skipped:
+        log.warning("model %s: stop strings %s from its source are not single tokens; not applied",
+                    spec.name, skipped)
 
 
 def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: float,
@@ -173,10 +234,15 @@ def _is_quantized(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
+def _is_half(model: nn.Module) -> bool:
+    """Float weights narrower than float32 (bfloat16, float16)."""
+    return _compute_dtype(model) in (mx.bfloat16, mx.float16)
+
+
 def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
                       backend: Backend) -> bool:
-    """Rule 3."""
-    if not _is_quantized(model):
+    """Rule 3 (half-precision float weights count as narrow as quantized ones)."""
+    if not _is_quantized(model) and not _is_half(model):
         return False
     choice = config.dequantize if config.dequantize is not None else spec.dequantize
     if choice is not None:
@@ -185,11 +251,34 @@ def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
 
 
 def dequantize_to_float32(model: nn.Module) -> None:
-    """Replace QuantizedLinear/QuantizedEmbedding with float32 Linear/Embedding in place."""
-    from mlx_lm.utils import dequantize_model
+    """Replace every quantized layer (Linear, Embedding, MoE SwitchLinear) with its float32
+    twin in place, whatever the mode (rule 3)."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
-    model.set_dtype(mx.float32)  # scales/biases first: fp32 dequantize is ~2x faster on CPU
-    dequantize_model(model)
+    model.set_dtype(mx.float32)  # affine scales/biases first: fp32 dequantize is ~2x faster on CPU
+    twins: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            cls: type = nn.Linear
+        elif isinstance(module, nn.QuantizedEmbedding):
+            cls = nn.Embedding
+        elif isinstance(module, QuantizedSwitchLinear):
+            cls = SwitchLinear
+        else:
+            continue
+        weight = mx.dequantize(module["weight"], module["scales"], module.get("biases"),
+                               group_size=module.group_size, bits=module.bits,
+                               mode=module.mode, dtype=mx.float32)
+        has_bias = "bias" in module
+        twin = nn.Embedding(*weight.shape) if cls is nn.Embedding else \
+            cls(*weight.shape[::-1], bias=has_bias)
+        twin.weight = weight
+        if has_bias:
+            twin.bias = module["bias"].astype(mx.float32)
+        twins.append((name, twin))
+    if twins:
+        model.update_modules(tree_unflatten(twins))
     mx.eval(model.parameters())
 
 

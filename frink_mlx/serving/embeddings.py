@@ -104,6 +104,7 @@ async def embed(
     *, truncate: bool = False, dimensions: int | None = None,
 ) -> EmbedResult:
     """Lease the generation serving `name`, embed `inputs` in a worker thread."""
+    name = registry.route(name)  # registry rule 8: unknown names -> "default"
     resident = next((g for g in reversed(hub.resident) if serves(g, name, registry)), None)
     if resident is not None:  # a resident side-car or encoder: no load (hub rule 1)
         lease = await hub.acquire(resident.spec.name)  # no await before the lease: no race

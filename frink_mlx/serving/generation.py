@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
+from ..engine.spec import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.encoder import Encoder
 from ..models.loader import LoadedModel, load_model
@@ -63,12 +64,19 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
                      backend: Backend) -> Generation:
     """Load `spec` and start its engine on `backend` (the production factory)."""
     loaded = load_model(spec, config.load, backend)
-    spec = loaded.spec  # with the checkpoint's sampling defaults (loader rule 7)
+    spec = loaded.spec  # with the source's and the checkpoint's defaults (loader rules 1, 7)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
     plan = plan_kv(loaded, config.budget, backend.memory_budget())
+    engine = Engine(loaded, engine_config(config, plan, number), gate, backend)  # type: ignore[arg-type]
+    engine.start()
+    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+
+
+def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
+    """The engine's config for generation `number`, from the hub's limits and the KV plan."""
     limits = config.engine
-    engine_config = EngineConfig(
+    return EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
         prefill_chunk_tokens=limits.prefill_chunk_tokens, batching=limits.batching,
         context_ceiling=plan.context_ceiling, max_queue=limits.max_queue,
@@ -76,10 +84,10 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         idle_prefill_tokens=limits.idle_prefill_tokens,
         shared_prefill_tokens=limits.shared_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
-        pipeline=limits.pipeline)
-    engine = Engine(loaded, engine_config, gate, backend)  # type: ignore[arg-type]
-    engine.start()
-    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+        pipeline=limits.pipeline,
+        spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
+                        max_rows=limits.spec_max_rows)
+        if limits.speculative else None)
 
 
 def free_generation(gen: Generation, timeout_s: float) -> None:

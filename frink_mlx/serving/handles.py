@@ -251,7 +251,7 @@ class DecodeHandles:
             max_tokens=prepared.max_tokens,
             stop_token_ids=frozenset() if request.ignore_eos else self.eos_ids,
             n=request.n, cache_prompt=request.cache_prompt, cache_salt=request.cache_salt,
-            constraints=constraints)
+            constraints=constraints, speculative=request.speculative)
         pipeline = OutputPipeline(request, prepared.markup, self.text,
                                   prompt_tokens=len(rendered.ids), eos_ids=self.eos_ids)
         if memory is not None and request.messages is not None:
@@ -330,6 +330,10 @@ class Run:
     @property
     def n(self) -> int:
         return self._pipeline.request.n
+
+    def output_ids(self, index: int = 0) -> list[int]:
+        """The ids choice `index` has generated so far (EOS included once generated)."""
+        return list(self._pipeline.choices[index].ids)
 
     @property
     def handles(self) -> DecodeHandles:

@@ -28,7 +28,9 @@ Rules:
 3. Loads run in a worker thread. An admin load while another load runs is
    Conflict 409. A failed load keeps the resident set serving (minus what was
    evicted to make room) and is kept in `last_error`. While one runs,
-   `load_progress` says how far it is and the log gets a line every
+   `load_progress` (a models.progress.Progress the worker reports into:
+   phase, bytes of a download or GGUF import) says how far it is (/health,
+   /admin/models and /admin/status show it) and the log gets a line every
    LOAD_LOG_INTERVAL_S.
 4. A retired generation's engine is shut down and memory released when its
    last lease ends. Nothing in flight migrates. Memory goes back to the OS
@@ -58,6 +60,7 @@ from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
+from ..models.progress import Progress
 from ..registry import ModelSpec, Registry
 from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
 from .residency import Residency
@@ -79,33 +82,12 @@ LOAD_LOG_INTERVAL_S = 5.0
 DRAIN_RETRY_AFTER_S = 5.0
 
 
-class LoadProgress:
-    """Rule 3: how far the running load is. `snapshot()` is what /health reports; a
-    loader that can count bytes or name phases may report into `phase()`."""
-
-    def __init__(self, model: str) -> None:
-        self.model, self.started = model, time.monotonic()
-        self.name, self.detail = "loading", ""
-
-    def phase(self, name: str, detail: str = "") -> None:
-        self.name, self.detail = name, detail
-        log.info("%s: %s %s", self.model, name, detail)
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"model": self.model, "phase": self.name, "detail": self.detail,
-                "elapsed_s": round(self.elapsed_s, 3)}
-
-
-async def _log_progress(progress: LoadProgress) -> None:
+async def _log_progress(progress: Progress) -> None:
     """Rule 3: a log line every LOAD_LOG_INTERVAL_S while a load runs."""
     log.info("loading %s", progress.model)
     while True:
         await asyncio.sleep(LOAD_LOG_INTERVAL_S)
-        log.info("still loading %s (%s, %.0f s)", progress.model, progress.name,
+        log.info("still loading %s (%s, %.0f s)", progress.model, progress.phase_name,
                  progress.elapsed_s)
 
 
@@ -134,7 +116,7 @@ class Hub:
         self.residency = Residency(memory_budget(config, backend), config.max_resident_models)
         self.loading: str | None = None
         self.loading_since: float | None = None  # time.monotonic() of the load's start
-        self.load_progress: LoadProgress | None = None
+        self.load_progress: Progress | None = None
         self.draining = False
         self.releasing = 0  # rule 4: freed generations whose memory is still being handed back
         self.last_error: dict[str, Any] | None = None
@@ -182,8 +164,9 @@ class Hub:
 
     # --- leases ----------------------------------------------------------------
     async def acquire(self, name: str | None) -> Lease:
-        """Lease the generation that serves `name` (rules 1-2, 7)."""
+        """Lease the generation that serves `name` (rules 1-2, 7; registry rule 8 first)."""
         self._refuse_while_draining()
+        name = self.registry.route(name)
         gen = self._resident_for(name)
         if gen is not None:
             return self._pin(gen)
@@ -318,11 +301,11 @@ class Hub:
         self.loading = spec.name
         try:
             await make_room(self, spec)
-            self.load_progress = progress = LoadProgress(spec.name)
+            self.load_progress = progress = Progress(spec.name, initial_phase="loading")
             ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
             try:
                 gen = await anyio.to_thread.run_sync(
-                    build_resident, self, spec, number, abandon_on_cancel=False)
+                    build_resident, self, spec, number, progress, abandon_on_cancel=False)
             finally:
                 ticker.cancel()
         except Exception as exc:  # rule 3: keep the others, remember why

@@ -11,7 +11,8 @@ Rules:
    `Backend.memory_budget()`) less `memory_headroom_fraction` of it: the same
    arithmetic as models/budget.py, so the resident set and each KV plan agree.
 2. `make_room` (called under the hub's load lock, before a load): refuse a
-   model that cannot fit alone (507); evict the LRU idle victims at once and
+   model that cannot fit alone (507; a factory with `shards` -- a distributed
+   group's, serving/distributed.py -- holds 1/shards of it per rank); evict the LRU idle victims at once and
    wait for their memory to be handed back; if no set of idle ones frees
    enough, poll every ROOM_POLL_S until leases end, for at most
    `evict_wait_s`, then 503 + Retry-After naming what holds the memory.
@@ -35,6 +36,7 @@ import msgspec
 from ..backend import Backend
 from ..config import HubConfig
 from ..errors import Unavailable
+from ..models.progress import Progress, reporting
 from ..registry import ModelSpec
 from .embeddings import attach_embedder
 from .generation import Generation, free_generation
@@ -109,7 +111,7 @@ def reap_interval_s(residency: Residency, config: HubConfig) -> float:
 async def make_room(hub: "Hub", spec: ModelSpec) -> None:
     """Rule 2: evict LRU idle generations until `spec` fits, or raise."""
     residency, config = hub.residency, hub.config
-    need = estimate_nbytes(spec, hub.registry)
+    need = estimate_nbytes(spec, hub.registry) // max(1, int(getattr(hub.factory, "shards", 1)))
     residency.check_fits_alone(spec, need)
     await _wait_min_lifetime(residency, config.min_generation_s)
     deadline = time.monotonic() + config.evict_wait_s
@@ -130,19 +132,20 @@ async def make_room(hub: "Hub", spec: ModelSpec) -> None:
         await hub.wait_freed()
 
 
-def build_resident(hub: "Hub", spec: ModelSpec, number: int) -> Generation:
+def build_resident(hub: "Hub", spec: ModelSpec, number: int, progress: Progress) -> Generation:
     """The hub's factory + the embedder serving /v1/embeddings (side-car, self or the
     encoder), its KV pool planned against what the resident models hold (residency.py
     rule 2). Blocking: the hub runs it in a worker thread."""
     config = hub.config
     budget = msgspec.structs.replace(config.budget, reserved_bytes=hub.residency.held_bytes())
-    gen = hub.factory(spec, msgspec.structs.replace(config, budget=budget), number, hub.gate,
-                      hub.backend)
-    try:
-        return attach_embedder(gen, hub.registry, config.load, hub.backend)
-    except BaseException:
-        free_generation(gen, config.drain_timeout_s)
-        raise
+    with reporting(progress):  # hub rule 3: the loaders report into it from this thread
+        gen = hub.factory(spec, msgspec.structs.replace(config, budget=budget), number, hub.gate,
+                          hub.backend)
+        try:
+            return attach_embedder(gen, hub.registry, config.load, hub.backend)
+        except BaseException:
+            free_generation(gen, config.drain_timeout_s)
+            raise
 
 
 def set_keep_alive(hub: "Hub", gen: Generation, keep_alive_s: float | None) -> None:

@@ -6,7 +6,9 @@ Registry: `tiny` -- the shared tiny llama on the real engine (real decoding);
 out as the markup a real model would write; `thinker` -- a copy with
 `<think>` tokens and a Qwen3-style template that opens the think block in the
 prompt, answering by `THINKER`; `coder` -- a copy with Qwen2.5-Coder's
-fill-in-the-middle tokens, always answering "a, b".
+fill-in-the-middle tokens, always answering "a, b"; `structured` -- a tools-aware
+copy answering `{"city": "Paris"}` (as a call of the first offered tool when
+tools are offered), by `STRUCTURED`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ def SCRIPT(prompt: str) -> str:
     return "Hello from the script."
 
 
+def STRUCTURED(prompt: str) -> str:
+    """Answers every request with {"city": "Paris"}: as a call of the first offered tool
+    when tools are offered (LangChain's function_calling), else as bare JSON."""
+    if "<tools>" in prompt:
+        name = prompt.split("<tools>", 1)[1].split('"name": "', 1)[1].split('"', 1)[0]
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {{"city": "Paris"}}}}\n</tool_call>'
+    return '{"city": "Paris"}'
+
+
 def THINKER(prompt: str) -> str:
     """A Qwen3-like model: continues a think block its prompt opened."""
     if prompt.rstrip().endswith("<think>"):
@@ -69,12 +80,14 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
     scripted = make_tiny_llama(root / "scripted", chat_template=TOOLS_TEMPLATE)
     thinker = add_think_tokens(make_tiny_llama(root / "thinker", chat_template=THINK_TEMPLATE))
     coder = add_tokens(make_tiny_llama(root / "coder"), FIM_TOKENS)
+    structured = make_tiny_llama(root / "structured", chat_template=TOOLS_TEMPLATE)
     path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker,
-                                    "coder": coder}, default="tiny")
+                                    "coder": coder, "structured": structured}, default="tiny")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                             cache_dir=str(root / "cache"))
+                             cache_dir=str(root / "cache"), fallback=False)
     app = create_app(settings, registry=load_registry(settings),
                      factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER,
+                                             "structured": STRUCTURED,
                                              "coder": lambda prompt: "a, b"},
                                             adapter_engines))
     server = start_server(app)

@@ -118,17 +118,18 @@ class ScriptedEngine:
         ids = list(self.tokenizer.encode(self.script(prompt), add_special_tokens=False))
         eos = sorted(seq.stop_token_ids)
         stream = _Stream()
-        for i, tok in enumerate(ids[: seq.max_tokens]):
-            last = i + 1 == seq.max_tokens
-            stream.queue.put_nowait(StepOutput(
-                0, tok, logprob=0.0, finish="length" if last else None,
-                num_prompt_tokens=len(seq.prompt_ids) if i == 0 else None,
-                num_cached_tokens=0 if i == 0 else None))
-        if len(ids) < seq.max_tokens:
-            stream.queue.put_nowait(StepOutput(
-                0, eos[0] if eos else None, finish="eos",
-                num_prompt_tokens=len(seq.prompt_ids) if not ids else None,
-                num_cached_tokens=0 if not ids else None))
+        for row in range(seq.n):  # every row says the same
+            for i, tok in enumerate(ids[: seq.max_tokens]):
+                last = i + 1 == seq.max_tokens
+                stream.queue.put_nowait(StepOutput(
+                    row, tok, logprob=0.0, finish="length" if last else None,
+                    num_prompt_tokens=len(seq.prompt_ids) if i == 0 else None,
+                    num_cached_tokens=0 if i == 0 else None))
+            if len(ids) < seq.max_tokens:
+                stream.queue.put_nowait(StepOutput(
+                    row, eos[0] if eos else None, finish="eos",
+                    num_prompt_tokens=len(seq.prompt_ids) if not ids else None,
+                    num_cached_tokens=0 if not ids else None))
         stream.queue.put_nowait(None)
         return stream
 

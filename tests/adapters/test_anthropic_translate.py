@@ -111,12 +111,19 @@ def test_count_tokens_request() -> None:
     ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
      "thinking.display"),
     ({"output_config": {"effort": "high"}}, "output_config.effort"),
-    ({"tools": [{"name": "t", "input_schema": {}, "strict": True}]}, "tools[0].strict"),
+    ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
 ])
 def test_unsupported_fields_refused_by_name(patch: dict, param: str) -> None:
     with pytest.raises(UnsupportedField) as err:
         to_gen_request(decode({**TOOL_ROUND_TRIP, **patch}))
     assert err.value.param == param and param in err.value.message
+
+
+def test_strict_tools_are_carried_to_the_grammar() -> None:
+    """Issue 23: strict tools are honoured (core/structured.py rule 6), not refused."""
+    gen = to_gen_request(decode({**TOOL_ROUND_TRIP, "tools": [
+        {"name": "t", "input_schema": {"type": "object"}, "strict": True}]}))
+    assert [t.strict for t in gen.tools] == [True]
 
 
 def test_unknown_and_bad_fields_name_the_field() -> None:

@@ -50,8 +50,8 @@ def req(**fields: Any) -> EmbeddingsRequest:
 def test_four_input_shapes() -> None:
     assert to_inputs(req(input="a")) == ["a"]
     assert to_inputs(req(input=["a", "b"])) == ["a", "b"]
-    assert to_inputs(req(input=[1, 2, 3])) == [[1, 2, 3]]
-    assert to_inputs(req(input=[[1, 2], [3]])) == [[1, 2], [3]]
+    assert to_inputs(req(input=[1, 2, 3], native_token_ids=True)) == [[1, 2, 3]]
+    assert to_inputs(req(input=[[1, 2], [3]], native_token_ids=True)) == [[1, 2], [3]]
 
 
 @pytest.mark.parametrize("value,param", [
@@ -125,7 +125,8 @@ def registry(default: str, chat: dict[str, Any], tiny: Path) -> Any:
 
 
 def settings(**kw: Any) -> Settings:
-    return Settings(embed_batch_size=4, min_generation_s=0.0, access_log=False, **kw)
+    return Settings(**{"embed_batch_size": 4, "min_generation_s": 0.0, "access_log": False,
+                       "fallback": False, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +179,22 @@ def test_token_id_inputs(encoder_server: LiveServer) -> None:
     client = encoder_server.client()
     by_text = client.embeddings.create(model="minilm", input="Hello world", encoding_format="float")
     ids = [101, 7592, 2088, 102]
-    one = client.embeddings.create(model="minilm", input=ids, encoding_format="float")
-    many = client.embeddings.create(model="minilm", input=[ids, ids[:3]], encoding_format="float")
+    native = {"native_token_ids": True}   # issue 23: token ids only when declared native
+    one = client.embeddings.create(model="minilm", input=ids, encoding_format="float",
+                                   extra_body=native)
+    many = client.embeddings.create(model="minilm", input=[ids, ids[:3]], encoding_format="float",
+                                    extra_body=native)
     assert cosine(one.data[0].embedding, by_text.data[0].embedding) > 0.99999
     assert len(many.data) == 2 and many.usage.prompt_tokens == 7
+
+
+def test_foreign_token_ids_are_refused(encoder_server: LiveServer) -> None:
+    """LangChain's OpenAIEmbeddings sends tiktoken ids ("hello world" = [15339, 1917])."""
+    client = encoder_server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model="minilm", input=[[15339, 1917]], encoding_format="float")
+    assert info.value.body["param"] == "input"
+    assert "native_token_ids" in info.value.body["message"]
 
 
 def test_too_long_input_is_refused_unless_truncate(encoder_server: LiveServer) -> None:

@@ -26,7 +26,8 @@ def test_bad_shapes_name_the_item(raw: Any, param: str) -> None:
     ("a", ["a"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1, 2], [3]], [[1, 2], [3]]),
 ])
 def test_the_four_shapes(raw: Any, expected: Any) -> None:
-    assert to_inputs(EmbeddingsRequest(input=raw)) == expected
+    # token ids count only when declared the model's own (issue 23)
+    assert to_inputs(EmbeddingsRequest(input=raw, native_token_ids=True)) == expected
 
 
 @pytest.mark.parametrize("body", [b'{"input":[true]}', b'{"input":[[1,"a"]]}',

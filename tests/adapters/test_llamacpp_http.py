@@ -12,7 +12,7 @@ LONG = ("The quick brown fox jumps over the lazy dog. What is the capital of Fra
         "The capital of France is Paris. def add(a, b): return a + b. ") * 3
 FINAL_KEYS = {"content", "stop", "model", "stop_type", "stopping_word", "tokens_predicted",
               "tokens_evaluated", "tokens_cached", "timings", "truncated", "id_slot", "index"}
-TIMING_KEYS = {"prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+TIMING_KEYS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
                "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
 
 
@@ -119,7 +119,7 @@ def test_errors_in_llamacpp_envelope(http: httpx.Client) -> None:
     assert resp.status_code == 400 and "mirostat" in resp.json()["error"]["message"]
     resp = http.post("/completion", json={"prompt": ["a", "b"]})
     assert resp.status_code == 400 and "prompt" in resp.json()["error"]["message"]
-    resp = http.post("/completion", json={"prompt": "x", "n_predict": 0})
+    resp = http.post("/completion", json={"prompt": "x", "n_predict": -2})
     assert resp.status_code == 400 and "n_predict" in resp.json()["error"]["message"]
     resp = http.post("/detokenize", json={"tokens": [10 ** 9]})
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"

@@ -52,13 +52,23 @@ def test_defaults_and_unbounded_n_predict() -> None:
 
 
 @pytest.mark.parametrize("patch,param", [
-    ({"n_probs": 3}, "n_probs"), ({"id_slot": 2}, "id_slot"),
+    ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
+    ({"post_sampling_probs": True}, "post_sampling_probs"),
     ({"logit_bias": [["Hello", 1.0]]}, "logit_bias[0]")])
 def test_refusals_by_name(patch: dict, param: str) -> None:
-    body = decode({"prompt": "x", **patch})
     with pytest.raises(UnsupportedField) as err:
-        to_gen_request(body, "x")
+        to_gen_request(decode({"prompt": "x", **patch}), "x")
     assert err.value.param == param
+
+
+def test_plugin_fields_are_accepted() -> None:
+    """llama.vim's FIM request (issue 23): n_probs honoured, the rest accepted."""
+    body = decode({"prompt": "x", "n_probs": 3, "id_slot": 2, "n_indent": 4, "samplers": ["top_k"],
+                   "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "cache_prompt": True,
+                   "response_fields": ["content", "timings/prompt_n"], "n_predict": 0})
+    gen = to_gen_request(body, "x")
+    assert gen.sampling.logprobs and gen.sampling.top_logprobs == 3
+    assert gen.max_tokens == 1  # a warm-up: one step, its token discarded
 
 
 def test_prompt_shapes() -> None:
@@ -120,21 +130,49 @@ DONE = Done("stop", Usage(prompt_tokens=10, completion_tokens=4, cached_tokens=8
 
 
 def test_frames_golden() -> None:
-    builder = CompletionBuilder("tiny", prompt="Once upon")
-    frames = [f for e in (TextDelta("a"), TextDelta(""), TextDelta(" time"), DONE)
-              for f in builder.feed(e)]
-    assert frames[:2] == [{"content": "a", "stop": False, "id_slot": 0, "index": 0},
-                          {"content": " time", "stop": False, "id_slot": 0, "index": 0}]
+    ids: list[int] = []
+    builder = CompletionBuilder("tiny", prompt="Once upon", prompt_tokens=10,
+                                settings={"n_predict": 4}, return_tokens=True,
+                                output_ids=lambda: ids)
+    frames = []
+    for step, event in ((1, TextDelta("a")), (0, TextDelta("")), (2, TextDelta(" time")),
+                        (1, DONE)):
+        ids.extend(range(len(ids), len(ids) + step))
+        frames += builder.feed(event)
+    assert frames[:2] == [
+        {"content": "a", "tokens": [0], "stop": False, "id_slot": 0, "index": 0,
+         "tokens_predicted": 1, "tokens_evaluated": 10},
+        {"content": " time", "tokens": [1, 2], "stop": False, "id_slot": 0, "index": 0,
+         "tokens_predicted": 3, "tokens_evaluated": 10}]
     final = frames[2]
+    # the decode rates cover the 3 tokens after the first (which came out of the prefill)
     assert final == {
-        "content": "", "stop": True, "model": "tiny", "id_slot": 0, "index": 0,
+        "content": "", "tokens": [3], "stop": True, "model": "tiny", "id_slot": 0, "index": 0,
         "stop_type": "word", "stopping_word": "\n", "tokens_predicted": 4, "tokens_evaluated": 10,
         "tokens_cached": 8, "truncated": False, "has_new_line": False, "prompt": "Once upon",
-        "timings": {"prompt_n": 2, "prompt_ms": 20.0, "prompt_per_token_ms": 10.0,
+        "generation_settings": {"n_predict": 4},
+        "timings": {"cache_n": 8, "prompt_n": 2, "prompt_ms": 20.0, "prompt_per_token_ms": 10.0,
                     "prompt_per_second": 100.0, "predicted_n": 4, "predicted_ms": 40.0,
-                    "predicted_per_token_ms": 10.0, "predicted_per_second": 100.0}}
+                    "predicted_per_token_ms": 40.0 / 3, "predicted_per_second": 75.0}}
     result = builder.result()
     assert result["content"] == "a time" and result["stop_type"] == "word"
+    assert result["tokens"] == [0, 1, 2, 3]
+    assert builder.result(["content", "timings/prompt_n", "timings/nope", ""]) == {
+        "content": "a time", "timings/prompt_n": 2}
+
+
+def test_one_token_reports_no_decode_rate_and_warmups_no_content() -> None:
+    done = Done("length", Usage(prompt_tokens=10, completion_tokens=1),
+                stop_kind="length", timings={"prompt_ms": 20.0, "predicted_ms": 0.01})
+    builder = CompletionBuilder("tiny")
+    builder.feed(done)
+    assert builder.result()["timings"]["predicted_per_second"] == 0.0
+    warm = CompletionBuilder("tiny", warmup=True)
+    assert warm.feed(TextDelta("x")) == []
+    warm.feed(done)
+    result = warm.result()
+    assert result["content"] == "" and result["tokens_predicted"] == 0
+    assert warm.result([""]) == {}
 
 
 @pytest.mark.parametrize("kind,expected", [("eos", "eos"), ("length", "limit"), ("abort", "none")])

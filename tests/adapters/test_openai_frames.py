@@ -37,17 +37,29 @@ def test_chunks_for_two_choices_with_usage():
                   ToolCallStart(0, "call_1", "f", index=1), ToolCallDelta(0, "{}", index=1),
                   Done("tool_calls", usage, index=1)])
     chunks = payloads(out)
-    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
-    assert chunks[2]["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None,
+    # each choice's role chunk comes right before its first real delta (issue 23: not
+    # before prefill), with content null as llama-server sends it
+    role = {"role": "assistant", "content": None}
+    assert [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks[:4]] == [
+        (0, role), (0, {"content": "a"}), (1, role), (1, {"content": "b"})]
+    assert chunks[1]["choices"][0] == {"index": 0, "delta": {"content": "a"}, "logprobs": None,
                                        "finish_reason": None}
     finishes = [(c["choices"][0]["index"], c["choices"][0]["finish_reason"])
                 for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finishes == [(0, "stop"), (1, "tool_calls")]
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 2
     call = chunks[5]["choices"][0]["delta"]["tool_calls"][0]
     assert call["id"] == "call_1" and call["function"]["name"] == "f"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 4
     assert out[-1] == "data: [DONE]\n\n"
+
+
+def test_a_choice_without_deltas_still_gets_its_role_before_finishing():
+    usage = Usage(prompt_tokens=5, completion_tokens=1, cached_tokens=0)
+    chunks = payloads(frames([Done("stop", usage, index=0)], include_usage=False))
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": None}, {}]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_error_mid_stream_is_one_error_frame_and_the_end():

@@ -125,3 +125,24 @@ def test_abort_closes_open_choices():
     p.on_step(StepOutput(0, ids_of("a")[0]))
     dones = [e for e in p.abort() if isinstance(e, Done)]
     assert [d.finish_reason for d in dones] == ["abort", "abort"]
+
+
+def test_parallel_tool_calls_off_ends_the_turn_after_the_first_call():
+    """Issue 23: parallel_tool_calls false stops decoding once one call is complete."""
+    from frink_mlx.core.events import ToolCallEnd
+    from frink_mlx.core.request import Message, Tool
+
+    markup = MarkupInfo(tool_call_start="<tool_call>", tool_call_end="</tool_call>",
+                        tool_format="json_tools")
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    for parallel, calls in ((False, 1), (True, 2)):
+        req = GenRequest(model="m", messages=[Message("user", "hi")], tools=[Tool("f")],
+                         parallel_tool_calls=parallel)
+        p = OutputPipeline(req, markup, TokenText(byte_decode), prompt_tokens=7,
+                           eos_ids=frozenset({EOS}))
+        events = run(p, ids_of(call + "\n" + call + "\n") + [EOS])
+        dones = [e for e in events if isinstance(e, Done)]
+        assert len([e for e in events if isinstance(e, ToolCallEnd)]) == calls
+        assert len(dones) == 1 and dones[0].finish_reason == "tool_calls"
+        if not parallel:  # ended right after the first call's end marker
+            assert dones[0].usage.completion_tokens == len(ids_of(call))

@@ -255,3 +255,15 @@ def test_parallel_tool_calls_off_keeps_the_first_call() -> None:
     got = all_ways(MISTRAL, req, '[TOOL_CALLS][{"name": "b", "arguments": {}}, '
                                  '{"name": "a", "arguments": {}}]')
     assert [g for g in got if g[0] == "start"] == [("start", 0, "b")]
+
+
+def test_a_call_cut_inside_its_end_marker_leaks_no_markup() -> None:
+    """Issue 23: generation stopped by `length` inside `</tool_call>`."""
+    body = '<tool_call>\n{"name": "f", "arguments": {"city": "Paris"}}\n</tool_call'
+    for chunks in ([body], list(body)):
+        events, saw = run(HERMES, chat("f"), chunks)
+        ends = [e for e in events if isinstance(e, ToolCallEnd)]
+        assert saw and [json.loads(e.arguments) for e in ends] == [{"city": "Paris"}]
+        args = "".join(e.arguments for e in events if isinstance(e, ToolCallDelta))
+        assert "<" not in args and json.loads(args) == {"city": "Paris"}
+        assert not any(isinstance(e, TextDelta) for e in events)

@@ -331,3 +331,58 @@ def test_a_tokenizer_llguidance_cannot_read_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedField, match="this model's tokenizer") as info:
         compiler.new_constraints(GrammarSpec("regex", "a"))
     assert info.value.status == 400 and info.value.param == "response_format"
+
+
+STRICT_TOOL = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},
+                                       "required": ["city"], "additionalProperties": False},
+                   strict=True)
+HERMES_MARKUP = MarkupInfo(tool_call_start="<tool_call>", tool_call_end="</tool_call>",
+                           tool_format="json_tools")
+
+
+def strict_row(compiler: GrammarCompiler, *, parallel: bool = True) -> GrammarConstraint:
+    req = GenRequest(model="m", messages=[Message("user", "hi")], tools=[STRICT_TOOL],
+                     parallel_tool_calls=parallel)
+    from frink_mlx.core.structured import grammar_for_request
+
+    spec = grammar_for_request(req, HERMES_MARKUP)
+    assert spec is not None and spec.kind == "lark"
+    return compiler.new_constraints(spec)[0]
+
+
+def test_strict_tools_under_auto_allow_text(tiny_tok: Any, tiny_compiler: GrammarCompiler) -> None:
+    row = strict_row(tiny_compiler)
+    feed_text(tiny_tok, row, "It is sunny, <b>really</b>.\n")
+    assert row.allowed_mask()[tiny_tok.eos_token_id]
+
+
+def test_strict_tools_under_auto_bind_an_opened_call(tiny_tok: Any,
+                                                     tiny_compiler: GrammarCompiler) -> None:
+    """Issue 23: once the model opens <tool_call>, only schema-valid arguments follow."""
+    row = strict_row(tiny_compiler)
+    feed_text(tiny_tok, row, 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": ')
+    mask = row.allowed_mask()
+    allowed = {tiny_tok.decode([int(i)]) for i in np.flatnonzero(mask)}
+    assert allowed and all(t.startswith('"') or t == "" for t in allowed), allowed
+    feed_text(tiny_tok, row, '"Paris"}}\n</tool_call>')
+    assert row.error is None and row.allowed_mask()[tiny_tok.eos_token_id]
+
+
+def test_strict_tools_refuse_a_broken_call(tiny_tok: Any, tiny_compiler: GrammarCompiler) -> None:
+    row = strict_row(tiny_compiler)
+    feed_text(tiny_tok, row, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris')
+    more = tiny_tok.encode('",', add_special_tokens=False)
+    assert len(more) == 1 and not row.allowed_mask()[more[0]]  # additionalProperties: false
+    feed_text(tiny_tok, row, '"}}')  # ... the object can only close
+    with pytest.raises(AssertionError):
+        feed_text(tiny_tok, row, "22C")  # only the markup's "\n</tool_call>" may follow
+
+
+def test_non_strict_tools_get_no_grammar_under_auto() -> None:
+    from frink_mlx.core.structured import grammar_for_request
+
+    loose = Tool("f", "", {"type": "object"})
+    req = GenRequest(model="m", messages=[Message("user", "hi")], tools=[loose])
+    assert grammar_for_request(req, HERMES_MARKUP) is None
+    strict = GenRequest(model="m", messages=[Message("user", "hi")], tools=[STRICT_TOOL])
+    assert grammar_for_request(strict, MarkupInfo(tool_format="llama3_json")) is None

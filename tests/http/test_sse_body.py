@@ -73,3 +73,20 @@ def test_body_limit_and_keepalive_and_on_close():
     asyncio.run(main())
     assert closed == ["closed"]
     assert PayloadTooLarge.status == 413
+
+
+def test_a_client_gone_before_its_answer_is_499_not_an_error(caplog):
+    """Found by llama.cpp's suite: /completion's ClientDisconnected used to log a 500."""
+    import asyncio
+    import logging
+
+    from frink_mlx.http.errors import endpoint, llamacpp_error
+    from frink_mlx.http.sse import ClientDisconnected
+
+    @endpoint(llamacpp_error)
+    async def gone(request):
+        raise ClientDisconnected()
+
+    with caplog.at_level(logging.ERROR, logger="frink_mlx.http"):
+        response = asyncio.run(gone(None))
+    assert response.status_code == 499 and not caplog.records

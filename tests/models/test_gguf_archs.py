@@ -36,6 +36,7 @@ NUM_TOKENS = 6
 PROMPT_LENGTHS = (11, 5, 17, 9)
 # quantized types per architecture: one exact legacy type, one exact K-quant, one re-quantized
 QTYPES = ("Q8_0", "Q4_K", "Q6_K")
+BACKEND = select_backend(Settings().backend_config())  # what this machine serves with
 
 
 def prompts(vocab: int, seed: int) -> list[list[int]]:
@@ -71,11 +72,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def serve_gguf(path: Path, cache: Path, *, keep_quantized: bool):
     spec = ModelSpec(name="g", source=str(path))
-    settings = Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None)
-    return load_model(spec, settings.load_config(), BACKEND)
-
-
-BATCHING_XFAIL = {"gemma2"}  # issue 18: gemma2's grouped-query reshape vs the paged mask (other branch)
+    config = Settings(cache_dir=str(cache), dequantize=False if keep_quantized else None).load_config()
+    return load_model(spec, config, BACKEND)
 
 
 def check_parity(name: str, loaded, want_model) -> None:
@@ -83,8 +81,6 @@ def check_parity(name: str, loaded, want_model) -> None:
     want = [reference(want_model, p) for p in batch]
     alone, together = engine_tokens(loaded, batch)
     assert alone == want[0], "alone"
-    if name in BATCHING_XFAIL and together != want:
-        pytest.xfail("gemma2 under batching is fixed on another branch (issue 18)")
     assert together == want, "batched"
 
 

@@ -126,6 +126,18 @@ def test_each_type_serves_like_mlx_lm(qtype: str, llama: Path, tmp_path: Path) -
         pytest.xfail("bfloat16 weights on the CPU engine (issue 18, loader dtype item)")
 
 
+def test_bf16_serves_as_float32_by_default_on_cpu(llama: Path, tmp_path: Path) -> None:
+    """Unless told to keep it, a BF16 GGUF runs in float32 on the CPU backend (loader rule 3)."""
+    import mlx_lm
+
+    path, _ = write_arch_gguf("llama", llama, tmp_path / "BF16.gguf", "BF16")
+    loaded = serve_gguf(path, tmp_path / "cache", keep_quantized=False)
+    assert loaded.dtype == mx.float32
+    want_model, _ = mlx_lm.load(str(loaded.path))
+    want_model.set_dtype(mx.float32)
+    check_parity("llama", loaded, want_model)
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 def test_packing_is_mlx_layout(bits: int) -> None:
     codes = np.random.default_rng(bits).integers(0, 2 ** bits, size=(3, 64))

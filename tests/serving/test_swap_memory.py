@@ -36,15 +36,21 @@ def ask(url: str, model: str) -> None:
 
 
 def settle(daemon: DaemonProcess) -> int:
-    """RSS once the retired generation is freed and its memory handed back (/admin/models:
-    nothing `retired`, nothing `releasing`)."""
+    """Steady RSS once the retired generation is freed and its memory handed back
+    (/admin/models: nothing `retired`, nothing `releasing`): the lowest of a few reads over
+    a second, so a transient allocation of the request just served is not counted as held."""
     deadline = time.monotonic() + 60
     while True:
         info = httpx.get(daemon.url + "/admin/models", timeout=10).json()
         if not info["retired"] and not info["releasing"]:
-            return daemon.rss_bytes()
+            break
         assert time.monotonic() < deadline, f"a retired generation was never freed: {info}"
         time.sleep(0.05)
+    reads = []
+    for _ in range(5):
+        reads.append(daemon.rss_bytes())
+        time.sleep(0.2)
+    return min(reads)
 
 
 def test_rss_after_many_swaps_stays_within_one_swap(tmp_path: Path) -> None:

@@ -136,11 +136,8 @@ def to_tools(tools: list[wire.ToolParam] | None) -> list[Tool]:
         if tool.type not in (None, "custom"):
             raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' is a server tool; only "
                                    "client tools (custom) are supported")
-        if tool.strict:
-            raise UnsupportedField(f"tools[{i}].strict", "is not supported: tool arguments are "
-                                   "not grammar-constrained")
         schema = tool.input_schema or {"type": "object", "properties": {}}
-        out.append(Tool(tool.name, tool.description, schema))
+        out.append(Tool(tool.name, tool.description, schema, strict=bool(tool.strict)))
     return out
 
 
@@ -205,6 +202,7 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
     if req.max_tokens < 1:
         raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
     gen.max_tokens = req.max_tokens
+    gen.speculative = req.speculative
     gen.stop = list(req.stop_sequences or [])
     gen.stream = req.stream
     sampling = SamplingParams()
@@ -229,10 +227,14 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
 
 # -- response ------------------------------------------------------------------
 def usage_dict(usage: Usage) -> dict[str, int]:
-    return {"input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
-            "output_tokens": usage.completion_tokens,
-            "cache_read_input_tokens": usage.cached_tokens,
-            "cache_creation_input_tokens": 0}
+    out = {"input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
+           "output_tokens": usage.completion_tokens,
+           "cache_read_input_tokens": usage.cached_tokens,
+           "cache_creation_input_tokens": 0}
+    if usage.draft_tokens is not None:  # wire.py rule 5
+        out["draft_tokens"] = usage.draft_tokens
+        out["draft_accepted"] = usage.draft_accepted or 0
+    return out
 
 
 def stop_reason(done: Done) -> tuple[str, str | None]:

@@ -1,9 +1,11 @@
 """Anthropic Messages API wire structs (requests only; responses are built as dicts).
 
 Rules:
-1. Every request struct forbids unknown fields, so a field this server does not
-   implement (`service_tier`, `container`, `mcp_servers`, ...) is refused by name
-   ("Object contains unknown field `container`") instead of being ignored.
+1. Unknown fields are reported, not refused (x-frink-ignored-fields; http/fields.py),
+   as with every protocol. Known fields this server cannot honour and whose
+   absence would change the answer (`container`, `mcp_servers`) are declared
+   and refused by name as the request decodes (`MessagesRequest.__post_init__`);
+   `service_tier` and `metadata` are accepted and have no effect on the answer.
 2. Content blocks are a tagged union on `type`. Blocks the server cannot serve
    (images, documents, server-tool results) decode into `OtherBlock`-like structs
    so translate.py can refuse them naming their position, rather than failing
@@ -13,6 +15,9 @@ Rules:
 4. `cache_control` (per block and top-level) is accepted everywhere the API allows it and has no effect
    beyond what the automatic prefix cache already does (it is a hint, not a
    semantic change); `citations` on text blocks sent back by a client likewise.
+5. `speculative: false` (a frink extension, e.g. through the SDK's `extra_body`)
+   turns speculative decoding off for the request; it never changes the answer.
+   Usage then carries `draft_tokens` / `draft_accepted` only when it speculated.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from ...errors import UnsupportedField
 
-class _Block(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
+
+class _Block(msgspec.Struct, tag_field="type", forbid_unknown_fields=False, omit_defaults=True):
     pass
 
 
@@ -75,22 +82,22 @@ ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
                      RedactedThinkingBlock, ImageBlock, DocumentBlock]
 
 
-class MessageParam(msgspec.Struct, forbid_unknown_fields=True):
+class MessageParam(msgspec.Struct, forbid_unknown_fields=False):
     role: Literal["user", "assistant"]
     content: Union[str, list[ContentBlock]]
 
 
-class ToolParam(msgspec.Struct, forbid_unknown_fields=True):
+class ToolParam(msgspec.Struct, forbid_unknown_fields=False):
     name: str
     input_schema: dict[str, Any] = msgspec.field(default_factory=dict)
     description: str = ""
     type: str | None = None            # "custom" or absent; server tools are refused by name
     cache_control: dict[str, Any] | None = None
-    strict: bool | None = None         # true is refused (no constrained tool arguments)
+    strict: bool | None = None         # true: arguments grammar-bound (core/structured.py rule 6)
     eager_input_streaming: bool | None = None   # input is always streamed as generated
 
 
-class _Choice(msgspec.Struct, tag_field="type", forbid_unknown_fields=True):
+class _Choice(msgspec.Struct, tag_field="type", forbid_unknown_fields=False):
     pass
 
 
@@ -134,21 +141,35 @@ class ThinkingDisabled(_Choice, tag="disabled"):
 Thinking = Union[ThinkingEnabled, ThinkingAdaptive, ThinkingBetweenTools, ThinkingDisabled]
 
 
-class JSONOutputFormat(msgspec.Struct, forbid_unknown_fields=True):
+class JSONOutputFormat(msgspec.Struct, forbid_unknown_fields=False):
     type: Literal["json_schema"]
     schema: dict[str, Any]
 
 
-class OutputConfig(msgspec.Struct, forbid_unknown_fields=True):
+class OutputConfig(msgspec.Struct, forbid_unknown_fields=False):
     format: JSONOutputFormat | None = None
     effort: str | None = None
 
 
-class Metadata(msgspec.Struct, forbid_unknown_fields=True):
+class Metadata(msgspec.Struct, forbid_unknown_fields=False):
     user_id: str | None = None
 
 
-class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
+class _ServerFeatures(msgspec.Struct, kw_only=True):
+    """Request-level fields of server-side features (rule 1)."""
+
+    service_tier: str | None = None               # no-op: one local tier
+    container: Any = None                          # refused by name when set
+    mcp_servers: Any = None                        # refused by name when set
+
+    def __post_init__(self) -> None:
+        for name, why in (("container", "is not supported (no server-side code execution)"),
+                          ("mcp_servers", "is not supported (no server-side MCP connector)")):
+            if getattr(self, name) not in (None, [], ""):
+                raise UnsupportedField(name, why)
+
+
+class CountTokensRequest(_ServerFeatures, forbid_unknown_fields=False):
     model: str
     messages: list[MessageParam]
     system: Union[str, list[TextBlock], None] = None
@@ -159,7 +180,7 @@ class CountTokensRequest(msgspec.Struct, forbid_unknown_fields=True):
     cache_control: dict[str, Any] | None = None
 
 
-class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
+class MessagesRequest(_ServerFeatures, forbid_unknown_fields=False):
     model: str
     max_tokens: int
     messages: list[MessageParam]
@@ -175,3 +196,4 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = None
+    speculative: bool = True  # frink extension (rule 5): False opts out of speculation

@@ -1,4 +1,5 @@
-"""llama.cpp server API: /completion (+ /completions), /infill, /tokenize, /detokenize.
+"""llama.cpp server API: /completion (+ /completions), /infill, /tokenize, /detokenize,
+/props, /slots.
 
 Paths have no /v1 prefix (those are OpenAI's). translate.py holds the
 field rules; this module resolves prompts and vocabulary through AppState:
@@ -10,10 +11,16 @@ field rules; this module resolves prompts and vocabulary through AppState:
    naming the markers it looked for.
 3. Errors leave in llama.cpp's envelope `{"error": {"code", "message", "type"}}`.
 4. Streams are bare `data:` frames; the last has `stop: true`; no `[DONE]`.
+5. `/props` and `/slots` are read-only and honest: `/props` reports the
+   default generation settings, the served context (`n_ctx`), the model and
+   its chat template; `/slots` lists one entry per running sequence of the
+   engine's batch (`is_processing: true`) -- the engine has no fixed slots, so
+   `total_slots` is the batch limit, and idle slots are not invented.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, AsyncIterator
 
@@ -21,14 +28,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import choice_events, drain_choice
+from ...core.events import ErrorEvent, choice_events
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import sse_frame
 from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
-from .translate import FIM_STYLES, CompletionBuilder, check_prompt, infill_prompt, to_gen_request
+from .frames import CompletionBuilder
+from .translate import FIM_STYLES, check_prompt, generation_settings, infill_prompt, to_gen_request
 
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
@@ -68,17 +76,30 @@ async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
             yield sse_frame(json.dumps(frame, ensure_ascii=False))
 
 
-async def _collect(run: Any, builder: CompletionBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.result()
+async def _collect(run: Any, builders: list[CompletionBuilder], fields: list[str] | None
+                   ) -> dict[str, Any] | list[dict[str, Any]]:
+    """One result, or one per completion when `n_cmpl` > 1 (translate.py rule 7)."""
+    async for event in run.events():
+        if isinstance(event, ErrorEvent):
+            raise event.to_error()
+        builders[event.index].feed(event)
+    results = [b.result(fields) for b in builders]
+    return results[0] if len(results) == 1 else results
 
 
 async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
                   ) -> Answer:
-    (run,) = await generate(request, [to_gen_request(body, prompt)])
-    builder = CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None)
-    return Answer([run], body.stream, lambda: _stream(run, builder),
-                  lambda: _collect(run, builder))
+    gen = to_gen_request(body, prompt)
+    (run,) = await generate(request, [gen])
+    settings = {**generation_settings(body, gen), "model": run.model}
+    builders = [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
+                                  prompt_tokens=run.prompt_tokens, settings=settings,
+                                  n_probs=body.n_probs, return_tokens=body.return_tokens,
+                                  warmup=body.n_predict == 0,
+                                  output_ids=functools.partial(run.output_ids, i))
+                for i in range(gen.n)]
+    return Answer([run], body.stream, lambda: _stream(run, builders[0]),
+                  lambda: _collect(run, builders, body.response_fields))
 
 
 async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
@@ -122,7 +143,49 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": content})
 
 
+def _default_settings(state: Any) -> dict[str, Any]:
+    spec = state.hub.current.spec if state.hub.current is not None else None
+    defaults = spec.sampling if spec is not None and spec.sampling is not None else None
+    return {"n_predict": -1, "temperature": getattr(defaults, "temperature", None) or 1.0,
+            "top_k": getattr(defaults, "top_k", None) or 0,
+            "top_p": getattr(defaults, "top_p", None) or 1.0,
+            "min_p": getattr(defaults, "min_p", None) or 0.0, "seed": -1, "stream": False,
+            "cache_prompt": True, "n_probs": 0}
+
+
+@endpoint(llamacpp_error)
+async def props(request: Request) -> Response:
+    """Rule 5."""
+    state = request.app.state.frink
+    gen = state.hub.current
+    stats = state.engine_stats()
+    template = ""
+    if gen is not None and gen.spec.kind == "generative":
+        template = str(getattr(gen.loaded.tokenizer, "chat_template", None) or "")
+    n_ctx = stats.context_ceiling if stats is not None else 0
+    return JSONResponse({
+        "default_generation_settings": {"n_ctx": n_ctx, "params": _default_settings(state),
+                                        "model": gen.spec.name if gen else None},
+        "total_slots": state.settings.max_batch, "model_path": gen.spec.source if gen else None,
+        "model_alias": gen.spec.name if gen else None, "chat_template": template,
+        "n_ctx": n_ctx, "modalities": {"vision": False, "audio": False},
+        "build_info": "frink-mlx", "is_sleeping": gen is None})
+
+
+@endpoint(llamacpp_error)
+async def slots(request: Request) -> Response:
+    """Rule 5: the running sequences only."""
+    state = request.app.state.frink
+    stats = state.engine_stats()
+    n_ctx = stats.context_ceiling if stats is not None else 0
+    running = stats.num_running if stats is not None else 0
+    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": True}
+                         for i in range(running)])
+
+
 routes: list[BaseRoute] = [
+    Route("/props", props, methods=["GET"]),
+    Route("/slots", slots, methods=["GET"]),
     Route("/completion", completion, methods=["POST"]),
     Route("/completions", completion, methods=["POST"]),
     Route("/infill", infill, methods=["POST"]),

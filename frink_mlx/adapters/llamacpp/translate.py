@@ -1,8 +1,11 @@
-"""llama.cpp /completion and /infill <-> GenRequest / events. Pure functions, no I/O.
+"""llama.cpp /completion and /infill -> GenRequest. Pure functions, no I/O.
 
 Request rules:
 1. `n_predict` -1 means "until EOS or the context ceiling" (max_tokens None);
-   0 and below -1 are refused (llama.cpp's 0 = "evaluate only" is not served).
+   0 is a warm-up (llama.vim sends one whenever its context changes): the
+   prompt is prefilled -- which publishes its blocks to the prefix cache -- with
+   one decode step whose token is discarded (frames.py rule 6); below -1 is
+   refused.
 2. `seed` -1 means random (None). `repeat_penalty` is repetition_penalty over
    the last `repeat_last_n` tokens (llama.cpp's default window is 64; -1 = the
    whole context). `top_k` <= 0 disables top-k. Ranges are checked by
@@ -15,22 +18,24 @@ Request rules:
 6. A mixed prompt (ids and strings) is resolved to ids by the route through the
    model's tokenizer: the first string piece gets BOS when `add_special` would.
 
-Response rules:
-7. Non-streaming: one object with `content`, `stop: true`, `stop_type`
-   (eos / word / limit / none), `stopping_word`, `tokens_predicted`,
-   `tokens_evaluated`, `tokens_cached`, `timings`, `truncated`.
-8. Streaming: `data: {"content", "stop": false}` per text piece, then one final
-   frame with `stop: true` and everything of rule 7 (content ""); no `[DONE]`.
+7. `n_cmpl` N > 1 (llama.vscode sends 3) samples N completions of the prompt,
+   answered as an array of N results (non-streaming only, as llama-server).
+8. `n_probs` N > 0 asks for logprobs with N alternatives per token
+   (`completion_probabilities`, frames.py rule 4); `id_slot` is accepted and
+   ignored: every request shares one prefix cache, so the slot a client pins
+   cannot change what it gets, only where llama-server would have cached it.
+
+Responses are built by frames.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...core.events import Done, ErrorEvent, Event, TextDelta
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
+from .frames import CompletionBuilder, stop_type, timings  # noqa: F401 - re-exported
 
 _SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                     "min_p": "min_p", "repeat_penalty": "repetition_penalty",
@@ -109,84 +114,26 @@ def check_prompt(prompt: str | list[int | str]) -> None:
 
 def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRequest:
     """`prompt` is the body's prompt already resolved (rule 6) or the infill prompt."""
-    if body.n_predict == 0 or body.n_predict < -1:
-        raise InvalidRequest("'n_predict' must be -1 (until the end) or at least 1.",
-                             param="n_predict")
-    if body.n_probs:
-        raise UnsupportedField("n_probs", "(completion_probabilities) is not supported; use "
-                               "/v1/completions with logprobs")
-    if body.id_slot not in (None, -1):
-        raise UnsupportedField("id_slot", "cannot pin a slot: the engine batches all requests")
+    if body.n_predict < -1:
+        raise InvalidRequest("'n_predict' must be -1 (until the end), 0 (a warm-up) or a "
+                             "token count.", param="n_predict")
+    if not 1 <= body.n_cmpl <= 4:
+        raise InvalidRequest("'n_cmpl' must be between 1 and 4.", param="n_cmpl")
+    if body.n_cmpl > 1 and body.stream:
+        raise UnsupportedField("n_cmpl", "above 1 is not supported with stream")
+    if body.n_probs < 0:
+        raise InvalidRequest("'n_probs' must not be negative.", param="n_probs")
     sampling, sent = sampling_of(body)
-    return GenRequest(model=body.model or "default", prompt=prompt,
-                      max_tokens=None if body.n_predict == -1 else body.n_predict,
+    if body.n_probs:
+        sampling.logprobs, sampling.top_logprobs = True, body.n_probs
+    max_tokens = None if body.n_predict == -1 else max(1, body.n_predict)  # rule 1
+    return GenRequest(model=body.model or "default", prompt=prompt, max_tokens=max_tokens,
+                      n=body.n_cmpl,
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
-                      ignore_eos=body.ignore_eos, response_format=_response_format(body),
+                      speculative=body.speculative, ignore_eos=body.ignore_eos,
+                      response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
-
-
-def stop_type(done: Done) -> str:
-    return {"eos": "eos", "stop_sequence": "word", "length": "limit"}.get(done.stop_kind, "none")
-
-
-def timings(done: Done) -> dict[str, float]:
-    """llama.cpp's timings block from Done.timings (prompt_ms, predicted_ms)."""
-    usage = done.usage
-    prompt_n = usage.prompt_tokens - usage.cached_tokens
-    prompt_ms = float(done.timings.get("prompt_ms", 0.0))
-    predicted_ms = float(done.timings.get("predicted_ms", 0.0))
-    predicted_n = usage.completion_tokens
-    return {"prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
-            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
-            "predicted_per_second": 1e3 * predicted_n / predicted_ms if predicted_ms else 0.0}
-
-
-def final_fields(done: Done, model: str, prompt: str | None) -> dict[str, Any]:
-    """Rule 7's fields, minus `content`."""
-    kind = stop_type(done)
-    return {"stop": True, "model": model, "id_slot": 0, "index": done.index,
-            "stop_type": kind, "stopping_word": (done.stop_sequence or "") if kind == "word" else "",
-            "tokens_predicted": done.usage.completion_tokens,
-            "tokens_evaluated": done.usage.prompt_tokens,
-            "tokens_cached": done.usage.cached_tokens,
-            "truncated": False, "has_new_line": False, "timings": timings(done),
-            **({"prompt": prompt} if prompt is not None else {})}
-
-
-class CompletionBuilder:
-    """Events of one choice -> llama.cpp stream frames and the final object."""
-
-    def __init__(self, model: str, prompt: str | None = None) -> None:
-        self.model = model
-        self.prompt = prompt
-        self.content: list[str] = []
-        self.done: Done | None = None
-
-    def feed(self, event: Event) -> list[dict[str, Any]]:
-        if isinstance(event, TextDelta):
-            if not event.text:
-                return []
-            self.content.append(event.text)
-            return [{"content": event.text, "stop": False, "id_slot": 0, "index": event.index}]
-        if isinstance(event, Done):
-            self.done = event
-            return [{"content": "", **final_fields(event, self.model, self.prompt)}]
-        if isinstance(event, ErrorEvent):
-            return [{"error": {"code": event.status, "message": event.message,
-                               "type": "server_error"}}]
-        return []
-
-    def result(self) -> dict[str, Any]:
-        if self.done is None:
-            raise RuntimeError("result() before Done")
-        text = "".join(self.content)
-        fields = final_fields(self.done, self.model, self.prompt)
-        fields["has_new_line"] = "\n" in text
-        return {"content": text, **fields}
 
 
 # -- infill --------------------------------------------------------------------
@@ -209,3 +156,18 @@ def infill_prompt(body: wire.InfillRequest, style: tuple[str, str, str, str | No
         head = "".join(f"{sep}{extra.filename}\n{extra.text}" for extra in body.input_extra)
         head += f"{sep}filename\n"   # the current file, as llama.cpp names it
     return f"{head}{pre}{body.input_prefix}{suf}{body.input_suffix}{mid}{body.prompt}"
+
+
+def generation_settings(body: wire._Sampling, req: GenRequest) -> dict[str, Any]:
+    """The parameters this request ran with, in llama.cpp's names (`generation_settings`)."""
+    s = req.sampling
+    return {"n_predict": body.n_predict, "seed": s.seed if s.seed is not None else -1,
+            "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+            "repeat_penalty": s.repetition_penalty,
+            "repeat_last_n": -1 if s.penalty_context_size == WHOLE_CONTEXT
+            else s.penalty_context_size,
+            "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+            "stop": list(req.stop), "stream": req.stream, "n_probs": body.n_probs,
+            "ignore_eos": req.ignore_eos, "cache_prompt": req.cache_prompt,
+            "grammar": body.grammar or "", "samplers": body.samplers or [],
+            "model": req.model}

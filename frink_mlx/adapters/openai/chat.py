@@ -3,14 +3,20 @@
 Rules:
 1. Everything that can fail (decoding, refusals, template, context ceiling,
    grammar) fails before the first SSE byte, as a real status code.
-2. Streams start with one role chunk per choice, then content / reasoning /
-   tool-call deltas, then a finish chunk per choice; with
+2. A choice's role chunk (`{"role": "assistant", "content": null}`) goes out
+   when its first real delta is ready, right before it -- as llama-server sends
+   it -- not ahead of prompt processing: clients time prompt processing by the
+   first chunk. A choice that ends without a delta gets its role chunk right
+   before its finish chunk. Then content / reasoning / tool-call deltas (no
+   `role`), a finish chunk per choice; with
    `stream_options.include_usage` one more chunk with empty `choices` and
    `usage`; then `data: [DONE]`. An engine failure mid-stream is one
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
 3. `usage.prompt_tokens` counts the prompt once (n > 1 prefills once);
    completion tokens are summed over choices; `prompt_tokens_details` carries
-   `cached_tokens` and, when measured, the `prefix_divergence` extension.
+   `cached_tokens` and, when measured, the `prefix_divergence` extension;
+   when the request speculated (engine/spec.py), the `draft_tokens` /
+   `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
 """
@@ -97,7 +103,8 @@ def _tools(body: wire.ChatCompletionRequest) -> tuple[list[Tool], str]:
         if t.type != "function":
             raise UnsupportedField(f"tools[{i}].type", f"'{t.type}' tools are not supported")
         params = t.function.parameters or {"type": "object", "properties": {}}
-        tools.append(Tool(t.function.name, t.function.description, params))
+        tools.append(Tool(t.function.name, t.function.description, params,
+                          strict=bool(t.function.strict)))
     choice = body.tool_choice
     if choice is None:
         return tools, "auto"
@@ -112,7 +119,11 @@ def _tools(body: wire.ChatCompletionRequest) -> tuple[list[Tool], str]:
     return tools, choice.function.name
 
 
-def _response_format(rf: wire.ResponseFormatWire | None) -> ResponseFormat | None:
+def _response_format(body: wire.ChatCompletionRequest) -> ResponseFormat | None:
+    rf = body.response_format
+    extra = wire.llamacpp_format(body, rf)
+    if extra is not None:
+        return extra
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
@@ -144,21 +155,26 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         raise InvalidRequest("'logprobs' must be a boolean.", param="logprobs")
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-    if body.parallel_tool_calls is False:
-        raise UnsupportedField("parallel_tool_calls", "= false is not supported")
+    if body.add_generation_prompt is True and body.continue_final_message:
+        raise InvalidRequest("'add_generation_prompt' and 'continue_final_message' cannot both "
+                             "be true.", param="continue_final_message")
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
     sampling, sent = sampling_of(body, logprobs=bool(body.logprobs),
                                  top_logprobs=body.top_logprobs or 0)
     tools, tool_choice = _tools(body)
     return GenRequest(
-        model=body.model, messages=[_message(m, i) for i, m in enumerate(body.messages)],
-        tools=tools, tool_choice=tool_choice,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
+        model=body.model or "default",
+        messages=[_message(m, i) for i, m in enumerate(body.messages)],
+        tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls
+        is not False, cache_prompt=body.cache_prompt,
+        max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),
+                                   ("max_tokens", body.max_tokens), ("n_predict", body.n_predict)),
         stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent, n=body.n,
-        stream=body.stream, cache_salt=body.cache_salt, thinking=_thinking(body),
-        response_format=_response_format(body.response_format),
-        add_generation_prompt=body.add_generation_prompt,
+        stream=body.stream, cache_salt=body.cache_salt, speculative=body.speculative,
+        thinking=_thinking(body),
+        response_format=_response_format(body),
+        add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
         user=body.user)
 
@@ -178,6 +194,8 @@ class UsageSum:
     cached_tokens: int = 0
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
+    draft_tokens: int | None = None     # extension: speculative tokens drafted / accepted
+    draft_accepted: int | None = None
 
     def add_done(self, done: Done) -> None:
         self.add(done.usage)
@@ -190,6 +208,12 @@ class UsageSum:
             self.prefix_divergence = usage.prefix_divergence
         if usage.reasoning_tokens is not None:
             self.reasoning_tokens = (self.reasoning_tokens or 0) + usage.reasoning_tokens
+        self.add_drafts(usage.draft_tokens, usage.draft_accepted)
+
+    def add_drafts(self, drafted: int | None, accepted: int | None) -> None:
+        if drafted is not None:
+            self.draft_tokens = (self.draft_tokens or 0) + drafted
+            self.draft_accepted = (self.draft_accepted or 0) + (accepted or 0)
 
     def as_dict(self) -> dict[str, Any]:
         details: dict[str, Any] = {"cached_tokens": self.cached_tokens}
@@ -201,6 +225,9 @@ class UsageSum:
                                "prompt_tokens_details": details}
         if self.reasoning_tokens is not None:
             out["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        if self.draft_tokens is not None:
+            out["draft_tokens"] = self.draft_tokens
+            out["draft_accepted"] = self.draft_accepted
         return out
 
 
@@ -296,18 +323,20 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return f"data: {dumps({**head, 'choices': [choice]})}\n\n"
 
-    for i in range(run.n):
-        yield chunk(i, {"role": "assistant", "content": ""})
+    started: set[int] = set()   # rule 2: choices whose role went out
     usage = UsageSum()
     async for event in run.events():
         if isinstance(event, ErrorEvent):
             yield f"data: {dumps(error_body(event.to_error()))}\n\n"
             return
+        delta = None if isinstance(event, Done) else _delta(event)
+        if (delta is not None or isinstance(event, Done)) and event.index not in started:
+            started.add(event.index)
+            yield chunk(event.index, {"role": "assistant", "content": None})
         if isinstance(event, Done):
             usage.add_done(event)
             yield chunk(event.index, {}, finish_reason(event))
             continue
-        delta = _delta(event)
         if delta is None:
             continue
         lps = None
@@ -338,4 +367,7 @@ async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answ
 
 chat_completions = generating(OPENAI, wire.ChatCompletionRequest, start_chat)
 
-routes: list[BaseRoute] = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+routes: list[BaseRoute] = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),   # llama-server's alias
+]

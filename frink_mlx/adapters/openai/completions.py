@@ -63,9 +63,14 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
         raise UnsupportedField("echo", "cannot be combined with 'logprobs' "
                                "(prompt logprobs are not computed)")
     sampling, sent = sampling_of(body, logprobs=top is not None, top_logprobs=top or 0)
-    reqs = [GenRequest(model=body.model, prompt=p, max_tokens=body.max_tokens or 16,
+    limit = wire.max_tokens(("max_tokens", body.max_tokens), ("n_predict", body.n_predict))
+    unset = body.max_tokens is None and body.n_predict is None
+    reqs = [GenRequest(model=body.model or "default", prompt=p,
+                       max_tokens=16 if unset else limit, cache_prompt=body.cache_prompt,
+                       response_format=wire.llamacpp_format(body),
                        stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent,
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
+                       speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
@@ -189,6 +194,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
         usage.prompt_tokens += u.prompt_tokens
         usage.cached_tokens += u.cached_tokens
         usage.completion_tokens += u.completion_tokens
+        usage.add_drafts(u.draft_tokens, u.draft_accepted)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)
                for i in sorted(acc)]
     return {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,

@@ -8,7 +8,13 @@ Protocol rules:
 1. `input` is a string, an array of strings, an array of token ids, or an
    array of token-id arrays (at most 2048 items); mixing the shapes, an empty
    array or an empty string is a 400 naming `input` / `input[i]`.
-   Token ids are embedded verbatim: no special tokens are added.
+   Token ids are embedded verbatim: no special tokens are added -- and only when
+   the request says they are this model's own ids (`"native_token_ids": true`,
+   an extension; the ids /tokenize returns). Clients that send token ids
+   unasked (LangChain's OpenAIEmbeddings sends tiktoken cl100k ids by default)
+   would otherwise get vectors of unrelated tokens that look like real ones;
+   without the flag token-id input is a 400 naming `input` that says how to
+   send text instead.
 2. `encoding_format`: "float" (JSON numbers) or "base64" (the little-endian
    float32 bytes of each vector, base64-encoded, as OpenAI sends them; the
    `openai` Python SDK asks for base64 by default and decodes it itself).
@@ -24,7 +30,8 @@ Protocol rules:
    made the vectors, so a client that sent the chat model's name learns which
    side-car answered.
 6. `user` is accepted (an end-user id for the client's own tracking) and has
-   no effect; every other unknown field is refused by name.
+   no effect; `pooling` (vLLM / llama.cpp) is refused by name (the pooling is
+   the model's own); other unknown fields are reported (http/fields.py).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...errors import InvalidRequest
+from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, openai_error
@@ -48,13 +55,15 @@ MAX_INPUTS = 2048
 TokenIds = list[int]
 
 
-class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     input: str | list[str | int | TokenIds]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
     truncate: bool = False  # extension (rule 4)
+    native_token_ids: bool = False  # extension (rule 1)
+    pooling: str | None = None      # refused by name (rule 6)
 
 
 class Embedding(msgspec.Struct, kw_only=True):
@@ -100,6 +109,13 @@ def to_inputs(body: EmbeddingsRequest) -> list[str] | list[list[int]]:
     for index, item in enumerate(items):
         if len(item) == 0:
             raise InvalidRequest(f"input[{index}] is empty.", param=f"input[{index}]")
+    if not isinstance(items[0], str) and not body.native_token_ids:
+        raise InvalidRequest(
+            "'input' holds token ids, but token ids from another tokenizer (e.g. tiktoken's, "
+            "which LangChain's OpenAIEmbeddings sends by default) would embed unrelated tokens. "
+            "Send text (LangChain: check_embedding_ctx_length=False), or set "
+            "\"native_token_ids\": true if the ids come from this model's own /tokenize.",
+            param="input", code="token_ids_not_native")
     return items
 
 
@@ -129,6 +145,9 @@ def to_response(model: str, vectors: Sequence[np.ndarray], num_tokens: int,
 @endpoint(openai_error)
 async def create_embeddings(request: Request) -> Response:
     body = await decode_body(request, EmbeddingsRequest)
+    if body.pooling is not None:
+        raise UnsupportedField("pooling", "cannot be chosen per request (each model pools "
+                               "as it was trained)")
     inputs = to_inputs(body)
     result = await request.app.state.frink.embed(
         body.model, inputs, truncate=body.truncate, dimensions=body.dimensions)
@@ -138,4 +157,7 @@ async def create_embeddings(request: Request) -> Response:
     return Response(msgspec.json.encode(response), media_type="application/json")
 
 
-routes: list[BaseRoute] = [Route("/v1/embeddings", create_embeddings, methods=["POST"])]
+routes: list[BaseRoute] = [
+    Route("/v1/embeddings", create_embeddings, methods=["POST"]),
+    Route("/embeddings", create_embeddings, methods=["POST"]),   # llama-server's alias
+]

@@ -7,6 +7,8 @@ null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 /v1/embeddings returns for it: its own, its side-car's, or null when it serves
 none) and `max_input_tokens` (longest input it takes; null when not known until
 loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
+`parallel` (null on one machine; `{"kind": "tensor", "ranks": N}` when the loaded
+model is sharded over a distributed group, backend/distributed.py);
 `status` "available" or "unavailable" with the `reason` (its source is missing
 here: registry rule 5), checked on each listing, so a fixed source shows at once.
 """
@@ -54,7 +56,13 @@ def model_object(state: Any, spec: Any, residency: dict[str, Any] | None = None)
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"], **availability(state.registry, spec)}
+            "max_input_tokens": facts["max_input_tokens"], "parallel": _parallel(gen, loaded),
+            **availability(state.registry, spec)}
+
+
+def _parallel(gen: Any, loaded: bool) -> dict[str, Any] | None:
+    kind = getattr(gen.loaded, "parallel", None) if loaded else None
+    return {"kind": kind, "ranks": gen.loaded.num_ranks} if kind else None
 
 
 @endpoint(openai_error)
@@ -75,5 +83,6 @@ async def get_model(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/v1/models", list_models, methods=["GET"]),
+    Route("/models", list_models, methods=["GET"]),   # llama-server's alias
     Route("/v1/models/{model:path}", get_model, methods=["GET"]),
 ]

@@ -13,12 +13,19 @@ Request rules (responses_wire.py has the decoding rules):
    (its input and output); an unknown id is a 404 naming it.
 4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on;
    reasoning comes back as raw `reasoning_text`, never as a summary, so
-   `summary` other than "auto" is refused by name.
+   `summary` other than "auto"/"none" is refused by name.
 5. `text.format` json_object/json_schema becomes the structured-output
    constraint; `parallel_tool_calls: false` keeps only the first call the
    model makes (the parser drops the rest).
 6. With `store` (the API's default true) the finished response is kept in a
    bounded in-memory store (responses_store.py) for follow-ups and GET.
+7. No-ops, accepted because ignoring them cannot change the answer:
+   `prompt_cache_key` (the prefix cache needs no key), `safety_identifier`,
+   `service_tier`, `text.verbosity` (a hint a local model has no knob for),
+   and `include` items naming things this server never produces (encrypted
+   reasoning, tool-call results of hosted tools, image URLs). Refused by name:
+   `include: ["message.output_text.logprobs"]`, `top_logprobs`,
+   `max_tool_calls`, `background: true`, `conversation`, `prompt`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams,
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
+from ...http.fields import report, unknown_fields
 from ...http.sse import sse_frame
 from ..endpoint import Answer, generate, generating
 from . import responses_wire as w
@@ -60,13 +68,15 @@ def _part_text(content: str | list[w.ContentPart], where: str) -> str:
     return "".join(texts)
 
 
-def decode_item(raw: dict[str, Any], i: int) -> Any:
+def decode_item(raw: dict[str, Any], i: int, request: Request | None = None) -> Any:
     kind = raw.get("type", "message")
     struct = w.INPUT_ITEM_TYPES.get(kind) if isinstance(kind, str) else None
     if struct is None:
         raise UnsupportedField(f"input[{i}].type", f"'{kind}' items are not supported")
     try:
-        return msgspec.convert(raw, struct)
+        item = msgspec.convert(raw, struct)
+        report(request, unknown_fields(raw, struct, prefix="input[]"))
+        return item
     except msgspec.ValidationError as exc:
         inner = validation_param(exc)
         raise InvalidRequest(f"Invalid input item: {exc}",
@@ -81,14 +91,14 @@ def _assistant_turn(out: list[Message]) -> Message:
 
 
 def input_messages(items: str | list[dict[str, Any]] | None,
-                   tool_names: dict[str, str]) -> list[Message]:
+                   tool_names: dict[str, str], request: Request | None = None) -> list[Message]:
     if items is None:
         raise InvalidRequest("'input' is required.", param="input")
     if isinstance(items, str):
         return [Message("user", items)]
     out: list[Message] = []
     for i, raw in enumerate(items):
-        item = decode_item(raw, i)
+        item = decode_item(raw, i, request)
         if isinstance(item, w.MessageItem):
             text = _part_text(item.content, f"input[{i}].content")
             if item.role == "assistant":
@@ -119,7 +129,8 @@ def to_tools(tools: list[w.FunctionTool] | None) -> list[Tool]:
         if not tool.name:
             raise InvalidRequest(f"'tools[{i}].name' is required.", param=f"tools[{i}].name")
         out.append(Tool(tool.name, tool.description or "",
-                        tool.parameters or {"type": "object", "properties": {}}))
+                        tool.parameters or {"type": "object", "properties": {}},
+                        strict=tool.strict is not False))  # the Responses API's default: true
     return out
 
 
@@ -139,7 +150,7 @@ def to_thinking(reasoning: w.Reasoning | None) -> bool | None:
         return None
     for name in ("summary", "generate_summary"):
         value = getattr(reasoning, name)
-        if value not in (None, "auto"):
+        if value not in (None, "auto", "none"):
             raise UnsupportedField(f"reasoning.{name}", "cannot be honoured: reasoning is "
                                    "returned as raw reasoning_text, not summarised")
     if reasoning.effort is None:
@@ -150,8 +161,6 @@ def to_thinking(reasoning: w.Reasoning | None) -> bool | None:
 def to_response_format(text: w.TextConfig | None) -> ResponseFormat | None:
     if text is None:
         return None
-    if text.verbosity not in (None, "medium"):
-        raise UnsupportedField("text.verbosity", "cannot be honoured by a local model")
     fmt = text.format
     if fmt is None or fmt.type == "text":
         return None
@@ -177,13 +186,13 @@ def to_sampling(req: w.ResponsesRequest) -> SamplingParams:
     return sampling
 
 
-def to_gen_request(req: w.ResponsesRequest, history: list[Message]
-                   ) -> tuple[GenRequest, list[Message]]:
+def to_gen_request(req: w.ResponsesRequest, history: list[Message],
+                   request: Request | None = None) -> tuple[GenRequest, list[Message]]:
     """The GenRequest, and the conversation (without instructions) to store with the answer."""
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
-    conversation = history + input_messages(req.input, tool_names)
+    conversation = history + input_messages(req.input, tool_names, request)
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
     gen = GenRequest(model=req.model or "default", messages=messages, tools=to_tools(req.tools),
                      tool_choice=to_tool_choice(req.tool_choice),
@@ -271,7 +280,7 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     history: list[Message] = []
     if req.previous_response_id is not None:
         history = list(store.get(req.previous_response_id, param="previous_response_id").messages)
-    gen, conversation = to_gen_request(req, history)
+    gen, conversation = to_gen_request(req, history, request)
     (run,) = await generate(request, [gen])
     builder = ResponseBuilder(base=response_base(req, run.model))
 
@@ -304,6 +313,7 @@ async def delete_response(request: Request) -> Response:
 
 routes: list[BaseRoute] = [
     Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/responses", create_response, methods=["POST"]),   # llama-server's alias
     Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
 ]

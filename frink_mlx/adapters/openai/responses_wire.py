@@ -1,8 +1,14 @@
 """OpenAI Responses API request structs (responses are built as dicts by responses.py).
 
 Rules:
-1. The request forbids unknown fields: a Responses feature this server lacks
-   (`background`, `conversation`, `include`, `prompt`, ...) is refused by name.
+1. Unknown fields are reported, not refused (http/fields.py); the Responses
+   features this server lacks and that would change the answer (`background`,
+   `conversation`, `prompt`, `top_logprobs`, `max_tool_calls`, logprobs in
+   `include`) are declared here and refused by name in responses.py; the ones
+   that cannot change it (`prompt_cache_key`, `safety_identifier`,
+   `service_tier`, `include` items we cannot produce, `text.verbosity`) are
+   declared and accepted as no-ops (the field table: adapters/fields.py).
+   The refusals run as the request decodes (`ResponsesRequest.__post_init__`).
 2. `input` items are decoded per item `type` (a message may omit `type`), so
    an unsupported item (`item_reference`, `file_search_call`, ...) is refused
    naming its position, `input[3].type`.
@@ -17,35 +23,37 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+from ...errors import UnsupportedField
 
-class _Item(msgspec.Struct, forbid_unknown_fields=True):
+
+class _Item(msgspec.Struct, forbid_unknown_fields=False):
     pass
 
 
-class InputText(msgspec.Struct, tag_field="type", tag="input_text", forbid_unknown_fields=True):
+class InputText(msgspec.Struct, tag_field="type", tag="input_text", forbid_unknown_fields=False):
     text: str
 
 
-class OutputText(msgspec.Struct, tag_field="type", tag="output_text", forbid_unknown_fields=True):
+class OutputText(msgspec.Struct, tag_field="type", tag="output_text", forbid_unknown_fields=False):
     text: str
     annotations: list[Any] = msgspec.field(default_factory=list)
     logprobs: list[Any] | None = None
 
 
-class InputImage(msgspec.Struct, tag_field="type", tag="input_image", forbid_unknown_fields=True):
+class InputImage(msgspec.Struct, tag_field="type", tag="input_image", forbid_unknown_fields=False):
     image_url: str | None = None
     file_id: str | None = None
     detail: str | None = None
 
 
-class InputFile(msgspec.Struct, tag_field="type", tag="input_file", forbid_unknown_fields=True):
+class InputFile(msgspec.Struct, tag_field="type", tag="input_file", forbid_unknown_fields=False):
     file_id: str | None = None
     file_data: str | None = None
     file_url: str | None = None
     filename: str | None = None
 
 
-class Refusal(msgspec.Struct, tag_field="type", tag="refusal", forbid_unknown_fields=True):
+class Refusal(msgspec.Struct, tag_field="type", tag="refusal", forbid_unknown_fields=False):
     refusal: str
 
 
@@ -84,7 +92,7 @@ class FunctionCallOutputItem(_Item):
     namespace: str | None = None
 
 
-class ReasoningText(msgspec.Struct, forbid_unknown_fields=True):
+class ReasoningText(msgspec.Struct, forbid_unknown_fields=False):
     text: str
     type: str = "reasoning_text"
 
@@ -106,7 +114,7 @@ INPUT_ITEM_TYPES: dict[str, type[_Item]] = {
 }
 
 
-class FunctionTool(msgspec.Struct, forbid_unknown_fields=True):
+class FunctionTool(msgspec.Struct, forbid_unknown_fields=False):
     type: str
     name: str | None = None
     description: str | None = None
@@ -114,18 +122,18 @@ class FunctionTool(msgspec.Struct, forbid_unknown_fields=True):
     strict: bool | None = None
 
 
-class FunctionChoice(msgspec.Struct, forbid_unknown_fields=True):
+class FunctionChoice(msgspec.Struct, forbid_unknown_fields=False):
     type: str
     name: str | None = None
 
 
-class Reasoning(msgspec.Struct, forbid_unknown_fields=True):
+class Reasoning(msgspec.Struct, forbid_unknown_fields=False):
     effort: str | None = None
     summary: str | None = None
     generate_summary: str | None = None
 
 
-class TextFormat(msgspec.Struct, forbid_unknown_fields=True):
+class TextFormat(msgspec.Struct, forbid_unknown_fields=False):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema: dict[str, Any] | None = None
@@ -133,12 +141,12 @@ class TextFormat(msgspec.Struct, forbid_unknown_fields=True):
     description: str | None = None
 
 
-class TextConfig(msgspec.Struct, forbid_unknown_fields=True):
+class TextConfig(msgspec.Struct, forbid_unknown_fields=False):
     format: TextFormat | None = None
     verbosity: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
+class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=False):
     model: str | None = None
     input: Union[str, list[dict[str, Any]], None] = None
     instructions: str | None = None
@@ -156,3 +164,42 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
     text: TextConfig | None = None
     user: str | None = None
     truncation: Literal["disabled"] | None = None
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    stream_options: dict[str, Any] | None = None
+    # known but not honoured: refused by name in responses.py when set
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    top_logprobs: int | None = None
+    max_tool_calls: int | None = None
+
+    def __post_init__(self) -> None:
+        refuse_unsupported(self)
+
+
+# include items naming output this server never produces (responses.py rule 7)
+NOOP_INCLUDES = frozenset({
+    "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+    "web_search_call.action.sources", "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url", "message.input_image.image_url",
+})
+_REFUSED = (("conversation", "is not supported; use previous_response_id"),
+            ("prompt", "(stored prompt templates) is not supported"),
+            ("max_tool_calls", "is not supported"),
+            ("top_logprobs", "is not supported (no logprobs in Responses)"))
+
+
+def refuse_unsupported(req: ResponsesRequest) -> None:
+    """Fields whose absence from the answer the client would notice (rule 1)."""
+    for i, item in enumerate(req.include or []):
+        if item not in NOOP_INCLUDES:
+            raise UnsupportedField(f"include[{i}]", f"'{item}' cannot be produced by this server")
+    if req.background:
+        raise UnsupportedField("background", "is not supported (responses run in the foreground)")
+    for name, why in _REFUSED:
+        if getattr(req, name) not in (None, 0):
+            raise UnsupportedField(name, why)

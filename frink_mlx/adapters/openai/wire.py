@@ -1,15 +1,23 @@
 """OpenAI wire structs (requests) and the refusal list.
 
 One base struct for the domain: `forbid_unknown_fields=False`, because clients
-send fields newer than this file and OpenAI ignores harmless ones -- but every
-field we know we cannot honour is declared here and refused *by name* in
-`refuse_unsupported` (rule 8 of STYLE.md: never silently ignore). Ranges are
-msgspec constraints, so a bad value is a 400 whose `param` names the field.
+send fields newer than this file and OpenAI ignores harmless ones; unknown ones
+are reported in `x-frink-ignored-fields` (http/fields.py). Every field we know
+we cannot honour is declared here and refused *by name* in `refuse_unsupported`
+(rule 8 of STYLE.md: never silently ignore); fields that cannot change the
+answer (`store`, `metadata`, `service_tier`, `prompt_cache_key`,
+`safety_identifier`, `verbosity`, llama.cpp's `id_slot`, `samplers`,
+`t_max_*`, `n_indent`) are declared and accepted as no-ops. The field table
+(adapters/fields.py, in the README) says which is which. Ranges are msgspec
+constraints, so a bad value is a 400 whose `param` names the field.
 
-Extensions beyond OpenAI (as vLLM / mlx-lm accept them): `top_k`, `min_p`,
-`repetition_penalty`, `ignore_eos`, `cache_salt`, `chat_template_kwargs`
+Extensions beyond OpenAI (as vLLM / mlx-lm / llama-server accept them): `top_k`,
+`min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `speculative` (false opts out of
+speculative decoding; it never changes the output), `chat_template_kwargs`
 (`enable_thinking` only), `add_generation_prompt`, `continue_final_message`,
-`reasoning_content` on assistant messages.
+`reasoning_content` on assistant messages; llama-server's `n_predict`,
+`cache_prompt`, `grammar`, `json_schema`, `response_format.schema`;
+`max_tokens: -1` = no limit (up to the context ceiling); `"model": null` = default.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from ...core.request import ResponseFormat
 from ...errors import InvalidRequest, UnsupportedField
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
@@ -94,6 +103,7 @@ class JsonSchemaFormat(Wire):
 class ResponseFormatWire(Wire):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema: dict[str, Any] | None = None   # llama-server: {"type": "json_object", "schema": ...}
 
 
 class StreamOptions(Wire):
@@ -104,8 +114,8 @@ class StreamOptions(Wire):
 class SamplingWire(Wire):
     """Fields shared by chat and completions."""
 
-    model: str = "default"
-    max_tokens: PositiveInt | None = None
+    model: str | None = None
+    max_tokens: int | None = None          # -1 = no limit; else at least 1 (max_tokens())
     temperature: Temperature | None = None
     top_p: Unit | None = None
     top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
@@ -122,6 +132,26 @@ class SamplingWire(Wire):
     user: str | None = None
     ignore_eos: bool = False
     cache_salt: str | None = None
+    speculative: bool = True  # extension: False opts out of speculative decoding
+    # llama-server extensions
+    n_predict: int | None = None
+    cache_prompt: bool = True
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    # accepted, no effect on the answer (module docstring)
+    store: bool | None = None
+    metadata: Any = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = None
+    id_slot: int | None = None
+    samplers: Union[list[str], str, None] = None
+    t_max_prompt_ms: int | None = None
+    t_max_predict_ms: int | None = None
+    n_indent: int | None = None
+    response_fields: list[str] | None = None
     # known but not honoured: refused by name
     best_of: int | None = None
     suffix: Any = None
@@ -131,15 +161,12 @@ class SamplingWire(Wire):
     modalities: Any = None
     prediction: Any = None
     web_search_options: Any = None
-    store: bool | None = None
-    metadata: Any = None
-    service_tier: str | None = None
     logprobs: Any = None  # chat: bool; completions: int -- each adapter checks its own
 
 
 class ChatCompletionRequest(SamplingWire):
     messages: list[ChatMessage] = msgspec.field(default_factory=list)
-    max_completion_tokens: PositiveInt | None = None
+    max_completion_tokens: int | None = None
     top_logprobs: TopLogprobs | None = None
     tools: list[WireTool] | None = None
     tool_choice: Union[str, ToolChoiceObject, None] = None
@@ -147,7 +174,7 @@ class ChatCompletionRequest(SamplingWire):
     response_format: ResponseFormatWire | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: bool | None = None   # None: true unless continue_final_message
     continue_final_message: bool = False
 
 
@@ -167,7 +194,6 @@ UNSUPPORTED: dict[str, str] = {
     "modalities": "is not supported (text only)",
     "prediction": "is not supported (no predicted outputs)",
     "web_search_options": "is not supported (no web search)",
-    "metadata": "is not supported (completions are not stored)",
 }
 
 
@@ -180,13 +206,44 @@ def refuse_unsupported(req: SamplingWire) -> None:
         if name == "modalities" and value == ["text"]:
             continue
         raise UnsupportedField(name, why)
-    if req.store:
-        raise UnsupportedField("store", "is not supported (completions are not stored)")
-    if req.service_tier not in (None, "auto", "default"):
-        raise UnsupportedField("service_tier", "only 'auto' and 'default' are supported")
     if req.stream_options is not None and not req.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.",
                              param="stream_options")
+
+
+def max_tokens(*sent: tuple[str, int | None]) -> int | None:
+    """The first length limit the client sent: -1 = none (up to the context ceiling).
+
+    `n_predict` (llama-server) 0 is its warm-up: one token, so the prompt's
+    blocks reach the prefix cache."""
+    for name, value in sent:
+        if value is None:
+            continue
+        if value == -1:
+            return None
+        if value == 0 and name == "n_predict":
+            return 1
+        if value < 1:
+            raise InvalidRequest(f"'{name}' must be at least 1 (or -1 for no limit).", param=name)
+        return value
+    return None
+
+
+def llamacpp_format(req: SamplingWire, rf: ResponseFormatWire | None = None
+                    ) -> ResponseFormat | None:
+    """llama-server's `grammar` / `json_schema` / `response_format.schema`, as a ResponseFormat."""
+    schema_rf = rf.schema if rf is not None and rf.type != "text" else None
+    sent = [name for name, value in (("grammar", req.grammar), ("json_schema", req.json_schema),
+                                     ("response_format.schema", schema_rf)) if value]
+    if len(sent) > 1 or (sent and rf is not None and rf.json_schema is not None):
+        raise InvalidRequest("Send one of 'grammar', 'json_schema' and 'response_format'.",
+                             param=sent[0])
+    if req.grammar:
+        return ResponseFormat("grammar", grammar=req.grammar, param="grammar")
+    schema = req.json_schema or schema_rf
+    if schema:
+        return ResponseFormat("json_schema", schema=schema, param=sent[0])
+    return None
 
 
 def logit_bias_ids(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -17,6 +17,9 @@ Rules, in the order they apply to one reply:
    exactly `ToolCallEnd.arguments`. Other families emit one delta at the end.
 5. With `parallel_tool_calls` off, calls after the first are dropped like calls
    to tools that were not offered.
+6. A call cut short (the length limit inside its markup) ends with what its
+   body holds, minus any beginning of the end marker: `arguments` never carry
+   markup (`...}}\n</tool_call` becomes the call's complete arguments).
 """
 
 from __future__ import annotations
@@ -182,8 +185,8 @@ class MarkupStreamParser:
             self._buf = self._buf[pos + len(self._fmt.end):]
             self._mode, self._skip_ws = "text", True
             return True
-        if final:
-            self._close_call(out, self._buf)
+        if final:  # rule 6: a call cut short keeps no half of its end marker
+            self._close_call(out, self._buf[:safe_prefix_len(self._buf, [end])])
             self._buf = ""
             return False
         self._call.scan = max(0, len(self._buf) - len(end) + 1)

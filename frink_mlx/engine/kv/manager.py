@@ -34,6 +34,10 @@ Rules, in order:
  7. `fork` gives the child the parent's *full* blocks only (ref++); the engine
     recomputes the remaining < block_size tokens into the child's own block, so
     two rows never write into one block.
+ 8. `trim` gives back the slots of rejected speculative positions (engine/spec.py):
+    the table shrinks to `num_tokens` and blocks left empty are freed. It never
+    cuts into a published block, and the blocks it frees were never hashed
+    (only positions with written K/V of known tokens are published).
 """
 
 from __future__ import annotations
@@ -264,6 +268,22 @@ class KVCacheManager:
             block_hashes=parent.block_hashes[:num_full],
         )
         return num_full * self._block_size
+
+    def trim(self, seq_id: SeqId, num_tokens: int) -> int:
+        """Shrink `seq_id`'s reserved slots to `num_tokens` (rule 8); returns blocks freed."""
+        state = self._seq(seq_id)
+        bs = self._block_size
+        if not len(state.block_hashes) * bs <= num_tokens <= state.num_tokens:
+            raise EngineFailure(
+                f"cannot trim sequence {seq_id!r} to {num_tokens} tokens: it holds "
+                f"{state.num_tokens}, {len(state.block_hashes) * bs} of them published",
+                param="num_tokens")
+        keep = -(-num_tokens // bs)
+        dropped = state.blocks[keep:]
+        del state.blocks[keep:]
+        state.num_tokens = num_tokens
+        self.pool.free_blocks(reversed(dropped))
+        return len(dropped)
 
     def reset_prefix_cache(self) -> int:
         """Forget every free block's hash; returns how many were dropped."""

@@ -55,6 +55,12 @@ Rules:
    no NaN can leak into the trash slot. A single unpadded row needs no mask
    array (None for one token, "causal" for a fresh prompt), which keeps the
    single-stream path on the same kernels as mlx-lm.
+5. Model files that reshape queries per KV group and score them without
+   SDPA (gemma2: scores (B, n_kv_heads, repeats, L, T)) ask for the mask with
+   `return_array=True`; for them the caches are built with `grouped_mask`,
+   which hands out the (B, 1, 1, L, T) view so it broadcasts over the group
+   axis. One row never needed it (a leading 1 broadcasts); two or more did.
+   `groups_queries_per_kv_head(model)` says which models need it.
 """
 
 from __future__ import annotations
@@ -239,10 +245,12 @@ class PagedLayerCache:
     never keeps a pool array itself (rule 1): it reaches through the store.
     """
 
-    def __init__(self, store: PagedKVStore, layer: int, layout: BatchLayout) -> None:
+    def __init__(self, store: PagedKVStore, layer: int, layout: BatchLayout,
+                 grouped_mask: bool = False) -> None:
         self._store = store
         self._layer = layer
         self._layout = layout
+        self._grouped_mask = grouped_mask
         self.offset = layout.offsets
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -263,6 +271,8 @@ class PagedLayerCache:
         value = self._layout.mask(window_size)
         if return_array and not isinstance(value, mx.array):
             value = mx.array(self._layout._mask_np(window_size))
+        if return_array and self._grouped_mask and isinstance(value, mx.array):
+            value = mx.expand_dims(value, 2)  # (B, 1, 1, L, T): rule 5
         return value
 
     def layout_memo(self, key: Any, value: Any = None) -> Any:
@@ -293,9 +303,22 @@ class PagedLayerCache:
         return self._layout.width
 
 
-def make_layer_caches(store: PagedKVStore, layout: BatchLayout) -> list[PagedLayerCache]:
-    """One protocol object per layer for a forward call over `layout`."""
-    return [PagedLayerCache(store, i, layout) for i in range(store.num_layers)]
+def make_layer_caches(store: PagedKVStore, layout: BatchLayout,
+                      grouped_mask: bool = False) -> list[PagedLayerCache]:
+    """One protocol object per layer for a forward call over `layout` (rule 5: `grouped_mask`)."""
+    return [PagedLayerCache(store, i, layout, grouped_mask) for i in range(store.num_layers)]
+
+
+# mlx-lm model files whose attention scores queries reshaped per KV group (rule 5).
+_GROUPED_SCORE_MODULES = frozenset({"mlx_lm.models.gemma2"})
+
+
+def groups_queries_per_kv_head(model: Any) -> bool:
+    """True if `model` needs rule 5's grouped mask (its attention repeats queries per KV head)."""
+    if type(model).__module__ not in _GROUPED_SCORE_MODULES:
+        return False
+    layers = getattr(model, "layers", None) or []
+    return any(getattr(getattr(layer, "self_attn", None), "repeats", 1) > 1 for layer in layers)
 
 
 def model_kv_geometry(model: Any) -> tuple[int, int, int]:

@@ -8,8 +8,9 @@
     importer.py   `import_gguf`: the streaming conversion, progress and logging
 
 `import_gguf(path, cache_dir, *, as_float=False, progress=None) -> Path` is the
-public entry; any file name works (Ollama blobs have no .gguf suffix). The
-heavy modules load on first use of `import_gguf`.
+public entry; any file name works (Ollama blobs have no .gguf suffix).
+`check_gguf(path)` runs its checks (header, tensor types, architecture) without
+converting. The heavy modules load on first use of either.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 
 from .cache import IMPORTER_VERSION, checkpoint_dir_for, content_hash
 
-__all__ = ["IMPORTER_VERSION", "ImportProgress", "checkpoint_dir_for", "content_hash", "import_gguf"]
+__all__ = ["IMPORTER_VERSION", "ImportProgress", "check_gguf", "checkpoint_dir_for", "content_hash",
+           "import_gguf"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("import_gguf", "ImportProgress"):
+    if name in ("import_gguf", "ImportProgress", "check_gguf"):
         from . import importer
 
         return getattr(importer, name)

@@ -89,6 +89,21 @@ def import_gguf(path: str | Path, cache_dir: str | Path, *, as_float: bool = Fal
     return target
 
 
+def check_gguf(path: str | Path) -> str:
+    """What `import_gguf` checks before converting (header, tensor types, architecture),
+    without hashing or converting; the architecture, or ModelFormatError naming the file.
+    `frink-mlx models` marks entries it would refuse with this."""
+    path = Path(path)
+    try:
+        header = read_header(path, tx.type_sizes())
+        _refuse_unsupported(header)
+        return archs.arch_spec(header.metadata)[0]
+    except ModelFormatError as exc:
+        prefix = f"{path}: "
+        message = exc.message if exc.message.startswith(prefix) else prefix + exc.message
+        raise ModelFormatError(message) from None
+
+
 def _refuse_unsupported(header: GGUFHeader) -> None:
     """Every unsupported tensor type in the file, with counts and what to do, in one line."""
     supported = tx.supported_types()
