@@ -53,7 +53,7 @@ log = logging.getLogger("frink_mlx.distributed")
 def leader_factory(channel: PlanChannel, group: DistributedGroup) -> GenerationFactory:
     """The hub's generation factory on rank 0 (module rules 1-4)."""
     factory = functools.partial(_build_leader_generation, channel, group)
-    factory.shards = group.size  # type: ignore[attr-defined]  # each rank holds 1/size (room.py)
+    factory.shards = getattr(group, "size", 1)  # type: ignore[attr-defined]  # each rank holds 1/size (room.py)
     return factory
 
 

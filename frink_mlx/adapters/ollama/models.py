@@ -152,7 +152,7 @@ def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
 @endpoint(ollama_error)
 async def ps(request: Request) -> Response:
     state = request.app.state.frink
-    gens = state.hub.resident + state.hub.retired
+    gens = list(reversed(state.hub.resident)) + state.hub.retired  # most recently used first
     return json_response({"models": [ps_entry(state, g) for g in gens]})
 
 
