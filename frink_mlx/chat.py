@@ -19,6 +19,7 @@ model in process otherwise; the pieces live in cli_chat/. Rules:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cli_chat.common import ChatModel, ChatParams, Note
@@ -120,9 +121,24 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     try:
         repl = Repl(target, _params(args), Conversation(system=args.system),
                     verbose=args.verbose)
-        return repl.run()
+        code = repl.run()
     finally:
         target.close()
+    if daemon is None:
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> None:
+    """End an in-process session now that its conversation is closed.
+
+    Why: an engine thread of a model this session switched away from may still be
+    finishing a step when the REPL ends (its join is bounded, engine.py); letting the
+    interpreter tear MLX down around a live MLX thread can hang the exit. Nothing is
+    left to save, so flush and leave."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _enable_line_editing() -> None:

@@ -37,8 +37,9 @@ def ask(url: str, model: str) -> None:
 
 def settle(daemon: DaemonProcess) -> int:
     """Steady RSS once the retired generation is freed and its memory handed back
-    (/admin/models: nothing `retired`, nothing `releasing`): the lowest of a few reads over
-    a second, so a transient allocation of the request just served is not counted as held."""
+    (/admin/models: nothing `retired`, nothing `releasing`): the lowest of the reads over
+    three seconds, so a transient allocation of the request just served is not counted as
+    held (a retained generation stays in every read)."""
     deadline = time.monotonic() + 60
     while True:
         info = httpx.get(daemon.url + "/admin/models", timeout=10).json()
@@ -47,7 +48,7 @@ def settle(daemon: DaemonProcess) -> int:
         assert time.monotonic() < deadline, f"a retired generation was never freed: {info}"
         time.sleep(0.05)
     reads = []
-    for _ in range(5):
+    for _ in range(15):
         reads.append(daemon.rss_bytes())
         time.sleep(0.2)
     return min(reads)
