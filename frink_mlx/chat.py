@@ -122,20 +122,21 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
         repl = Repl(target, _params(args), Conversation(system=args.system),
                     verbose=args.verbose)
         code = repl.run()
-    finally:
+    except BaseException:
         target.close()
+        raise
     if daemon is None:
-        _end_process(code)
+        _end_process(code)  # nothing to hand back: the in-process engines end with the process
+    target.close()
     return code
 
 
 def _end_process(code: int) -> None:
-    """End an in-process session now that its conversation is closed.
+    """End an in-process session once its conversation is over.
 
-    Why: an engine thread of a model this session switched away from may still be
-    finishing a step when the REPL ends (its join is bounded, engine.py); letting the
-    interpreter tear MLX down around a live MLX thread can hang the exit. Nothing is
-    left to save, so flush and leave."""
+    Why: shutting the in-process engines down first joins their threads (bounded, but
+    up to half a minute each, engine.py), and letting the interpreter tear MLX down
+    around a live MLX thread can hang the exit. Nothing is left to save: flush and leave."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
