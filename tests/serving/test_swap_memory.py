@@ -73,12 +73,11 @@ def test_rss_after_many_swaps_stays_within_one_swap(tmp_path: Path) -> None:
             ask(daemon.url, "tiny-b")
             ask(daemon.url, "tiny-a")
             samples.append(settle(daemon))
-        # Retained generations would add ~model_bytes (weights) per swap, in every later
-        # sample; one generation still being handed back is one swap's worth at most.
-        peak = max(samples) - after_one_pair
-        assert peak < model_bytes * 1.5, f"{[s // 2**20 for s in samples]} MiB"
-        growth = sorted(samples)[len(samples) // 2] - after_one_pair  # the steady level
-        assert growth < model_bytes / 2, (
+        # Issue 17: RSS after N swaps stays within one swap's worth. Retained generations
+        # would add ~model_bytes (weights) per swap pair, i.e. ~6x over these pairs; one
+        # generation still being handed back (seen here, open) is one swap's worth.
+        growth = max(samples) - after_one_pair
+        assert growth < model_bytes * 1.25, (
             f"RSS grew {growth / 1e6:.0f} MB over {NUM_PAIRS} swap pairs "
             f"(one model is {model_bytes / 1e6:.0f} MB): {[s // 2**20 for s in samples]} MiB")
         assert daemon.log_lines_at("ERROR") == []
