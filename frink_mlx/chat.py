@@ -19,6 +19,7 @@ model in process otherwise; the pieces live in cli_chat/. Rules:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .cli_chat.common import ChatModel, ChatParams, Note
@@ -120,9 +121,25 @@ def chat_command(settings: Settings, args: argparse.Namespace) -> int:
     try:
         repl = Repl(target, _params(args), Conversation(system=args.system),
                     verbose=args.verbose)
-        return repl.run()
-    finally:
+        code = repl.run()
+    except BaseException:
         target.close()
+        raise
+    if daemon is None:
+        _end_process(code)  # nothing to hand back: the in-process engines end with the process
+    target.close()
+    return code
+
+
+def _end_process(code: int) -> None:
+    """End an in-process session once its conversation is over.
+
+    Why: shutting the in-process engines down first joins their threads (bounded, but
+    up to half a minute each, engine.py), and letting the interpreter tear MLX down
+    around a live MLX thread can hang the exit. Nothing is left to save: flush and leave."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _enable_line_editing() -> None:

@@ -158,7 +158,6 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
-    log.info("loading %s from %s", spec.name, path)
     try:
         model, tokenizer, model_config = cast(Any, mlx_lm.load(
             str(path), tokenizer_config=tokenizer_config, return_config=True))
