@@ -11,7 +11,9 @@
     GET  /admin/models         resident generations, the default one (`active`), load in
                                progress (and its progress), last load error, retired
                                generations still draining, how many freed ones are still
-                               handing memory back (`releasing`), the registry
+                               handing memory back (`releasing`), the numbers of freed ones
+                               something still references (`lingering`, serving/release.py
+                               rule 3), the registry
                                (each entry `available`, or its `unavailable` reason)
     POST /admin/models/load    {"model": NAME, "wait": false} -> 202 (background) / 200
                                (wait); 409 while another load runs
@@ -113,7 +115,7 @@ async def list_admin_models(request: Request) -> Response:
         "memory": state.memory_report(),
         "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
-        "releasing": hub.releasing,
+        "releasing": hub.releasing, "lingering": hub.lingering,
         "default": state.registry.default, "models": entries,
     })
 

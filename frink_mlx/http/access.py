@@ -46,6 +46,10 @@ Rules:
    (serving/handles.py rule 3): `frink-max-tokens: N` (the largest of its
    runs), and `frink-max-tokens-requested: M` when the client's max_tokens
    was more than the context left room for and was clamped to N.
+8. The list of a request's runs is emptied once its line is recorded. Every
+   copy of the request's context shares that list -- a timer the request
+   scheduled keeps its copy until the timer's due time, even cancelled -- and
+   a run holds its generation: a model retired meanwhile stayed resident.
 """
 
 from __future__ import annotations
@@ -249,6 +253,7 @@ class AccessLogMiddleware:
             for name, value in runs_tally(runs).items():
                 if value is not None:
                     state[name] = value
+            runs.clear()  # rule 8: copies of this request's context outlive it
             self._record(scope, state, request_id, status, time.perf_counter() - started)
 
     def _record(self, scope: Scope, state: dict[str, Any], request_id: str, status: int,

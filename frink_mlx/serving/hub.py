@@ -34,7 +34,11 @@ Rules:
    LOAD_LOG_INTERVAL_S.
 4. A retired generation's engine is shut down and memory released when its
    last lease ends. Nothing in flight migrates. Memory goes back to the OS
-   only after the hub's last reference is dropped (backend/memory.py).
+   once the generation is really gone, not merely dropped by the hub
+   (release.py: traced by a weak reference; `releasing` until then,
+   `lingering` if something still holds it; backend/memory.py). So nothing
+   here keeps a retired generation in a frame that awaits: loops that
+   retire run in frames of their own.
 5. `unload()` retires every resident generation and parks the hub: every
    request gets 503 until an admin load. `unload(name)` retires one model;
    the hub stays open and may load it again on demand.
@@ -62,7 +66,8 @@ from ..engine.gate import DecodeGate
 from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
 from ..models.progress import Progress
 from ..registry import ModelSpec, Registry
-from .generation import Gate, Generation, GenerationFactory, build_generation, free_generation
+from .generation import Gate, Generation, GenerationFactory, build_generation
+from .release import Releases
 from .residency import Residency
 from .room import (
     build_resident,
@@ -118,7 +123,7 @@ class Hub:
         self.loading_since: float | None = None  # time.monotonic() of the load's start
         self.load_progress: Progress | None = None
         self.draining = False
-        self.releasing = 0  # rule 4: freed generations whose memory is still being handed back
+        self.releases = Releases(backend, config.drain_timeout_s)  # rule 4
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -127,7 +132,6 @@ class Hub:
         self._leases: dict[int, int] = {}
         self._retired: dict[int, Generation] = {}
         self._swap_lock = anyio.Lock()
-        self._frees: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Generation]] = set()
 
     # --- state -----------------------------------------------------------------
@@ -365,37 +369,34 @@ class Hub:
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:
-        """Rule 4: shut the engine down, drop the hub's reference, then hand the memory
-        back -- only once nothing here holds the generation (Backend.release_freed_memory)."""
-        loop = asyncio.get_running_loop()
-        number = gen.number
-        future = loop.run_in_executor(None, free_generation, gen, self.config.drain_timeout_s)
-        del gen  # the callback below must not keep it alive
+        """Rule 4 (release.py): the engine stops, the hub lets go, the memory goes back."""
+        self.releases.schedule(gen, lambda number: self._retired.pop(number, None))
 
-        def forget(_f: object) -> None:
-            self._retired.pop(number, None)
-            self.releasing += 1
-            release = loop.run_in_executor(None, self.backend.release_freed_memory)
-            release.add_done_callback(lambda _r: setattr(self, "releasing", self.releasing - 1))
-            self._frees.append(release)
+    @property
+    def releasing(self) -> int:
+        """Retired generations whose memory is not handed back yet (release.py)."""
+        return self.releases.releasing
 
-        future.add_done_callback(forget)
-        self._frees.append(future)
+    @property
+    def lingering(self) -> list[int]:
+        """Freed generations something still references (release.py rule 3)."""
+        return sorted(self.releases.lingering)
 
     async def wait_freed(self) -> None:
         """Wait for every scheduled free (tests, shutdown)."""
-        while self._frees:
-            pending, self._frees = self._frees, []
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.releases.wait()
 
     async def shutdown(self) -> None:
         """Retire everything; engines finish their in-flight rows first."""
         for task in list(self._tasks):
             task.cancel()
+        self._free_all()
+        await self.wait_freed()
+
+    def _free_all(self) -> None:
+        """Shutdown's frees, in a frame of their own: no loop variable outlives them."""
         for gen in self.resident:
             self._retire(gen)
         for gen in list(self._retired.values()):
-            if self._leases.get(gen.number, 0) > 0:
-                self._leases.pop(gen.number, None)
+            if self._leases.pop(gen.number, 0) > 0:
                 self._schedule_free(gen)
-        await self.wait_freed()

@@ -126,10 +126,17 @@ async def make_room(hub: "Hub", spec: ModelSpec) -> None:
                 f"memory is held by {residency.blockers(hub.busy)}; retry when one is idle.",
                 code="insufficient_memory", retry_after_s=ROOM_RETRY_AFTER_S)
         await anyio.sleep(ROOM_POLL_S)
-    for gen in victims:
-        hub._retire(gen)
-    if victims:
+    if _evict(hub, victims):
         await hub.wait_freed()
+
+
+def _evict(hub: "Hub", victims: list[Generation]) -> int:
+    """Retire `victims`, emptying the list, so the waiting caller holds none of them
+    (serving/release.py waits until each is gone)."""
+    count = len(victims)
+    while victims:
+        hub._retire(victims.pop(0))
+    return count
 
 
 def build_resident(hub: "Hub", spec: ModelSpec, number: int, progress: Progress) -> Generation:
@@ -162,14 +169,18 @@ async def reap_idle(hub: "Hub") -> None:
     hub sleeps (its next request, or "default", loads it again)."""
     while True:
         await anyio.sleep(reap_interval_s(hub.residency, hub.config))
-        if hub._swap_lock.locked():
-            continue
-        for gen in hub.residency.expired(hub.busy):
-            log.info("generation %d: %s idle past its keep-alive, unloading", gen.number,
-                     gen.name)
-            hub._retire(gen)
-            if not hub.residency.residents:
-                hub.sleeping = gen.spec
+        if not hub._swap_lock.locked():
+            _reap_once(hub)
+
+
+def _reap_once(hub: "Hub") -> None:
+    """One look, in a frame of its own: no loop variable keeps a retired generation
+    alive across the reaper's sleep (serving/release.py)."""
+    for gen in hub.residency.expired(hub.busy):
+        log.info("generation %d: %s idle past its keep-alive, unloading", gen.number, gen.name)
+        hub._retire(gen)
+        if not hub.residency.residents:
+            hub.sleeping = gen.spec
 
 
 def model_states(hub: "Hub") -> dict[str, dict[str, Any]]:
