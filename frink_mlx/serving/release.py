@@ -122,7 +122,7 @@ class Releases:
             self._gone(number, force=True)
             return
         self.lingering[number] = tracer
-        log.warning("generation %d is still referenced %.0f s after it was freed (by %s); its "
+        log.warning("generation %d is still referenced %g s after it was freed (by %s); its "
                     "memory goes back when that reference does", number, GONE_WAIT_S,
                     holders(tracer))
 
