@@ -108,15 +108,15 @@ class Releases:
         stopped.add_done_callback(release)
         self._frees.append(stopped)
 
-    def _hand_back(self, tracer: Tracer) -> bool:
-        """Rule 2 (a worker thread)."""
-        gone = wait_gone(tracer, GONE_WAIT_S)
+    def _hand_back(self, tracer: Tracer) -> str | None:
+        """Rule 2 (a worker thread): None once gone, else what still holds the model."""
+        held_by = None if wait_gone(tracer, GONE_WAIT_S) else holders(tracer)
         self.backend.release_freed_memory()
-        return gone
+        return held_by
 
-    def _handed_back(self, number: int, tracer: Tracer, handed: asyncio.Future[bool]) -> None:
+    def _handed_back(self, number: int, tracer: Tracer, handed: asyncio.Future[str | None]) -> None:
         self.releasing -= 1
-        if handed.cancelled() or handed.exception() is not None or handed.result():
+        if handed.cancelled() or handed.exception() is not None or handed.result() is None:
             return
         if tracer() is None:  # went between the last collection and now
             self._gone(number, force=True)
@@ -124,7 +124,7 @@ class Releases:
         self.lingering[number] = tracer
         log.warning("generation %d is still referenced %g s after it was freed (by %s); its "
                     "memory goes back when that reference does", number, GONE_WAIT_S,
-                    holders(tracer))
+                    handed.result())
 
     def _gone(self, number: int, force: bool = False) -> None:
         """Rule 3: a lingering model went; hand its memory back now."""
