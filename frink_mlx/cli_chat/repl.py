@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import FrinkError
 from .common import DAEMON_LOST, DAEMON_UNREACHABLE, ChatModel, ChatParams, Stats
+from .prompt import read_line
 from .session import Conversation
 
 PROMPT = ">> "
@@ -62,7 +63,7 @@ class Repl:
     conversation: Conversation
     verbose: bool = False
     last: Stats | None = None
-    read: Callable[[str], str] = input
+    read: Callable[[str], str] = read_line
     commands: dict[str, Callable[[str], bool]] = field(init=False)
 
     def __post_init__(self) -> None:
