@@ -50,7 +50,6 @@ import dataclasses
 import gc
 import queue
 import secrets
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -61,6 +60,7 @@ from mlx.utils import tree_flatten
 from ..backend import Backend
 from ..core.checks import check_sampling
 from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded, Unavailable
+from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
 from .gate import DecodeGate
@@ -118,7 +118,7 @@ class Engine:
         model = loaded.model
         self._geometry = model_kv_geometry(model)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
-        self._stream: Any = mx.new_thread_local_stream(mx.default_device())
+        self._stream: Any = workers.stream_for(mx.default_device())
         self.kv = KVCacheManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
@@ -135,7 +135,7 @@ class Engine:
             LoopConfig(bool(config.pipeline), config.queue_timeout_s, config.admission_window_s),
             gate, self.scheduler, self.runner, self.kv, self._new_store, self._inbox,
             self._depth, self._stats)
-        self._thread: threading.Thread | None = None
+        self._thread: workers.Job | None = None
         self._stopping = False
 
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
@@ -171,8 +171,7 @@ class Engine:
     def start(self) -> None:
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._main, name="frink-engine", daemon=True)
-        self._thread.start()
+        self._thread = workers.start(self._main, f"frink-engine g{self.config.generation}")
 
     def submit(self, seq: SeqRequest) -> SeqStream:
         """Validate (rule 1) and enqueue; the stream yields this request's outputs."""
@@ -262,18 +261,10 @@ class Engine:
     # -- the MLX thread --------------------------------------------------------------
 
     def _main(self) -> None:
-        # One explicit stream made by the constructing thread (as mlx-lm's
-        # generation_stream): a thread-local default stream created on this
-        # thread would be torn down at exit while its worker still runs.
-        try:
-            with mx.stream(self._stream):
-                self._loop.run()
-        finally:
-            # This thread's streams (and their worker threads) end with it, not at
-            # interpreter exit, where MLX's teardown may find a worker still
-            # joinable and abort the process ("terminate called without an
-            # active exception", seen in ~1 of 8 `frink-mlx generate` runs).
-            mx.clear_streams()  # destroys the streams created on the calling thread
+        # On a pool thread, with the device's one thread-local stream (workers.py): its
+        # streams outlive this generation and serve the next engine the thread runs.
+        with mx.stream(self._stream):
+            self._loop.run()
 
 
 def _param_dtype(model: Any) -> mx.Dtype:
