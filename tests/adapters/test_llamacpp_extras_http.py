@@ -39,6 +39,27 @@ def test_llama_server_schemas_are_enforced(live: Any, field: str) -> None:
                                                                        {"ok": False})
 
 
+def test_draft07_tuple_items_are_enforced(live: Any) -> None:
+    """llama.cpp's tests (and zod-to-json-schema) send `items` as a list: a tuple, not a 400."""
+    fmt = {"type": "json_object", "schema": {"type": "array", "items": [{"type": "integer"}],
+                                             "additionalItems": False, "minItems": 1}}
+    out = json.loads(content(chat(live, max_tokens=20, response_format=fmt)))
+    assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], int)
+
+
+def test_chat_answers_carry_llama_server_timings(live: Any) -> None:
+    r = chat(live, max_tokens=3, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    timings = r.json()["timings"]
+    assert timings["predicted_n"] == 3 and timings["prompt_n"] + timings["cache_n"] > 0
+    with httpx.stream("POST", live.url + "/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "messages": HI, "max_tokens": 3, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3
+    assert "timings" not in chunks[0]
+
+
 def test_length_fields(live: Any) -> None:
     r = chat(live, max_tokens=-1, n_predict=None, stop=["\n"], seed=1, ignore_eos=False)
     assert r.status_code == 200
