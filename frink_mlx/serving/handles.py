@@ -245,9 +245,9 @@ class DecodeHandles:
         request, rendered = prepared.request, prepared.rendered
         request_id = request.request_id or f"req-{uuid.uuid4().hex[:24]}"
         constraints = self._budgeted(prepared, constraints)
+        sampling = apply_sampling_defaults(request, self.generation.spec.sampling)
         seq = SeqRequest(
-            request_id=request_id, prompt_ids=rendered.ids,
-            sampling=apply_sampling_defaults(request, self.generation.spec.sampling),
+            request_id=request_id, prompt_ids=rendered.ids, sampling=sampling,
             max_tokens=prepared.max_tokens,
             stop_token_ids=frozenset() if request.ignore_eos else self.eos_ids,
             n=request.n, cache_prompt=request.cache_prompt, cache_salt=request.cache_salt,
@@ -261,7 +261,7 @@ class DecodeHandles:
                    generation=self.generation.number, created=int(time.time()),
                    prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
-                   max_tokens_requested=request.max_tokens,
+                   max_tokens_requested=request.max_tokens, sampling=sampling,
                    _lease=lease, _handles=self, _memory=memory)
 
     def _budgeted(self, prepared: "Prepared", constraints: list[Any] | None) -> list[Any] | None:
@@ -308,6 +308,7 @@ class Run:
     _lease: Lease | None
     _handles: DecodeHandles
     max_tokens_requested: int | None = None  # rule 3: what the client asked (None: nothing)
+    sampling: SamplingParams | None = None   # rule 4: what it runs with, model defaults applied
     _memory: TurnMemory | None = None
     _finished: bool = False
     _cut: FrinkError | None = None

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import ErrorEvent, choice_events
+from ...core.request import SamplingParams
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
@@ -91,7 +92,8 @@ async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int
                   ) -> Answer:
     gen = to_gen_request(body, prompt)
     (run,) = await generate(request, [gen])
-    settings = {**generation_settings(body, gen), "model": run.model}
+    settings = {**generation_settings(body, gen, getattr(run, "sampling", None)),
+                "model": run.model}
     builders = [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
                                   prompt_tokens=run.prompt_tokens, settings=settings,
                                   n_probs=body.n_probs, return_tokens=body.return_tokens,
@@ -144,13 +146,18 @@ async def detokenize(request: Request) -> Response:
 
 
 def _default_settings(state: Any) -> dict[str, Any]:
+    """What a request naming no sampling field runs with: the model's defaults, else ours
+    (0 is a real default -- greedy -- not a missing one)."""
     spec = state.hub.current.spec if state.hub.current is not None else None
-    defaults = spec.sampling if spec is not None and spec.sampling is not None else None
-    return {"n_predict": -1, "temperature": getattr(defaults, "temperature", None) or 1.0,
-            "top_k": getattr(defaults, "top_k", None) or 0,
-            "top_p": getattr(defaults, "top_p", None) or 1.0,
-            "min_p": getattr(defaults, "min_p", None) or 0.0, "seed": -1, "stream": False,
-            "cache_prompt": True, "n_probs": 0}
+    defaults = spec.sampling if spec is not None else None
+
+    def default(name: str) -> Any:
+        value = getattr(defaults, name, None)
+        return getattr(SamplingParams(), name) if value is None else value
+
+    return {"n_predict": -1, **{name: default(name) for name in
+                                ("temperature", "top_k", "top_p", "min_p")},
+            "seed": -1, "stream": False, "cache_prompt": True, "n_probs": 0}
 
 
 @endpoint(llamacpp_error)

@@ -158,9 +158,11 @@ def infill_prompt(body: wire.InfillRequest, style: tuple[str, str, str, str | No
     return f"{head}{pre}{body.input_prefix}{suf}{body.input_suffix}{mid}{body.prompt}"
 
 
-def generation_settings(body: wire._Sampling, req: GenRequest) -> dict[str, Any]:
-    """The parameters this request ran with, in llama.cpp's names (`generation_settings`)."""
-    s = req.sampling
+def generation_settings(body: wire._Sampling, req: GenRequest,
+                        sampling: SamplingParams | None = None) -> dict[str, Any]:
+    """The parameters this request ran with, in llama.cpp's names (`generation_settings`):
+    `sampling` is what the run used (the model's defaults filled in), else the request's."""
+    s = sampling if sampling is not None else req.sampling
     return {"n_predict": body.n_predict, "seed": s.seed if s.seed is not None else -1,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
             "repeat_penalty": s.repetition_penalty,
