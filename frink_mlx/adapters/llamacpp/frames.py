@@ -8,8 +8,9 @@ its own server tests read:
    `tokens_cached`, `generation_settings`, `timings`, `truncated`, `model`,
    `id_slot`, `index`, `has_new_line` and `prompt` (a text prompt only).
 2. Streaming: `data: {"content", "tokens", "stop": false, "tokens_predicted",
-   "tokens_evaluated", ...}` per text piece, then one final frame with
-   `stop: true` and everything of rule 1 (content ""); no `[DONE]`.
+   "tokens_evaluated", ...}` per text piece -- `tokens` holds the piece's ids,
+   with or without `return_tokens`, as llama-server sends them -- then one final
+   frame with `stop: true` and everything of rule 1 (content ""); no `[DONE]`.
 3. `timings`: `prompt_n` = prompt tokens computed (not read from the prefix
    cache), `cache_n` = tokens read from it, `prompt_ms` = time to the first
    token; `predicted_n` = tokens generated, `predicted_ms` = time from the first
@@ -110,7 +111,7 @@ class CompletionBuilder:
     def _new_ids(self) -> list[int]:
         ids = self.output_ids()
         new, self._sent_ids = ids[self._sent_ids:], len(ids)
-        return new if self.return_tokens else []
+        return new   # rule 2: a stream frame names its ids whether or not `return_tokens`
 
     def feed(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, TextDelta):
