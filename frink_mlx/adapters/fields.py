@@ -153,7 +153,7 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "n_probs": (H, "completion_probabilities"), "return_tokens": (H, "tokens"),
     "json_schema": (H, "enforced"), "grammar": (H, "GBNF, enforced; invalid = 400"),
-    "logit_bias": (H, "ids only; text keys refused"),
+    "logit_bias": (H, "ids, or texts (the bias applies to each of their tokens)"),
     "response_fields": (H, "non-streaming: the result cut to these paths"),
     "id_slot": (N, "one shared prefix cache, no slots to pin"),
     "n_indent": (N, "indentation stop not enforced: the completion may run past the "

@@ -108,6 +108,17 @@ def test_token_and_mixed_prompts(http: httpx.Client) -> None:
     assert mixed["tokens_evaluated"] >= len(head) + 1
 
 
+@pytest.mark.parametrize("dict_form", [False, True])
+def test_logit_bias_names_tokens_by_text(http: httpx.Client, dict_form: bool) -> None:
+    """Rule 6: a text's tokens all get the bias, as llama-server applies it."""
+    first = complete(http, prompt="Hello", n_predict=1, return_tokens=True)["tokens"][0]
+    text = http.post("/detokenize", json={"tokens": [first]}).json()["content"]
+    banned = http.post("/tokenize", json={"content": text}).json()["tokens"]
+    bias: Any = {text: False} if dict_form else [[text, False]]
+    out = complete(http, prompt="Hello", n_predict=1, return_tokens=True, logit_bias=bias)
+    assert out["tokens"][0] not in banned
+
+
 def test_infill_without_fim_tokens_is_501(http: httpx.Client) -> None:
     resp = http.post("/infill", json={"model": "tiny", "input_prefix": "def f(", "input_suffix": ")"})
     assert resp.status_code == 501

@@ -53,12 +53,17 @@ def test_defaults_and_unbounded_n_predict() -> None:
 
 @pytest.mark.parametrize("patch,param", [
     ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
-    ({"post_sampling_probs": True}, "post_sampling_probs"),
-    ({"logit_bias": [["Hello", 1.0]]}, "logit_bias[0]")])
+    ({"post_sampling_probs": True}, "post_sampling_probs")])
 def test_refusals_by_name(patch: dict, param: str) -> None:
     with pytest.raises(UnsupportedField) as err:
         to_gen_request(decode({"prompt": "x", **patch}), "x")
     assert err.value.param == param
+
+
+def test_a_logit_bias_key_that_is_no_token_is_400() -> None:
+    with pytest.raises(InvalidRequest) as err:   # texts are tokenized by the route first
+        to_gen_request(decode({"prompt": "x", "logit_bias": [[1.5, 1.0]]}), "x")
+    assert err.value.param == "logit_bias[0]"
 
 
 def test_plugin_fields_are_accepted() -> None:

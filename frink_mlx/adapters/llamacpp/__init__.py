@@ -16,6 +16,10 @@ field rules; this module resolves prompts and vocabulary through AppState:
    its chat template; `/slots` lists one entry per running sequence of the
    engine's batch (`is_processing: true`) -- the engine has no fixed slots, so
    `total_slots` is the batch limit, and idle slots are not invented.
+6. `logit_bias` may name tokens by text (`[["hello", -5]]`, `{"hello": -5}`),
+   as llama-server and its clients (SillyTavern's banned strings) send it: the
+   text is tokenized without special tokens and the bias applies to each of its
+   tokens. Ids (numbers or digit strings) pass through as they are.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import functools
 import json
 from typing import Any, AsyncIterator
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -58,6 +63,23 @@ async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int |
     return ids
 
 
+async def resolve_logit_bias(state: Any, model: str | None,
+                             raw: list[list[Any]] | dict[str, Any] | None
+                             ) -> list[list[Any]] | None:
+    """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text."""
+    if raw is None:
+        return None
+    pairs = [list(p) for p in raw.items()] if isinstance(raw, dict) else raw
+    out: list[list[Any]] = []
+    for pair in pairs:
+        token = pair[0] if isinstance(pair, list) and pair else None
+        if not isinstance(token, str) or token.lstrip("-").isdigit() or len(pair) != 2:
+            out.append(pair)   # ids (and malformed pairs, refused by translate.py)
+            continue
+        out += [[i, pair[1]] for i in await state.tokenize(model, token, add_special=False)]
+    return out
+
+
 async def fim_style(state: Any, model: str | None) -> tuple[str, str, str, str | None] | None:
     """Rule 2: the first FIM marker set whose markers are single tokens of the vocabulary."""
 
@@ -90,6 +112,9 @@ async def _collect(run: Any, builders: list[CompletionBuilder], fields: list[str
 
 async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
                   ) -> Answer:
+    if body.logit_bias:
+        bias = await resolve_logit_bias(request.app.state.frink, body.model, body.logit_bias)
+        body = msgspec.structs.replace(body, logit_bias=bias)
     gen = to_gen_request(body, prompt)
     (run,) = await generate(request, [gen])
     settings = {**generation_settings(body, gen, getattr(run, "sampling", None)),

@@ -14,7 +14,7 @@ Request rules:
    neither reuses nor publishes prefix blocks for this request.
 4. `grammar` (GBNF) and `json_schema` become the structured-output constraint.
 5. `logit_bias` as `[[id, bias|false], ...]` or `{"id": bias}`; `false` bans
-   the token. String-token keys are refused by name.
+   the token. Text keys arrive here already tokenized (the route's rule 6).
 6. A mixed prompt (ids and strings) is resolved to ids by the route through the
    model's tokenizer: the first string piece gets BOS when `add_special` would.
 
@@ -61,7 +61,8 @@ def logit_bias(raw: list[list[Any]] | dict[str, Any] | None) -> dict[int, float]
         if isinstance(token, str) and token.lstrip("-").isdigit():
             token = int(token)
         if not isinstance(token, int) or isinstance(token, bool):
-            raise UnsupportedField(f"logit_bias[{i}]", "names a token by its text; use its id")
+            raise InvalidRequest(f"'logit_bias[{i}]' must name a token id or a text.",
+                                 param=f"logit_bias[{i}]")
         if bias is False:
             out[token] = BANNED_BIAS
         elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
