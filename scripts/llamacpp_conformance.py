@@ -17,7 +17,10 @@ already has an external-server mode (`DEBUG_EXTERNAL=1`, `PORT=N`) in which
 2. upstream's default selection, `-m "not slow"`, as their tests.sh runs
    without SLOW_TESTS=1 (slow tests fetch real models; `--slow` adds them);
 3. a per-test time limit (`--test-timeout`, a pytest plugin written next to
-   it) and a per-file one (`--file-timeout`), so one slow file cannot stall the run.
+   it) and a per-file one (`--file-timeout`), so one slow file cannot stall the run;
+4. server options a file's own fixture sets for all its tests (test_security.py's
+   API key) become our flags on a daemon of its own for that file
+   (FILE_SERVER_ARGS; only when the script starts the daemons, not with `--url`).
 Server options a test sets (n_slots, n_ctx, --jinja, a test model's name...)
 have no effect on an external server: the daemon serves what it serves, so
 failures tied to llama.cpp's test models (exact stories260K text and token
@@ -46,6 +49,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Callable
 
 TESTS_IN_SDIST = "vendor/llama.cpp/tools/server/tests"
 WGET_SHIM = '''"""Stand-in for the `wget` package: the conformance run downloads nothing."""
@@ -121,13 +125,21 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
     return tests
 
 
-def start_daemon(work: Path, max_tokens: int, context_length: int
-                 ) -> tuple[subprocess.Popen[str], str]:
+# Server options a file's own fixture sets for every one of its tests, as our flags: that
+# file gets a daemon of its own started with them (when the script starts the daemons).
+FILE_SERVER_ARGS: dict[str, list[str]] = {
+    "test_security.py": ["--api-key", "sk-this-is-the-secret-key"],   # server.api_key = ...
+}
+
+
+def start_daemon(work: Path, max_tokens: int, context_length: int, extra: list[str],
+                 tag: str = "daemon") -> tuple[subprocess.Popen[str], str]:
     exe = Path(sys.executable).with_name("frink-mlx")
     models = work / "models.toml"
     models.write_text(REGISTRY.format(max_tokens=max_tokens, context_length=context_length))
-    log = work / "daemon.log"
-    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback", "--models", str(models)],
+    log = work / f"{tag}.log"
+    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback", "--models",
+                             str(models), *extra],
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 600
@@ -180,17 +192,35 @@ def read_junit(junit: Path, file: str) -> tuple[dict[str, int], list[tuple[str, 
     return counts, failures
 
 
-def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float,
-            test_timeout_s: int, slow: bool) -> None:
+Serve = Callable[[str, list[str]], tuple[subprocess.Popen[str], str]]
+
+
+def run_one(tests: Path, url: str, name: str, junit: Path, args: argparse.Namespace,
+            serve: Serve | None) -> str | None:
+    """One file, on a daemon of its own when FILE_SERVER_ARGS has its options."""
+    extra = FILE_SERVER_ARGS.get(name)
+    if extra is None or serve is None:
+        return run_file(tests, url, name, junit, args.file_timeout, args.test_timeout, args.slow)
+    proc, own_url = serve(name.removesuffix(".py"), extra)
+    try:
+        return run_file(tests, own_url, name, junit, args.file_timeout, args.test_timeout,
+                        args.slow)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def run_all(tests: Path, url: str, work: Path, args: argparse.Namespace,
+            serve: Serve | None) -> None:
     """Each file in turn, its line printed as soon as it ends; then totals and failures."""
-    names = only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
+    names = args.only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
     total = {"passed": 0, "failed": 0, "skipped": 0}
     failures: list[tuple[str, str, str]] = []
     print(f"{'file':34} {'passed':>7} {'failed':>7} {'skipped':>8}", flush=True)
     for name in names:
         junit = work / f"junit-{name}.xml"
         junit.unlink(missing_ok=True)
-        why = run_file(tests, url, name, junit, timeout_s, test_timeout_s, slow)
+        why = run_one(tests, url, name, junit, args, serve)
         counts, bad = read_junit(junit, name)
         failures += bad
         if why is not None:
@@ -230,10 +260,14 @@ def main() -> int:
     tests = extract_tests(sdist, work)
     proc = None
     url = args.url
+    serve: Serve | None = None
     if url is None:
-        proc, url = start_daemon(work, args.max_tokens, args.context_length)
+        def serve(tag: str, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+            return start_daemon(work, args.max_tokens, args.context_length, extra, tag)
+
+        proc, url = serve("daemon", [])
     try:
-        run_all(tests, url, args.only, work, args.file_timeout, args.test_timeout, args.slow)
+        run_all(tests, url, work, args, serve)
         return 0
     finally:
         if proc is not None:
