@@ -156,6 +156,11 @@ class AppState:
         async with self.hub.lease(req.model) as gen:
             return len(DecodeHandles.take(gen).render(req).ids)
 
+    async def render_text(self, req: GenRequest) -> str:
+        """The prompt text `req` renders to on its model (chat template applied)."""
+        async with self.hub.lease(req.model) as gen:
+            return DecodeHandles.take(gen).render(req).text or ""
+
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer

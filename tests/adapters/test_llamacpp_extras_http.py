@@ -137,9 +137,9 @@ def test_chat_role_rides_on_the_first_delta(live: Any) -> None:
 
 
 def test_unknown_routes_answer_in_the_protocol_envelope(live: Any) -> None:
-    r = httpx.post(live.url + "/apply-template", json={}, timeout=10)     # llama.cpp's path
+    r = httpx.post(live.url + "/embedding", json={}, timeout=10)     # llama.cpp's path
     assert r.status_code == 404 and r.json()["error"] == {
-        "code": 404, "message": "No route for POST /apply-template.", "type": "not_found_error"}
+        "code": 404, "message": "No route for POST /embedding.", "type": "not_found_error"}
     r = httpx.get(live.url + "/v1/nope", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(live.url + "/v1/chat/completions", timeout=10)
