@@ -119,6 +119,16 @@ def test_logit_bias_names_tokens_by_text(http: httpx.Client, dict_form: bool) ->
     assert out["tokens"][0] not in banned
 
 
+def test_ignore_eos_bans_the_end_tokens_and_says_so(http: httpx.Client) -> None:
+    """Rule 7: llama-server's ignore_eos, an end-token ban reported in generation_settings."""
+    out = complete(http, prompt="Hello", n_predict=12, ignore_eos=True, return_tokens=True,
+                   temperature=1.0, seed=3)
+    banned = [b["token"] for b in out["generation_settings"]["logit_bias"] if b["bias"] is None]
+    assert banned and not set(banned) & set(out["tokens"]) and out["tokens_predicted"] == 12
+    plain = complete(http, prompt="Hello", n_predict=2, logit_bias=[[5, 1.5]])
+    assert plain["generation_settings"]["logit_bias"] == [{"bias": 1.5, "token": 5}]
+
+
 def test_infill_without_fim_tokens_is_501(http: httpx.Client) -> None:
     resp = http.post("/infill", json={"model": "tiny", "input_prefix": "def f(", "input_suffix": ")"})
     assert resp.status_code == 501

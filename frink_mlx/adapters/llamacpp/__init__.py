@@ -20,6 +20,9 @@ field rules; this module resolves prompts and vocabulary through AppState:
    as llama-server and its clients (SillyTavern's banned strings) send it: the
    text is tokenized without special tokens and the bias applies to each of its
    tokens. Ids (numbers or digit strings) pass through as they are.
+7. `ignore_eos` bans the model's end-of-generation tokens (a bias of -inf, as
+   llama-server adds them): the text runs to `n_predict` without an end token
+   in it. `generation_settings.logit_bias` lists every bias, a ban as null.
 """
 
 from __future__ import annotations
@@ -112,8 +115,11 @@ async def _collect(run: Any, builders: list[CompletionBuilder], fields: list[str
 
 async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
                   ) -> Answer:
-    if body.logit_bias:
-        bias = await resolve_logit_bias(request.app.state.frink, body.model, body.logit_bias)
+    state = request.app.state.frink
+    if body.logit_bias or body.ignore_eos:
+        bias = await resolve_logit_bias(state, body.model, body.logit_bias) or []
+        if body.ignore_eos:   # rule 7
+            bias += [[i, False] for i in await state.eos_token_ids(body.model)]
         body = msgspec.structs.replace(body, logit_bias=bias)
     gen = to_gen_request(body, prompt)
     (run,) = await generate(request, [gen])

@@ -173,4 +173,6 @@ def generation_settings(body: wire._Sampling, req: GenRequest,
             "stop": list(req.stop), "stream": req.stream, "n_probs": body.n_probs,
             "ignore_eos": req.ignore_eos, "cache_prompt": req.cache_prompt,
             "grammar": body.grammar or "", "samplers": body.samplers or [],
+            "logit_bias": [{"bias": None if bias <= BANNED_BIAS else bias, "token": token}
+                           for token, bias in (s.logit_bias or {}).items()],
             "model": req.model}
