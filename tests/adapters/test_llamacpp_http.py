@@ -129,6 +129,17 @@ def test_ignore_eos_bans_the_end_tokens_and_says_so(http: httpx.Client) -> None:
     assert plain["generation_settings"]["logit_bias"] == [{"bias": 1.5, "token": 5}]
 
 
+def test_truncated_means_the_context_filled_up(http: httpx.Client) -> None:
+    """frames.py rule 7: a run that ends because the context is full says `truncated`."""
+    n_ctx = http.get("/props").json()["n_ctx"]
+    ids = http.post("/tokenize", json={"content": " the", "model": "tiny"}).json()["tokens"]
+    prompt = ids * (n_ctx - 3)
+    full = complete(http, prompt=prompt, n_predict=-1, ignore_eos=True)
+    assert (full["tokens_predicted"], full["stop_type"], full["truncated"]) == (3, "limit", True)
+    short = complete(http, prompt=prompt, n_predict=2, ignore_eos=True)
+    assert (short["stop_type"], short["truncated"]) == ("limit", False)
+
+
 def test_infill_without_fim_tokens_is_501(http: httpx.Client) -> None:
     resp = http.post("/infill", json={"model": "tiny", "input_prefix": "def f(", "input_suffix": ")"})
     assert resp.status_code == 501

@@ -123,13 +123,14 @@ async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int
         body = msgspec.structs.replace(body, logit_bias=bias)
     gen = to_gen_request(body, prompt)
     (run,) = await generate(request, [gen])
-    settings = {**generation_settings(body, gen, getattr(run, "sampling", None)),
+    settings = {**generation_settings(body, gen, run.sampling),
                 "model": run.model}
     builders = [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
                                   prompt_tokens=run.prompt_tokens, settings=settings,
                                   n_probs=body.n_probs, return_tokens=body.return_tokens,
                                   warmup=body.n_predict == 0,
-                                  output_ids=functools.partial(run.output_ids, i))
+                                  output_ids=functools.partial(run.output_ids, i),
+                                  context_bound=run.context_bound)
                 for i in range(gen.n)]
     return Answer([run], body.stream, lambda: _stream(run, builders[0]),
                   lambda: _collect(run, builders, body.response_fields))

@@ -26,6 +26,9 @@ its own server tests read:
    (`"timings/prompt_n"` -> `{"timings/prompt_n": 12}`); unknown paths are left out.
 6. A warm-up (`n_predict: 0`) reports no content and `tokens_predicted: 0`:
    the one token its prefill produced is discarded (translate.py rule 1).
+7. `truncated` is true when generation stopped because the context was full:
+   the length limit was the room left under the context ceiling
+   (`context_bound`, serving/handles.py rule 3), not a limit the client set.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ class CompletionBuilder:
     def __init__(self, model: str, prompt: str | None = None, *, prompt_tokens: int = 0,
                  settings: dict[str, Any] | None = None, n_probs: int = 0,
                  return_tokens: bool = False, warmup: bool = False,
-                 output_ids: Callable[[], list[int]] | None = None) -> None:
+                 output_ids: Callable[[], list[int]] | None = None,
+                 context_bound: bool = False) -> None:
         self.model = model
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens
@@ -103,6 +107,7 @@ class CompletionBuilder:
         self.return_tokens = return_tokens
         self.warmup = warmup
         self.output_ids = output_ids or (lambda: [])
+        self.context_bound = context_bound
         self.content: list[str] = []
         self.probs: list[dict[str, Any]] = []
         self.done: Done | None = None
@@ -145,7 +150,8 @@ class CompletionBuilder:
                "tokens_predicted": predicted,
                "tokens_evaluated": done.usage.prompt_tokens,
                "tokens_cached": done.usage.cached_tokens,
-               "truncated": False, "has_new_line": False,
+               "truncated": kind == "limit" and self.context_bound,   # rule 7
+               "has_new_line": False,
                "generation_settings": self.settings, "timings": timings(done, predicted),
                **({"prompt": self.prompt} if self.prompt is not None else {})}
         return out
