@@ -172,8 +172,10 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "post_sampling_probs": (R, "unless false"),
 }
 
-COMPLETION: dict[str, Rule] = {**_LLAMACPP_SAMPLING,
-                               "prompt": (H, "text, token ids, or a mix")}
+COMPLETION: dict[str, Rule] = {
+    **_LLAMACPP_SAMPLING,
+    "prompt": (H, "text, token ids, a mix, or several prompts (an array of results; not with "
+               "stream)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

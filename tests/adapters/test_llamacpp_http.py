@@ -140,6 +140,21 @@ def test_truncated_means_the_context_filled_up(http: httpx.Client) -> None:
     assert (short["stop_type"], short["truncated"]) == ("limit", False)
 
 
+def test_several_prompts_get_one_result_each_in_order(http: httpx.Client) -> None:
+    """translate.py rule 9: llama-server's multi-prompt forms answer an array."""
+    ids = http.post("/tokenize", json={"content": "Hello, world!"}).json()["tokens"]
+    one = complete(http, prompt="Hello, world!", n_predict=4)
+    other = complete(http, prompt="Numbers: 0 1 2", n_predict=4)
+    resp = http.post("/completion", json={"model": "tiny", "temperature": 0, "n_predict": 4,
+                                          "prompt": [ids, "Numbers: 0 1 2", "Hello, world!"]})
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert [r["content"] for r in out] == [one["content"], other["content"], one["content"]]
+    assert [r["index"] for r in out] == [0, 0, 0] and out[1]["prompt"] == "Numbers: 0 1 2"
+    resp = http.post("/completion", json={"model": "tiny", "prompt": ["a", "b"], "stream": True})
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_infill_without_fim_tokens_is_501(http: httpx.Client) -> None:
     resp = http.post("/infill", json={"model": "tiny", "input_prefix": "def f(", "input_suffix": ")"})
     assert resp.status_code == 501
@@ -153,7 +168,7 @@ def test_errors_in_llamacpp_envelope(http: httpx.Client) -> None:
     assert resp.status_code == 400 and resp.json()["error"]["code"] == 400
     resp = http.post("/completion", json={"prompt": "x", "mirostat": 2})
     assert resp.status_code == 400 and "mirostat" in resp.json()["error"]["message"]
-    resp = http.post("/completion", json={"prompt": ["a", "b"]})
+    resp = http.post("/completion", json={"prompt": ["a", "b"], "stream": True})
     assert resp.status_code == 400 and "prompt" in resp.json()["error"]["message"]
     resp = http.post("/completion", json={"prompt": "x", "n_predict": -2})
     assert resp.status_code == 400 and "n_predict" in resp.json()["error"]["message"]

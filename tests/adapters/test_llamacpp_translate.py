@@ -13,6 +13,7 @@ from frink_mlx.adapters.llamacpp.translate import (
     BANNED_BIAS,
     CompletionBuilder,
     check_prompt,
+    split_prompts,
     infill_prompt,
     to_gen_request,
 )
@@ -79,11 +80,27 @@ def test_plugin_fields_are_accepted() -> None:
 def test_prompt_shapes() -> None:
     check_prompt("x")
     check_prompt([1, 2, "x"])
-    check_prompt(["only one"])
-    with pytest.raises(UnsupportedField):
-        check_prompt(["a", "b"])
     with pytest.raises(InvalidRequest):
         check_prompt("")
+    with pytest.raises(InvalidRequest):
+        check_prompt([])
+
+
+@pytest.mark.parametrize("prompt, prompts", [
+    ("x", ["x"]), ([1, 2, "x"], [[1, 2, "x"]]), ([1, 2], [[1, 2]]), (["only one"], ["only one"]),
+    (["a", "b"], ["a", "b"]), (["a", [1, 2]], ["a", [1, 2]]),
+    ([[1, "x"], [3]], [[1, "x"], [3]]), ([[1, 2]], [[1, 2]])])
+def test_several_prompts_are_split_as_llama_server_does(prompt: Any, prompts: list) -> None:
+    """Rule 9: strings only, or lists inside, are several prompts; ids with text are one."""
+    assert split_prompts(prompt, stream=False) == prompts
+
+
+def test_several_prompts_refuse_stream_and_stray_ids() -> None:
+    with pytest.raises(UnsupportedField) as err:
+        split_prompts(["a", "b"], stream=True)
+    assert err.value.param == "prompt"
+    with pytest.raises(InvalidRequest):
+        split_prompts([[1, 2], 3], stream=False)
     with pytest.raises(InvalidRequest) as err:
         to_gen_request(decode({"prompt": "x", "n_predict": -2}), "x")
     assert err.value.param == "n_predict"

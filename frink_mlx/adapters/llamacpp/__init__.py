@@ -37,15 +37,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import ErrorEvent, choice_events
-from ...core.request import SamplingParams
+from ...core.request import GenRequest, SamplingParams
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating
+from ..endpoint import Answer, Protocol, generate, generating, merged
 from . import wire
 from .frames import CompletionBuilder
-from .translate import FIM_STYLES, check_prompt, generation_settings, infill_prompt, to_gen_request
+from .translate import (
+    FIM_STYLES,
+    check_prompt,
+    generation_settings,
+    infill_prompt,
+    split_prompts,
+    to_gen_request,
+)
 
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
@@ -102,44 +109,52 @@ async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
             yield sse_frame(json.dumps(frame, ensure_ascii=False))
 
 
-async def _collect(run: Any, builders: list[CompletionBuilder], fields: list[str] | None
-                   ) -> dict[str, Any] | list[dict[str, Any]]:
-    """One result, or one per completion when `n_cmpl` > 1 (translate.py rule 7)."""
-    async for event in run.events():
+async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
+                   fields: list[str] | None) -> dict[str, Any] | list[dict[str, Any]]:
+    """One result, or one per prompt and completion (translate.py rules 7 and 9)."""
+    async for k, event in merged(runs):
         if isinstance(event, ErrorEvent):
             raise event.to_error()
-        builders[event.index].feed(event)
-    results = [b.result(fields) for b in builders]
+        builders[k][event.index].feed(event)
+    results = [b.result(fields) for row in builders for b in row]
     return results[0] if len(results) == 1 else results
 
 
-async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
-                  ) -> Answer:
+def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str]
+              ) -> list[CompletionBuilder]:
+    settings = {**generation_settings(body, gen, run.sampling), "model": run.model}
+    return [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
+                              prompt_tokens=run.prompt_tokens, settings=settings,
+                              n_probs=body.n_probs, return_tokens=body.return_tokens,
+                              warmup=body.n_predict == 0,
+                              output_ids=functools.partial(run.output_ids, i),
+                              context_bound=run.context_bound)
+            for i in range(gen.n)]
+
+
+async def _answer(request: Request, body: wire._Sampling,
+                  prompts: list[str | list[int | str]]) -> Answer:
     state = request.app.state.frink
     if body.logit_bias or body.ignore_eos:
         bias = await resolve_logit_bias(state, body.model, body.logit_bias) or []
         if body.ignore_eos:   # rule 7
             bias += [[i, False] for i in await state.eos_token_ids(body.model)]
         body = msgspec.structs.replace(body, logit_bias=bias)
-    gen = to_gen_request(body, prompt)
-    (run,) = await generate(request, [gen])
-    settings = {**generation_settings(body, gen, run.sampling),
-                "model": run.model}
-    builders = [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
-                                  prompt_tokens=run.prompt_tokens, settings=settings,
-                                  n_probs=body.n_probs, return_tokens=body.return_tokens,
-                                  warmup=body.n_predict == 0,
-                                  output_ids=functools.partial(run.output_ids, i),
-                                  context_bound=run.context_bound)
-                for i in range(gen.n)]
-    return Answer([run], body.stream, lambda: _stream(run, builders[0]),
-                  lambda: _collect(run, builders, body.response_fields))
+    gens = [to_gen_request(body, prompt) for prompt in prompts]
+    runs = await generate(request, gens)
+    builders = [_builders(body, gen, run, prompt)
+                for gen, run, prompt in zip(gens, runs, prompts)]
+    return Answer(runs, body.stream, lambda: _stream(runs[0], builders[0][0]),
+                  lambda: _collect(runs, builders, body.response_fields))
 
 
 async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
-    check_prompt(body.prompt)
-    prompt = await resolve_prompt(request.app.state.frink, body.model, body.prompt)
-    return await _answer(request, body, prompt)
+    state = request.app.state.frink
+    prompts = split_prompts(body.prompt, stream=body.stream)
+    for prompt in prompts:
+        check_prompt(prompt)
+    return await _answer(request, body,
+                         [await resolve_prompt(state, body.model, p) for p in prompts])
 
 
 async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
@@ -149,7 +164,7 @@ async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
         raise NotSupported(f"/infill needs fill-in-the-middle tokens ({names}, ...) in the "
                            f"model's vocabulary; the model '{body.model or 'default'}' has none.",
                            code="fim_not_supported")
-    return await _answer(request, body, infill_prompt(body, style))
+    return await _answer(request, body, [infill_prompt(body, style)])
 
 
 completion = generating(LLAMACPP, wire.CompletionRequest, start_completion)

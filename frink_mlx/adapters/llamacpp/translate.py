@@ -25,6 +25,12 @@ Request rules:
    ignored: every request shares one prefix cache, so the slot a client pins
    cannot change what it gets, only where llama-server would have cached it.
 
+9. Several prompts in one request (`["a", "b"]`, `[[12, 34], "c"]`: a list of
+   strings, or a list holding lists -- llama-server's multi-prompt forms) run
+   together and are answered as an array, one result per prompt (times
+   `n_cmpl`), in order; not with `stream`. A single string or a list of ids
+   and text pieces stays one prompt (rule 6).
+
 Responses are built by frames.py.
 """
 
@@ -103,13 +109,26 @@ def _response_format(body: wire._Sampling) -> ResponseFormat | None:
     return None
 
 
+def split_prompts(prompt: wire.Prompts, *, stream: bool) -> list[str | list[int | str]]:
+    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`."""
+    if not isinstance(prompt, list) or not prompt:
+        return [prompt]   # type: ignore[list-item]
+    nested = any(isinstance(p, list) for p in prompt)
+    if not nested and not all(isinstance(p, str) for p in prompt):
+        return [prompt]   # type: ignore[list-item]   # ids, or ids mixed with text: one prompt
+    if len(prompt) == 1:
+        return [prompt[0]]   # type: ignore[list-item]
+    if nested and any(isinstance(p, int) for p in prompt):
+        raise InvalidRequest("'prompt' mixes token ids with a list of prompts; send each prompt "
+                             "as a string or a list.", param="prompt")
+    if stream:
+        raise UnsupportedField("prompt", "holds several prompts, which cannot be streamed; "
+                               "send one per request or stream: false")
+    return list(prompt)   # type: ignore[arg-type]
+
+
 def check_prompt(prompt: str | list[int | str]) -> None:
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
-            raise UnsupportedField("prompt", "holds several prompts; send one per request")
-        if not prompt:
-            raise InvalidRequest("'prompt' must not be empty.", param="prompt")
-    elif not prompt:
+    if not prompt:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
 
 

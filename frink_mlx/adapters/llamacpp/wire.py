@@ -11,7 +11,8 @@ Rules:
    So is `speculative` (false: no speculative decoding for this request); the
    drafts counts come back as llama-server's `timings.draft_n` / `draft_n_accepted`.
 3. `prompt` is a string, a list of token ids, or a mix of both; a list of
-   strings only is llama.cpp's "several prompts" form, refused in translate.py.
+   strings, or a list holding lists, is llama.cpp's "several prompts" form
+   (translate.py rule 9).
 4. What llama.vim and llama.vscode send on every request is declared:
    `n_indent`, `t_max_prompt_ms`, `t_max_predict_ms`, `samplers`, `id_slot`,
    `input_extra[].time` are accepted no-ops (the field table in
@@ -87,8 +88,11 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
 }
 
 
+Prompts = Union[str, list[Union[int, str, list[Union[int, str]]]]]
+
+
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[Union[int, str]]] = ""
+    prompt: Prompts = ""
 
 
 class InfillExtra(msgspec.Struct, forbid_unknown_fields=False):
