@@ -174,8 +174,8 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
 
 COMPLETION: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
-    "prompt": (H, "text, token ids, a mix, or several prompts (an array of results; not with "
-               "stream)")}
+    "prompt": (H, "text, token ids, a mix, {prompt_string} objects (multimodal_data refused), "
+               "or several prompts (an array of results; not with stream)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

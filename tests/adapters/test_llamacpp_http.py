@@ -151,6 +151,8 @@ def test_several_prompts_get_one_result_each_in_order(http: httpx.Client) -> Non
     out = resp.json()
     assert [r["content"] for r in out] == [one["content"], other["content"], one["content"]]
     assert [r["index"] for r in out] == [0, 0, 0] and out[1]["prompt"] == "Numbers: 0 1 2"
+    as_object = complete(http, prompt={"prompt_string": "Numbers: 0 1 2"}, n_predict=4)
+    assert as_object["content"] == other["content"]
     resp = http.post("/completion", json={"model": "tiny", "prompt": ["a", "b"], "stream": True})
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
 

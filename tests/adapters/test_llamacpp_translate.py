@@ -95,6 +95,16 @@ def test_several_prompts_are_split_as_llama_server_does(prompt: Any, prompts: li
     assert split_prompts(prompt, stream=False) == prompts
 
 
+def test_json_prompt_objects_are_their_text_and_media_is_refused() -> None:
+    """Rule 10."""
+    text = wire.PromptObject("hello")
+    assert split_prompts(text, stream=False) == ["hello"]
+    assert split_prompts([[1, 2], text], stream=False) == [[1, 2], "hello"]
+    with pytest.raises(UnsupportedField) as err:
+        split_prompts(wire.PromptObject("x <__media__>", ["iVBOR"]), stream=False)
+    assert err.value.param == "prompt.multimodal_data"
+
+
 def test_several_prompts_refuse_stream_and_stray_ids() -> None:
     with pytest.raises(UnsupportedField) as err:
         split_prompts(["a", "b"], stream=True)

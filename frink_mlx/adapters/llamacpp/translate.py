@@ -30,6 +30,9 @@ Request rules:
    together and are answered as an array, one result per prompt (times
    `n_cmpl`), in order; not with `stream`. A single string or a list of ids
    and text pieces stays one prompt (rule 6).
+10. A JSON prompt object `{"prompt_string": ...}` (llama-server's multimodal
+   form) is its text, alone or as one of several prompts; `multimodal_data` in
+   it is refused by name (text-only models).
 
 Responses are built by frames.py.
 """
@@ -109,8 +112,19 @@ def _response_format(body: wire._Sampling) -> ResponseFormat | None:
     return None
 
 
+def _text_of(prompt: Any) -> Any:
+    """Rule 10: a JSON prompt object is its text; media in it is refused."""
+    if not isinstance(prompt, wire.PromptObject):
+        return prompt
+    if prompt.multimodal_data:
+        raise UnsupportedField("prompt.multimodal_data", "cannot be used: the models served "
+                               "here take text only")
+    return prompt.prompt_string
+
+
 def split_prompts(prompt: wire.Prompts, *, stream: bool) -> list[str | list[int | str]]:
     """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`."""
+    prompt = [_text_of(p) for p in prompt] if isinstance(prompt, list) else _text_of(prompt)
     if not isinstance(prompt, list) or not prompt:
         return [prompt]   # type: ignore[list-item]
     nested = any(isinstance(p, list) for p in prompt)

@@ -88,7 +88,14 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
 }
 
 
-Prompts = Union[str, list[Union[int, str, list[Union[int, str]]]]]
+class PromptObject(msgspec.Struct, forbid_unknown_fields=False):
+    """llama-server's JSON prompt: text plus media (`multimodal_data`, refused: text only)."""
+
+    prompt_string: str
+    multimodal_data: list[Any] | None = None
+
+
+Prompts = Union[str, PromptObject, list[Union[int, str, PromptObject, list[Union[int, str]]]]]
 
 
 class CompletionRequest(_Sampling):
