@@ -13,9 +13,11 @@ field rules; this module resolves prompts and vocabulary through AppState:
 4. Streams are bare `data:` frames; the last has `stop: true`; no `[DONE]`.
 5. `/props` and `/slots` are read-only and honest: `/props` reports the
    default generation settings, the served context (`n_ctx`), the model and
-   its chat template; `/slots` lists one entry per running sequence of the
-   engine's batch (`is_processing: true`) -- the engine has no fixed slots, so
-   `total_slots` is the batch limit, and idle slots are not invented.
+   its chat template; the engine has no fixed slots, so `total_slots` is the
+   batch limit, and `/slots` lists that many rows, the running sequences first
+   (`is_processing: true`), the free rows after them (false) -- clients read
+   `slots[0]` to see whether the server is busy. Nothing per slot is invented
+   (no per-slot params or prompt: a sequence is not pinned to a row).
 6. `logit_bias` may name tokens by text (`[["hello", -5]]`, `{"hello": -5}`),
    as llama-server and its clients (SillyTavern's banned strings) send it: the
    text is tokenized without special tokens and the bias applies to each of its
@@ -228,13 +230,14 @@ async def props(request: Request) -> Response:
 
 @endpoint(llamacpp_error)
 async def slots(request: Request) -> Response:
-    """Rule 5: the running sequences only."""
+    """Rule 5: one entry per row of the engine's batch, the running ones first."""
     state = request.app.state.frink
     stats = state.engine_stats()
     n_ctx = stats.context_ceiling if stats is not None else 0
     running = stats.num_running if stats is not None else 0
-    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": True}
-                         for i in range(running)])
+    rows = max(state.settings.max_batch, running)
+    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < running}
+                         for i in range(rows)])
 
 
 routes: list[BaseRoute] = [
