@@ -13,8 +13,8 @@ from frink_mlx.adapters.llamacpp.translate import (
     BANNED_BIAS,
     CompletionBuilder,
     check_prompt,
-    split_prompts,
     infill_prompt,
+    split_prompts,
     to_gen_request,
 )
 from frink_mlx.core.events import Done, ErrorEvent, TextDelta, Usage
