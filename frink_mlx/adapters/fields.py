@@ -161,7 +161,8 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "n_indent": (N, "indentation stop not enforced: the completion may run past the "
                  "block; editor plugins trim it"),
     "t_max_prompt_ms": (N, "time budget not enforced (llama.vim: not yet supported upstream)"),
-    "t_max_predict_ms": (N, "time budget not enforced: n_predict bounds the answer"),
+    "t_max_predict_ms": (H, "after a newline, the completion ends once this many ms have "
+                         "passed since its first token (stop_type limit)"),
     "samplers": (N, "sampler order is fixed (penalties, top-k, top-p, min-p, temperature)"),
     "n_keep": (N, "the context is never shifted"), "min_keep": (N, ""),
     "timings_per_token": (N, "timings come with the final frame"),

@@ -25,6 +25,10 @@ Rules:
 7. With `parallel_tool_calls` off the choice ends ("tool_calls") as soon as its
    first call is complete: the row is aborted instead of decoding calls the
    parser would only drop.
+8. `max_predict_ms` (llama-server's `t_max_predict_ms`, what llama.vim sends so
+   a slow machine still answers in time): once the choice's text holds a
+   newline and that many ms have passed since its first token, it ends as if
+   its length limit came ("length"), keeping the text so far.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ class ChoiceState:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     done: bool = False
     first_token_at: float | None = None
+    saw_newline: bool = False   # rule 8
 
 
 class OutputPipeline:
@@ -197,7 +202,17 @@ class OutputPipeline:
         elif not self.request.parallel_tool_calls and any(
                 isinstance(e, ToolCallEnd) for e in events):  # rule 7
             events += self._finish(choice, "tool_calls", stop_kind="tool_calls")
+        elif self._out_of_time(choice, released):
+            events += self._finish(choice, "length", stop_kind="length")
         return events
+
+    def _out_of_time(self, choice: ChoiceState, text: str) -> bool:
+        """Rule 8."""
+        budget_ms = self.request.max_predict_ms
+        if budget_ms is None or choice.first_token_at is None:
+            return False
+        choice.saw_newline = choice.saw_newline or "\n" in text
+        return choice.saw_newline and (time.monotonic() - choice.first_token_at) * 1e3 > budget_ms
 
     def _parse(self, choice: ChoiceState, text: str, final: bool = False) -> list[Event]:
         events = choice.parser.feed(text) if text else []

@@ -67,6 +67,15 @@ def test_a_logit_bias_key_that_is_no_token_is_400() -> None:
     assert err.value.param == "logit_bias[0]"
 
 
+def test_time_budget_is_passed_on_when_positive() -> None:
+    """Rule 11: llama.vim's t_max_predict_ms bounds the completion; 0 or less is no budget."""
+    assert to_gen_request(decode({"prompt": "x", "t_max_predict_ms": 1000}), "x"
+                          ).max_predict_ms == 1000
+    for off in (0, -1, None):
+        assert to_gen_request(decode({"prompt": "x", "t_max_predict_ms": off}), "x"
+                              ).max_predict_ms is None
+
+
 def test_plugin_fields_are_accepted() -> None:
     """llama.vim's FIM request (issue 23): n_probs honoured, the rest accepted."""
     body = decode({"prompt": "x", "n_probs": 3, "id_slot": 2, "n_indent": 4, "samplers": ["top_k"],

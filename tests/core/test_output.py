@@ -146,3 +146,25 @@ def test_parallel_tool_calls_off_ends_the_turn_after_the_first_call():
         assert len(dones) == 1 and dones[0].finish_reason == "tool_calls"
         if not parallel:  # ended right after the first call's end marker
             assert dones[0].usage.completion_tokens == len(ids_of(call))
+
+
+def test_time_budget_ends_the_choice_after_a_newline(monkeypatch):
+    """Rule 8 (llama-server's t_max_predict_ms): no cut before a newline; after one, the
+    budget ends the choice as its length limit would, keeping the text so far."""
+    import frink_mlx.core.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    req = GenRequest(model="m", prompt="x", max_predict_ms=200)
+    p = OutputPipeline(req, MarkupInfo(), TokenText(byte_decode), prompt_tokens=7,
+                       eos_ids=frozenset({EOS}))
+    events = []
+    for k, t in enumerate(ids_of("ab\ncd")):
+        clock[0] += 0.3   # 300 ms a token: spent at "b", but no newline before "\n"
+        events += p.on_step(StepOutput(0, t, num_prompt_tokens=7 if k == 0 else None))
+        if p.all_done:
+            break
+    done = [e for e in events if isinstance(e, Done)]
+    assert text_of(events) == "ab\n" and len(done) == 1
+    assert (done[0].finish_reason, done[0].stop_kind) == ("length", "length")
+    assert done[0].usage.completion_tokens == 3

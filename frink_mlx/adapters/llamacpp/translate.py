@@ -33,6 +33,9 @@ Request rules:
 10. A JSON prompt object `{"prompt_string": ...}` (llama-server's multimodal
    form) is its text, alone or as one of several prompts; `multimodal_data` in
    it is refused by name (text-only models).
+11. `t_max_predict_ms` > 0 bounds the time a completion may run once it has
+   written a newline (core/output.py rule 8), as llama-server does: llama.vim
+   sends 1000 so a slow machine still answers a FIM request in about a second.
 
 Responses are built by frames.py.
 """
@@ -166,6 +169,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,
+                      max_predict_ms=(body.t_max_predict_ms  # rule 11
+                                      if (body.t_max_predict_ms or 0) > 0 else None),
                       response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 
