@@ -60,7 +60,8 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
     "samplers": (N, "llama-server: sampler order; ours is fixed (penalties, top-k, top-p, "
                  "min-p, temperature)"),
     "t_max_prompt_ms": (N, "llama-server: time budget, not enforced"),
-    "t_max_predict_ms": (N, "llama-server: time budget, not enforced"),
+    "t_max_predict_ms": (E, "llama-server: after a newline, the answer ends once this many ms "
+                         "have passed since its first token"),
     "n_indent": (N, "llama-server: indentation stop, not enforced"),
     "response_fields": (N, "llama-server: honoured on /completion and /infill only"),
     "best_of": (R, "unless equal to n"), "suffix": (R, "no fill-in-the-middle here; use /infill"),

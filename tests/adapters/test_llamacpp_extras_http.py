@@ -60,6 +60,17 @@ def test_chat_answers_carry_llama_server_timings(live: Any) -> None:
     assert "timings" not in chunks[0]
 
 
+def test_time_budget_on_the_openai_routes(live: Any) -> None:
+    """llama-server's t_max_predict_ms on chat (core/output.py rule 8): after the first
+    newline a spent budget ends the answer, as finish_reason "length"."""
+    grammar = 'root ::= "ab\\n" [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z]'
+    free = content(chat(live, max_tokens=40, grammar=grammar))
+    assert free.startswith("ab\n") and len(free) == 11
+    cut = chat(live, max_tokens=40, grammar=grammar, t_max_predict_ms=1)
+    assert content(cut).startswith("ab\n") and len(content(cut)) < len(free)
+    assert cut.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_length_fields(live: Any) -> None:
     r = chat(live, max_tokens=-1, n_predict=None, stop=["\n"], seed=1, ignore_eos=False)
     assert r.status_code == 200

@@ -46,6 +46,7 @@ from typing import Any
 
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
+from ..openai.wire import time_budget_ms
 from . import wire
 from .frames import CompletionBuilder, stop_type, timings  # noqa: F401 - re-exported
 
@@ -169,8 +170,7 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,
-                      max_predict_ms=(body.t_max_predict_ms  # rule 11
-                                      if (body.t_max_predict_ms or 0) > 0 else None),
+                      max_predict_ms=time_budget_ms(body.t_max_predict_ms),  # rule 11
                       response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 

@@ -181,7 +181,7 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
-        user=body.user)
+        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms), user=body.user)
 
 
 # --- shared response pieces ------------------------------------------------------

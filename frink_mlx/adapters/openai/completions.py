@@ -71,6 +71,7 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
                        speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
+                       max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
     return reqs, top

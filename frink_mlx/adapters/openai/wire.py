@@ -149,7 +149,7 @@ class SamplingWire(Wire):
     id_slot: int | None = None
     samplers: Union[list[str], str, None] = None
     t_max_prompt_ms: int | None = None
-    t_max_predict_ms: int | None = None
+    t_max_predict_ms: int | None = None   # honoured: time_budget_ms()
     n_indent: int | None = None
     response_fields: list[str] | None = None
     # known but not honoured: refused by name
@@ -268,3 +268,9 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     if len(stops) > 16:
         raise InvalidRequest("'stop' may hold at most 16 sequences.", param="stop")
     return [s for s in stops if s]
+
+
+def time_budget_ms(t_max_predict_ms: int | None) -> float | None:
+    """llama-server's `t_max_predict_ms`: > 0 bounds a completion once it wrote a newline
+    (core/output.py rule 8); 0 or less is no budget."""
+    return t_max_predict_ms if t_max_predict_ms is not None and t_max_predict_ms > 0 else None
