@@ -62,7 +62,7 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
     "t_max_prompt_ms": (N, "llama-server: time budget, not enforced"),
     "t_max_predict_ms": (E, "llama-server: after a newline, the answer ends once this many ms "
                          "have passed since its first token"),
-    "n_indent": (N, "llama-server: indentation stop, not enforced"),
+    "n_indent": (E, "llama-server: the first later line indented less ends the answer"),
     "response_fields": (N, "llama-server: honoured on /completion and /infill only"),
     "best_of": (R, "unless equal to n"), "suffix": (R, "no fill-in-the-middle here; use /infill"),
     "functions": (R, "deprecated; use tools"), "function_call": (R, "deprecated; use tool_choice"),
@@ -159,8 +159,8 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "logit_bias": (H, "ids, or texts (the bias applies to each of their tokens)"),
     "response_fields": (H, "non-streaming: the result cut to these paths"),
     "id_slot": (N, "one shared prefix cache, no slots to pin"),
-    "n_indent": (N, "indentation stop not enforced: the completion may run past the "
-                 "block; editor plugins trim it"),
+    "n_indent": (H, "the first later line indented less ends the completion, cut after "
+                 "its indentation"),
     "t_max_prompt_ms": (N, "time budget not enforced (llama.vim: not yet supported upstream)"),
     "t_max_predict_ms": (H, "after a newline, the completion ends once this many ms have "
                          "passed since its first token (stop_type limit)"),

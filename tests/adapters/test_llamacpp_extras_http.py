@@ -41,7 +41,8 @@ def test_llama_server_schemas_are_enforced(live: Any, field: str) -> None:
 
 def test_draft07_tuple_items_are_enforced(live: Any) -> None:
     """llama.cpp's tests (and zod-to-json-schema) send `items` as a list: a tuple, not a 400."""
-    fmt = {"type": "json_object", "schema": {"type": "array", "items": [{"type": "integer"}],
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}
+    fmt = {"type": "json_object", "schema": {"type": "array", "items": [digit],
                                              "additionalItems": False, "minItems": 1}}
     out = json.loads(content(chat(live, max_tokens=20, response_format=fmt)))
     assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], int)

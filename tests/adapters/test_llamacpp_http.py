@@ -157,6 +157,16 @@ def test_several_prompts_get_one_result_each_in_order(http: httpx.Client) -> Non
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_n_indent_stops_where_the_block_does(http: httpx.Client) -> None:
+    """translate.py rule 11 (llama.vim's n_indent): the first later line indented less than
+    the cursor's ends the completion, cut after its indentation."""
+    grammar = 'root ::= "x\\n    y\\n  z\\n" [a-z] [a-z] [a-z]'
+    free = complete(http, prompt="def f():", n_predict=30, grammar=grammar)
+    assert free["content"].startswith("x\n    y\n  z\n")
+    cut = complete(http, prompt="def f():", n_predict=30, grammar=grammar, n_indent=4)
+    assert cut["content"] == "x\n    y\n  " and cut["stop_type"] == "limit"
+
+
 def test_infill_without_fim_tokens_is_501(http: httpx.Client) -> None:
     resp = http.post("/infill", json={"model": "tiny", "input_prefix": "def f(", "input_suffix": ")"})
     assert resp.status_code == 501

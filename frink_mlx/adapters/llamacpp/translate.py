@@ -36,6 +36,9 @@ Request rules:
 11. `t_max_predict_ms` > 0 bounds the time a completion may run once it has
    written a newline (core/output.py rule 8), as llama-server does: llama.vim
    sends 1000 so a slow machine still answers a FIM request in about a second.
+   `n_indent` > 0 ends it at the first later line indented less (core/output.py
+   rule 9): llama.vim sends the cursor line's indentation, so a suggestion stops
+   where the block does.
 
 Responses are built by frames.py.
 """
@@ -46,7 +49,7 @@ from typing import Any
 
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
-from ..openai.wire import time_budget_ms
+from ..openai.wire import indent_limit, time_budget_ms
 from . import wire
 from .frames import CompletionBuilder, stop_type, timings  # noqa: F401 - re-exported
 
@@ -171,6 +174,7 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,
                       max_predict_ms=time_budget_ms(body.t_max_predict_ms),  # rule 11
+                      min_indent=indent_limit(body.n_indent),
                       response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 

@@ -14,10 +14,10 @@ Rules:
    strings, or a list holding lists, is llama.cpp's "several prompts" form
    (translate.py rule 9).
 4. What llama.vim and llama.vscode send on every request is declared:
-   `n_indent`, `t_max_prompt_ms`, `samplers`, `id_slot`, `input_extra[].time`
-   are accepted no-ops (the field table in adapters/fields.py says why);
-   `response_fields`, `cache_prompt`, `n_predict: 0` (a warm-up), `n_probs`,
-   `return_tokens` and `t_max_predict_ms` are honoured (translate.py, frames.py).
+   `t_max_prompt_ms`, `samplers`, `id_slot`, `input_extra[].time` are accepted
+   no-ops (the field table in adapters/fields.py says why); `response_fields`,
+   `cache_prompt`, `n_predict: 0` (a warm-up), `n_probs`, `return_tokens`,
+   `t_max_predict_ms` and `n_indent` are honoured (translate.py, frames.py).
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
-        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms), user=body.user)
+        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
+        min_indent=wire.indent_limit(body.n_indent), user=body.user)
 
 
 # --- shared response pieces ------------------------------------------------------

@@ -72,6 +72,7 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
                        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
+                       min_indent=wire.indent_limit(body.n_indent),
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
     return reqs, top
