@@ -150,7 +150,10 @@ def test_several_prompts_get_one_result_each_in_order(http: httpx.Client) -> Non
     assert resp.status_code == 200, resp.text
     out = resp.json()
     assert [r["content"] for r in out] == [one["content"], other["content"], one["content"]]
-    assert [r["index"] for r in out] == [0, 0, 0] and out[1]["prompt"] == "Numbers: 0 1 2"
+    assert [r["index"] for r in out] == [0, 1, 2] and out[1]["prompt"] == "Numbers: 0 1 2"
+    twice = http.post("/completion", json={"model": "tiny", "n_predict": 2, "n_cmpl": 2,
+                                           "prompt": ["a", "b"]}).json()
+    assert [r["index"] for r in twice] == [0, 1, 2, 3]   # frames.py rule 8, as llama-server
     as_object = complete(http, prompt={"prompt_string": "Numbers: 0 1 2"}, n_predict=4)
     assert as_object["content"] == other["content"]
     resp = http.post("/completion", json={"model": "tiny", "prompt": ["a", "b"], "stream": True})

@@ -122,15 +122,15 @@ async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
     return results[0] if len(results) == 1 else results
 
 
-def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str]
-              ) -> list[CompletionBuilder]:
+def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str],
+              first_index: int) -> list[CompletionBuilder]:
     settings = {**generation_settings(body, gen, run.sampling), "model": run.model}
     return [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
                               prompt_tokens=run.prompt_tokens, settings=settings,
                               n_probs=body.n_probs, return_tokens=body.return_tokens,
                               warmup=body.n_predict == 0,
                               output_ids=functools.partial(run.output_ids, i),
-                              context_bound=run.context_bound)
+                              context_bound=run.context_bound, first_index=first_index)
             for i in range(gen.n)]
 
 
@@ -144,8 +144,8 @@ async def _answer(request: Request, body: wire._Sampling,
         body = msgspec.structs.replace(body, logit_bias=bias)
     gens = [to_gen_request(body, prompt) for prompt in prompts]
     runs = await generate(request, gens)
-    builders = [_builders(body, gen, run, prompt)
-                for gen, run, prompt in zip(gens, runs, prompts)]
+    builders = [_builders(body, gen, run, prompt, k * gen.n)
+                for k, (gen, run, prompt) in enumerate(zip(gens, runs, prompts))]
     return Answer(runs, body.stream, lambda: _stream(runs[0], builders[0][0]),
                   lambda: _collect(runs, builders, body.response_fields))
 

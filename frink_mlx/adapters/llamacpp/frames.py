@@ -29,6 +29,9 @@ its own server tests read:
 7. `truncated` is true when generation stopped because the context was full:
    the length limit was the room left under the context ceiling
    (`context_bound`, serving/handles.py rule 3), not a limit the client set.
+8. `index` numbers the results of one request in order, as llama-server does:
+   the completions of the first prompt (`n_cmpl` of them), then the next
+   prompt's (translate.py rules 7 and 9).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class CompletionBuilder:
                  settings: dict[str, Any] | None = None, n_probs: int = 0,
                  return_tokens: bool = False, warmup: bool = False,
                  output_ids: Callable[[], list[int]] | None = None,
-                 context_bound: bool = False) -> None:
+                 context_bound: bool = False, first_index: int = 0) -> None:
         self.model = model
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens
@@ -108,6 +111,7 @@ class CompletionBuilder:
         self.warmup = warmup
         self.output_ids = output_ids or (lambda: [])
         self.context_bound = context_bound
+        self.first_index = first_index   # rule 8: the run's place among several prompts
         self.content: list[str] = []
         self.probs: list[dict[str, Any]] = []
         self.done: Done | None = None
@@ -125,7 +129,8 @@ class CompletionBuilder:
             self.content.append(event.text)
             frame: dict[str, Any] = {
                 "content": event.text, "tokens": self._new_ids(), "stop": False, "id_slot": 0,
-                "index": event.index, "tokens_predicted": len(self.output_ids()),
+                "index": self.first_index + event.index,
+                "tokens_predicted": len(self.output_ids()),
                 "tokens_evaluated": self.prompt_tokens}
             if self.n_probs:
                 probs = [probability(lp) for lp in event.logprobs]
@@ -144,7 +149,8 @@ class CompletionBuilder:
         """Rule 1's fields, minus `content` and `tokens`."""
         kind = stop_type(done)
         predicted = 0 if self.warmup else done.usage.completion_tokens
-        out = {"stop": True, "model": self.model, "id_slot": 0, "index": done.index,
+        out = {"stop": True, "model": self.model, "id_slot": 0,
+               "index": self.first_index + done.index,
                "stop_type": kind,
                "stopping_word": (done.stop_sequence or "") if kind == "word" else "",
                "tokens_predicted": predicted,
