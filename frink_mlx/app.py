@@ -160,6 +160,16 @@ class AppState:
         async with self.hub.lease(req.model) as gen:
             return len(DecodeHandles.take(gen).render(req).ids)
 
+    async def eos_token_ids(self, model: str | None) -> list[int]:
+        """The ids that end a generation on `model` (llama.cpp's `ignore_eos` bans them)."""
+        async with self.hub.lease(model) as gen:
+            return sorted(DecodeHandles.take(gen).eos_ids)
+
+    async def render_text(self, req: GenRequest) -> str:
+        """The prompt text `req` renders to on its model (chat template applied)."""
+        async with self.hub.lease(req.model) as gen:
+            return DecodeHandles.take(gen).render(req).text or ""
+
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer

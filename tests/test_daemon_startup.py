@@ -121,6 +121,20 @@ def test_sampling_defaults_come_from_the_model(daemon: DaemonProcess) -> None:
     assert len(sampled) > 1
 
 
+def test_llama_cpp_routes_report_the_sampling_a_run_used(daemon: DaemonProcess) -> None:
+    """generation_settings and /props say what runs: models.toml's temperature 0, not 1."""
+    url = daemon.url
+    out = httpx.post(url + "/completion", json={"model": "tiny-a", "prompt": "Hi",
+                                                 "n_predict": 2}, timeout=120).json()
+    assert out["generation_settings"]["temperature"] == 0.0
+    out = httpx.post(url + "/completion", json={"model": "tiny-a", "prompt": "Hi",
+                                                 "n_predict": 2, "temperature": 0.7},
+                     timeout=120).json()
+    assert out["generation_settings"]["temperature"] == 0.7
+    params = httpx.get(url + "/props", timeout=10).json()["default_generation_settings"]["params"]
+    assert params["temperature"] == 0.0 and params["top_p"] == 0.5   # generation_config's
+
+
 def test_max_tokens_is_capped_by_the_registry_and_clamped_to_the_context(
         daemon: DaemonProcess) -> None:
     url = daemon.url

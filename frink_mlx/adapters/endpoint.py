@@ -35,10 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..core.events import Event
 from ..core.request import GenRequest
 from ..http.body import decode_body
 from ..http.errors import Envelope, endpoint
@@ -130,3 +132,25 @@ def generating(protocol: Protocol, wire: type[W], start: Start[W]
         return response
 
     return serve
+
+
+async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+    """Events of every run as they come, tagged with the run's position."""
+    if len(runs) == 1:
+        async for event in runs[0].events():
+            yield 0, event
+        return
+    send, recv = anyio.create_memory_object_stream[tuple[int, Event]](64)
+
+    async def pump(k: int, run: Any, out: Any) -> None:
+        async with out:
+            async for event in run.events():
+                await out.send((k, event))
+
+    async with anyio.create_task_group() as tg:
+        async with send:
+            for k, run in enumerate(runs):
+                tg.start_soon(pump, k, run, send.clone())
+        async with recv:
+            async for item in recv:
+                yield item

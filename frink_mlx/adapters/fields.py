@@ -41,7 +41,8 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
     "n": (H, ""), "stream": (H, ""), "stream_options": (H, "include_usage"),
     "logprobs": (H, ""),
     "user": (N, "an end-user id for the client's own records"),
-    "top_k": (E, ""), "min_p": (E, ""), "repetition_penalty": (E, ""), "ignore_eos": (E, ""),
+    "top_k": (E, ""), "min_p": (E, ""), "repetition_penalty": (E, ""),
+    "ignore_eos": (E, "vLLM's: generation goes on past an end-of-generation token"),
     "cache_salt": (E, "separates prefix-cache entries"),
     "speculative": (E, "false opts out of speculative decoding; the answer is the same"),
     "n_predict": (E, "llama-server: the length limit; 0 = one-token warm-up"),
@@ -59,8 +60,9 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
     "samplers": (N, "llama-server: sampler order; ours is fixed (penalties, top-k, top-p, "
                  "min-p, temperature)"),
     "t_max_prompt_ms": (N, "llama-server: time budget, not enforced"),
-    "t_max_predict_ms": (N, "llama-server: time budget, not enforced"),
-    "n_indent": (N, "llama-server: indentation stop, not enforced"),
+    "t_max_predict_ms": (E, "llama-server: after a newline, the answer ends once this many ms "
+                         "have passed since its first token"),
+    "n_indent": (E, "llama-server: the first later line indented less ends the answer"),
     "response_fields": (N, "llama-server: honoured on /completion and /infill only"),
     "best_of": (R, "unless equal to n"), "suffix": (R, "no fill-in-the-middle here; use /infill"),
     "functions": (R, "deprecated; use tools"), "function_call": (R, "deprecated; use tool_choice"),
@@ -149,17 +151,19 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "temperature": (H, ""), "top_k": (H, ""), "top_p": (H, ""), "min_p": (H, ""),
     "repeat_penalty": (H, ""), "repeat_last_n": (H, ""), "presence_penalty": (H, ""),
     "frequency_penalty": (H, ""), "seed": (H, ""), "stop": (H, ""), "stream": (H, ""),
-    "cache_prompt": (H, "false bypasses the prefix cache"), "ignore_eos": (H, ""),
+    "cache_prompt": (H, "false bypasses the prefix cache"),
+    "ignore_eos": (H, "end-of-generation tokens banned (logit bias -inf), as llama-server"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "n_probs": (H, "completion_probabilities"), "return_tokens": (H, "tokens"),
     "json_schema": (H, "enforced"), "grammar": (H, "GBNF, enforced; invalid = 400"),
-    "logit_bias": (H, "ids only; text keys refused"),
+    "logit_bias": (H, "ids, or texts (the bias applies to each of their tokens)"),
     "response_fields": (H, "non-streaming: the result cut to these paths"),
     "id_slot": (N, "one shared prefix cache, no slots to pin"),
-    "n_indent": (N, "indentation stop not enforced: the completion may run past the "
-                 "block; editor plugins trim it"),
+    "n_indent": (H, "the first later line indented less ends the completion, cut after "
+                 "its indentation"),
     "t_max_prompt_ms": (N, "time budget not enforced (llama.vim: not yet supported upstream)"),
-    "t_max_predict_ms": (N, "time budget not enforced: n_predict bounds the answer"),
+    "t_max_predict_ms": (H, "after a newline, the completion ends once this many ms have "
+                         "passed since its first token (stop_type limit)"),
     "samplers": (N, "sampler order is fixed (penalties, top-k, top-p, min-p, temperature)"),
     "n_keep": (N, "the context is never shifted"), "min_keep": (N, ""),
     "timings_per_token": (N, "timings come with the final frame"),
@@ -170,8 +174,10 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
     "post_sampling_probs": (R, "unless false"),
 }
 
-COMPLETION: dict[str, Rule] = {**_LLAMACPP_SAMPLING,
-                               "prompt": (H, "text, token ids, or a mix")}
+COMPLETION: dict[str, Rule] = {
+    **_LLAMACPP_SAMPLING,
+    "prompt": (H, "text, token ids, a mix, {prompt_string} objects (multimodal_data refused), "
+               "or several prompts (an array of results; not with stream)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

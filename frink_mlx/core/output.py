@@ -25,6 +25,17 @@ Rules:
 7. With `parallel_tool_calls` off the choice ends ("tool_calls") as soon as its
    first call is complete: the row is aborted instead of decoding calls the
    parser would only drop.
+8. `max_predict_ms` (llama-server's `t_max_predict_ms`, what llama.vim sends so
+   a slow machine still answers in time): when a token's text holds a newline
+   and that many ms have passed since the first token, the choice ends there
+   as if its length limit came ("length"), keeping the text so far -- so a
+   completion is cut at a line's end, as llama-server cuts it.
+9. `min_indent` (llama-server's `n_indent`, the cursor line's indentation that
+   llama.vim sends): every line after the first must start with at least that
+   many spaces or tabs; the first line that does not ends the choice
+   ("length"), its text cut after its indentation, as llama-server cuts it. A
+   new line's leading whitespace is held until its first other character
+   decides.
 """
 
 from __future__ import annotations
@@ -120,6 +131,42 @@ class StopMatcher:
 
 
 @dataclass(slots=True)
+class IndentLimit:
+    """Rule 9: hold a new line's indentation until it is known; say when it falls short."""
+
+    min_indent: int
+    judged: bool = True   # the first line (the cursor's own) is never judged
+    held: str = ""
+    cut: bool = False
+
+    def feed(self, text: str) -> str:
+        """The text to release; sets `cut` (and drops the rest) at a short line."""
+        out: list[str] = []
+        for ch in text:
+            if self.cut:
+                break
+            if not self.judged:
+                if ch in " \t":
+                    self.held += ch
+                    continue
+                out.append(self.held)
+                self.cut = len(self.held) < self.min_indent
+                self.judged, self.held = True, ""
+                if self.cut:
+                    break
+            out.append(ch)
+            if ch == "\n":
+                self.judged = False
+        return "".join(out)
+
+    def flush(self, text: str) -> str:
+        """At the end: `text` fed through, then whatever indentation is held."""
+        out = self.feed(text)
+        held, self.held = self.held, ""
+        return out if self.cut else out + held
+
+
+@dataclass(slots=True)
 class ChoiceState:
     index: int
     detok: IncrementalDetokenizer
@@ -130,6 +177,7 @@ class ChoiceState:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     done: bool = False
     first_token_at: float | None = None
+    indent: IndentLimit | None = None   # rule 9
 
 
 class OutputPipeline:
@@ -145,7 +193,8 @@ class OutputPipeline:
         self.want_logprobs = request.sampling.logprobs
         self.choices = [
             ChoiceState(i, IncrementalDetokenizer(text.decode), StopMatcher(request.stop),
-                        build_parser(markup, request, i))
+                        build_parser(markup, request, i),
+                        indent=IndentLimit(request.min_indent) if request.min_indent else None)
             for i in range(request.n)
         ]
 
@@ -190,6 +239,8 @@ class OutputPipeline:
         if self.want_logprobs and step.logprob is not None:
             choice.pending_logprobs.append(self._logprob(step))
         released = choice.stops.feed(choice.detok.add(step.token_id))
+        if choice.indent is not None:
+            released = choice.indent.feed(released)
         events = self._parse(choice, released)
         if choice.stops.matched is not None:
             events += self._finish(choice, "stop", stop_kind="stop_sequence",
@@ -197,7 +248,16 @@ class OutputPipeline:
         elif not self.request.parallel_tool_calls and any(
                 isinstance(e, ToolCallEnd) for e in events):  # rule 7
             events += self._finish(choice, "tool_calls", stop_kind="tool_calls")
+        elif self._out_of_time(choice, released) or choice.indent is not None and choice.indent.cut:
+            events += self._finish(choice, "length", stop_kind="length")
         return events
+
+    def _out_of_time(self, choice: ChoiceState, text: str) -> bool:
+        """Rule 8."""
+        budget_ms = self.request.max_predict_ms
+        if budget_ms is None or choice.first_token_at is None or "\n" not in text:
+            return False
+        return (time.monotonic() - choice.first_token_at) * 1e3 > budget_ms
 
     def _parse(self, choice: ChoiceState, text: str, final: bool = False) -> list[Event]:
         events = choice.parser.feed(text) if text else []
@@ -239,6 +299,8 @@ class OutputPipeline:
                 stop_sequence: str | None = None) -> list[Event]:
         tail = "" if choice.stops.matched is not None else choice.stops.feed(choice.detok.flush())
         tail += choice.stops.flush()
+        if choice.indent is not None:
+            tail = choice.indent.flush(tail)
         events = self._parse(choice, tail, final=True)
         if choice.stops.matched is not None and stop_sequence is None:
             stop_kind, stop_sequence, reason = "stop_sequence", choice.stops.matched, "stop"

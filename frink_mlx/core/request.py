@@ -119,6 +119,10 @@ class GenRequest:
     continue_final_message: bool = False
     add_special_tokens: bool = True        # raw prompts: prepend BOS as the tokenizer does
     ignore_eos: bool = False
+    # llama-server's t_max_predict_ms: once a newline is out and this many ms have passed
+    # since the first token, the choice ends as if its length limit came (core/output.py)
+    max_predict_ms: float | None = None
+    min_indent: int | None = None   # llama-server's n_indent (core/output.py rule 9)
     request_id: str = ""
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific, documented per adapter

@@ -39,6 +39,9 @@ Rules:
    valid one; with `parallel_tool_calls` off at most one call is allowed. Other
    markups (llama3_json has no opening marker, Mistral's is a control token)
    get no grammar, as in rule 5.
+7. Schemas of drafts 4 to 2019-09 keep their meaning: `items` as a list is the
+   tuple form (2020-12's `prefixItems`; zod-to-json-schema and pydantic v1 still
+   write it) and `additionalItems` bounds what follows; llguidance reads both.
 """
 
 from __future__ import annotations
@@ -278,8 +281,8 @@ def _require_text(text: str | None, param: str, what: str) -> str:
 
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "propertyNames", "not", "if",
-                  "then", "else", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMA_ONE = ("additionalProperties", "contains", "propertyNames", "not", "if", "then",
+                  "else", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 
 
 def _check_node(node: Any, param: str, where: str, depth: int) -> None:
@@ -314,6 +317,12 @@ def _check_node(node: Any, param: str, where: str, depth: int) -> None:
     for key in _SUBSCHEMA_ONE:
         if key in node:
             _check_node(node[key], param, f"{where}/{key}", depth + 1)
+    items = node.get("items")
+    if isinstance(items, list):  # rule 7: draft-04..2019 tuple form
+        for i, child in enumerate(items):
+            _check_node(child, param, f"{where}/items/{i}", depth + 1)
+    elif "items" in node:
+        _check_node(items, param, f"{where}/items", depth + 1)
 
 
 def _check_type(type_: Any, param: str, where: str) -> None:

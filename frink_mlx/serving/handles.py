@@ -17,6 +17,8 @@ Rules:
    4; finish_reason says "length") and reported: `Run.max_tokens_requested`
    keeps what was asked, and the response carries `frink-max-tokens` (the
    budget used) and `frink-max-tokens-requested` (http/access.py rule 5).
+   `Run.context_bound` says the budget is that room (llama.cpp's `truncated`
+   when the run uses it all up).
 4. models.toml `[sampling]` defaults fill the fields the client did not send.
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
@@ -245,9 +247,9 @@ class DecodeHandles:
         request, rendered = prepared.request, prepared.rendered
         request_id = request.request_id or f"req-{uuid.uuid4().hex[:24]}"
         constraints = self._budgeted(prepared, constraints)
+        sampling = apply_sampling_defaults(request, self.generation.spec.sampling)
         seq = SeqRequest(
-            request_id=request_id, prompt_ids=rendered.ids,
-            sampling=apply_sampling_defaults(request, self.generation.spec.sampling),
+            request_id=request_id, prompt_ids=rendered.ids, sampling=sampling,
             max_tokens=prepared.max_tokens,
             stop_token_ids=frozenset() if request.ignore_eos else self.eos_ids,
             n=request.n, cache_prompt=request.cache_prompt, cache_salt=request.cache_salt,
@@ -261,8 +263,15 @@ class DecodeHandles:
                    generation=self.generation.number, created=int(time.time()),
                    prompt_ids=rendered.ids, prompt_text=rendered.text, markup=prepared.markup,
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
-                   max_tokens_requested=request.max_tokens,
+                   max_tokens_requested=request.max_tokens, sampling=sampling,
+                   context_bound=self._context_bound(prepared),
                    _lease=lease, _handles=self, _memory=memory)
+
+    def _context_bound(self, prepared: "Prepared") -> bool:
+        """Rule 3: the budget is the room left under the ceiling, below what was asked."""
+        room = self.context_ceiling - len(prepared.rendered.ids)
+        asked = prepared.request.max_tokens
+        return prepared.max_tokens == room and (asked is None or asked > room)
 
     def _budgeted(self, prepared: "Prepared", constraints: list[Any] | None) -> list[Any] | None:
         """Rule 10: wrap each row's constraint in its thinking budget."""
@@ -308,6 +317,8 @@ class Run:
     _lease: Lease | None
     _handles: DecodeHandles
     max_tokens_requested: int | None = None  # rule 3: what the client asked (None: nothing)
+    sampling: SamplingParams | None = None   # rule 4: what it runs with, model defaults applied
+    context_bound: bool = False   # rule 3: running out of budget means the context is full
     _memory: TurnMemory | None = None
     _finished: bool = False
     _cut: FrinkError | None = None

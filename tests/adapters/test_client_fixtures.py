@@ -118,3 +118,8 @@ def test_llama_server_side_routes(live: Any, path: str) -> None:
         props = r.json()
         assert props["default_generation_settings"]["n_ctx"] > 0
         assert props["total_slots"] >= 1
+    if path == "/slots":   # llamacpp rule 5: the batch's rows, idle ones included
+        rows = r.json()
+        total = httpx.get(live.url + "/props", timeout=10).json()["total_slots"]
+        busy = [row["is_processing"] for row in rows]
+        assert len(rows) == total and busy == sorted(busy, reverse=True)   # running rows first

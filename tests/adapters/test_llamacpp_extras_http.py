@@ -39,6 +39,39 @@ def test_llama_server_schemas_are_enforced(live: Any, field: str) -> None:
                                                                        {"ok": False})
 
 
+def test_draft07_tuple_items_are_enforced(live: Any) -> None:
+    """llama.cpp's tests (and zod-to-json-schema) send `items` as a list: a tuple, not a 400."""
+    digit = {"type": "integer", "minimum": 0, "maximum": 9}
+    fmt = {"type": "json_object", "schema": {"type": "array", "items": [digit],
+                                             "additionalItems": False, "minItems": 1}}
+    out = json.loads(content(chat(live, max_tokens=20, response_format=fmt)))
+    assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], int)
+
+
+def test_chat_answers_carry_llama_server_timings(live: Any) -> None:
+    r = chat(live, max_tokens=3, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    timings = r.json()["timings"]
+    assert timings["predicted_n"] == 3 and timings["prompt_n"] + timings["cache_n"] > 0
+    with httpx.stream("POST", live.url + "/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "messages": HI, "max_tokens": 3, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["timings"]["predicted_n"] == 3
+    assert "timings" not in chunks[0]
+
+
+def test_time_budget_on_the_openai_routes(live: Any) -> None:
+    """llama-server's t_max_predict_ms on chat (core/output.py rule 8): after the first
+    newline a spent budget ends the answer, as finish_reason "length"."""
+    grammar = 'root ::= "ab\\n" [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z] [a-z]'
+    free = content(chat(live, max_tokens=40, grammar=grammar))
+    assert free.startswith("ab\n") and len(free) == 11
+    cut = chat(live, max_tokens=40, grammar=grammar, t_max_predict_ms=1)
+    assert content(cut).startswith("ab\n") and len(content(cut)) < len(free)
+    assert cut.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_length_fields(live: Any) -> None:
     r = chat(live, max_tokens=-1, n_predict=None, stop=["\n"], seed=1, ignore_eos=False)
     assert r.status_code == 200
@@ -116,9 +149,9 @@ def test_chat_role_rides_on_the_first_delta(live: Any) -> None:
 
 
 def test_unknown_routes_answer_in_the_protocol_envelope(live: Any) -> None:
-    r = httpx.post(live.url + "/apply-template", json={}, timeout=10)     # llama.cpp's path
+    r = httpx.post(live.url + "/embedding", json={}, timeout=10)     # llama.cpp's path
     assert r.status_code == 404 and r.json()["error"] == {
-        "code": 404, "message": "No route for POST /apply-template.", "type": "not_found_error"}
+        "code": 404, "message": "No route for POST /embedding.", "type": "not_found_error"}
     r = httpx.get(live.url + "/v1/nope", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(live.url + "/v1/chat/completions", timeout=10)

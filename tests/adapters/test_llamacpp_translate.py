@@ -14,6 +14,7 @@ from frink_mlx.adapters.llamacpp.translate import (
     CompletionBuilder,
     check_prompt,
     infill_prompt,
+    split_prompts,
     to_gen_request,
 )
 from frink_mlx.core.events import Done, ErrorEvent, TextDelta, Usage
@@ -53,12 +54,26 @@ def test_defaults_and_unbounded_n_predict() -> None:
 
 @pytest.mark.parametrize("patch,param", [
     ({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
-    ({"post_sampling_probs": True}, "post_sampling_probs"),
-    ({"logit_bias": [["Hello", 1.0]]}, "logit_bias[0]")])
+    ({"post_sampling_probs": True}, "post_sampling_probs")])
 def test_refusals_by_name(patch: dict, param: str) -> None:
     with pytest.raises(UnsupportedField) as err:
         to_gen_request(decode({"prompt": "x", **patch}), "x")
     assert err.value.param == param
+
+
+def test_a_logit_bias_key_that_is_no_token_is_400() -> None:
+    with pytest.raises(InvalidRequest) as err:   # texts are tokenized by the route first
+        to_gen_request(decode({"prompt": "x", "logit_bias": [[1.5, 1.0]]}), "x")
+    assert err.value.param == "logit_bias[0]"
+
+
+def test_time_budget_is_passed_on_when_positive() -> None:
+    """Rule 11: llama.vim's t_max_predict_ms bounds the completion; 0 or less is no budget."""
+    assert to_gen_request(decode({"prompt": "x", "t_max_predict_ms": 1000}), "x"
+                          ).max_predict_ms == 1000
+    for off in (0, -1, None):
+        assert to_gen_request(decode({"prompt": "x", "t_max_predict_ms": off}), "x"
+                              ).max_predict_ms is None
 
 
 def test_plugin_fields_are_accepted() -> None:
@@ -74,11 +89,37 @@ def test_plugin_fields_are_accepted() -> None:
 def test_prompt_shapes() -> None:
     check_prompt("x")
     check_prompt([1, 2, "x"])
-    check_prompt(["only one"])
-    with pytest.raises(UnsupportedField):
-        check_prompt(["a", "b"])
     with pytest.raises(InvalidRequest):
         check_prompt("")
+    with pytest.raises(InvalidRequest):
+        check_prompt([])
+
+
+@pytest.mark.parametrize("prompt, prompts", [
+    ("x", ["x"]), ([1, 2, "x"], [[1, 2, "x"]]), ([1, 2], [[1, 2]]), (["only one"], ["only one"]),
+    (["a", "b"], ["a", "b"]), (["a", [1, 2]], ["a", [1, 2]]),
+    ([[1, "x"], [3]], [[1, "x"], [3]]), ([[1, 2]], [[1, 2]])])
+def test_several_prompts_are_split_as_llama_server_does(prompt: Any, prompts: list) -> None:
+    """Rule 9: strings only, or lists inside, are several prompts; ids with text are one."""
+    assert split_prompts(prompt, stream=False) == prompts
+
+
+def test_json_prompt_objects_are_their_text_and_media_is_refused() -> None:
+    """Rule 10."""
+    text = wire.PromptObject("hello")
+    assert split_prompts(text, stream=False) == ["hello"]
+    assert split_prompts([[1, 2], text], stream=False) == [[1, 2], "hello"]
+    with pytest.raises(UnsupportedField) as err:
+        split_prompts(wire.PromptObject("x <__media__>", ["iVBOR"]), stream=False)
+    assert err.value.param == "prompt.multimodal_data"
+
+
+def test_several_prompts_refuse_stream_and_stray_ids() -> None:
+    with pytest.raises(UnsupportedField) as err:
+        split_prompts(["a", "b"], stream=True)
+    assert err.value.param == "prompt"
+    with pytest.raises(InvalidRequest):
+        split_prompts([[1, 2], 3], stream=False)
     with pytest.raises(InvalidRequest) as err:
         to_gen_request(decode({"prompt": "x", "n_predict": -2}), "x")
     assert err.value.param == "n_predict"

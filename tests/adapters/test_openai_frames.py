@@ -20,9 +20,9 @@ class FakeRun:
             yield e
 
 
-def frames(events, include_usage=True):
+def frames(events, include_usage=True, n_choices=2):
     async def collect():
-        return [f async for f in chat_frames(FakeRun(events), include_usage, False)]
+        return [f async for f in chat_frames(FakeRun(events), include_usage, False, n_choices)]
 
     return asyncio.run(collect())
 
@@ -53,6 +53,18 @@ def test_chunks_for_two_choices_with_usage():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 5
     assert chunks[-1]["usage"]["completion_tokens"] == 4
     assert out[-1] == "data: [DONE]\n\n"
+    assert not any("timings" in c for c in chunks)   # rule 6: one choice only
+
+
+def test_one_choice_carries_llama_server_timings_on_its_finish_and_usage_chunks():
+    usage = Usage(prompt_tokens=7, completion_tokens=3, cached_tokens=2)
+    done = Done("length", usage, timings={"prompt_ms": 50.0, "predicted_ms": 40.0})
+    chunks = payloads(frames([TextDelta("a"), done], n_choices=1))
+    assert [("timings" in c) for c in chunks] == [False, False, True, True]
+    timings = chunks[-1]["timings"]
+    assert chunks[-2]["timings"] == timings
+    assert (timings["prompt_n"], timings["cache_n"], timings["predicted_n"]) == (5, 2, 3)
+    assert timings["predicted_per_second"] == 50.0   # 2 decode steps over 40 ms
 
 
 def test_a_choice_without_deltas_still_gets_its_role_before_finishing():

@@ -146,3 +146,57 @@ def test_parallel_tool_calls_off_ends_the_turn_after_the_first_call():
         assert len(dones) == 1 and dones[0].finish_reason == "tool_calls"
         if not parallel:  # ended right after the first call's end marker
             assert dones[0].usage.completion_tokens == len(ids_of(call))
+
+
+def test_time_budget_ends_the_choice_at_a_line_end(monkeypatch):
+    """Rule 8 (llama-server's t_max_predict_ms): a spent budget ends the choice only on a
+    token holding a newline -- at a line's end -- as its length limit would."""
+    import frink_mlx.core.output as output
+
+    clock = [100.0]
+    monkeypatch.setattr(output.time, "monotonic", lambda: clock[0])
+    req = GenRequest(model="m", prompt="x", max_predict_ms=700)
+    p = OutputPipeline(req, MarkupInfo(), TokenText(byte_decode), prompt_tokens=7,
+                       eos_ids=frozenset({EOS}))
+    events = []
+    for k, t in enumerate(ids_of("ab\ncd\nef")):
+        clock[0] += 0.3   # 300 ms a token: spent from "c" on, but "c", "d" end no line
+        events += p.on_step(StepOutput(0, t, num_prompt_tokens=7 if k == 0 else None))
+        if p.all_done:
+            break
+    done = [e for e in events if isinstance(e, Done)]
+    assert text_of(events) == "ab\ncd\n" and len(done) == 1
+    assert (done[0].finish_reason, done[0].stop_kind) == ("length", "length")
+    assert done[0].usage.completion_tokens == 6
+
+
+def indented(text: str, min_indent: int = 4, finish: str | None = None) -> list:
+    req = GenRequest(model="m", prompt="x", min_indent=min_indent)
+    p = OutputPipeline(req, MarkupInfo(), TokenText(byte_decode), prompt_tokens=7,
+                       eos_ids=frozenset({EOS}))
+    events = []
+    ids = ids_of(text)
+    for k, t in enumerate(ids):
+        events += p.on_step(StepOutput(0, t, finish=finish if k == len(ids) - 1 else None))
+        if p.all_done:
+            break
+    return events
+
+
+def test_indentation_limit_cuts_the_first_line_that_leaves_the_block():
+    """Rule 9 (llama-server's n_indent): the cursor's line is free, later lines need the
+    indentation; the first short one ends the choice after its indentation."""
+    events = indented("x = 1\n    y = 2\n\t\t\t\tz\n  w = 3\n    never")
+    done = [e for e in events if isinstance(e, Done)]
+    assert text_of(events) == "x = 1\n    y = 2\n\t\t\t\tz\n  "   # a tab counts as one
+    assert (done[0].finish_reason, done[0].usage.completion_tokens) == ("length", 25)
+    assert text_of(indented("a\n\n    b")) == "a\n"      # an empty line is short too
+    ended = indented("a\n    ", finish="length")          # held indentation is released
+    assert text_of(ended) == "a\n    " and isinstance(ended[-1], Done)
+
+
+def test_indentation_limit_at_a_dedent_and_without_a_limit():
+    events = indented("if x:\n        go()\nEND", min_indent=8)
+    assert text_of(events) == "if x:\n        go()\n"
+    plain = run(pipeline(), ids_of("a\nb") + [EOS])
+    assert text_of(plain) == "a\nb"

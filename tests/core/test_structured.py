@@ -98,6 +98,17 @@ def test_boolean_subschemas_and_true_root_are_fine() -> None:
     check_schema({"type": "object", "properties": {"a": True}, "additionalProperties": False}, "p")
 
 
+def test_draft07_tuple_items_are_schemas_too() -> None:
+    """Rule 7: `items` as a list (drafts 4-2019) is the tuple form, checked item by item."""
+    spec = grammar_for_format(ResponseFormat(
+        "json_schema", schema={"items": [{"type": "integer"}], "additionalItems": False}))
+    assert json.loads(spec.text)["items"] == [{"type": "integer"}]
+    with pytest.raises(InvalidRequest, match="#/items/1/type"):
+        check_schema({"items": [{"type": "integer"}, {"type": "int"}]}, "p")
+    with pytest.raises(InvalidRequest, match="#/additionalItems"):
+        check_schema({"items": [{"type": "integer"}], "additionalItems": 3}, "p")
+
+
 def test_tool_choice_auto_and_none_are_unconstrained() -> None:
     assert grammar_for_tools([WEATHER], "auto", HERMES) is None
     assert grammar_for_tools([WEATHER], "none", HERMES) is None

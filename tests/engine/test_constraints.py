@@ -97,6 +97,19 @@ def test_json_schema_row_accepts_only_valid_json(smol_tok: Any, smol_compiler: G
     assert row.is_done()
 
 
+@pytest.mark.parametrize("text, fits", [("[1, \"a\"]", True), ("[1]", True),
+                                        ("[\"a\"]", False), ("[1, \"a\", 2]", False)])
+def test_draft07_tuple_items_bind_each_position(tiny_tok: Any, tiny_compiler: GrammarCompiler,
+                                                text: str, fits: bool) -> None:
+    """core/structured.py rule 7: `items` as a list is a tuple, `additionalItems` what follows."""
+    schema = {"type": "array", "items": [{"type": "integer"}, {"type": "string"}],
+              "additionalItems": False}
+    row = tiny_compiler.new_constraints(schema_spec(schema))[0]
+    ids = tiny_tok.encode(text, add_special_tokens=False)
+    walked = all(row.allowed_mask()[t] and row.accept(t) for t in ids)
+    assert (walked and row.is_done()) is fits
+
+
 def test_rows_from_one_spec_are_independent_copies(tiny_tok: Any, tiny_compiler: GrammarCompiler) -> None:
     a, b = tiny_compiler.new_constraints(GrammarSpec("regex", "(yes|no)"), 2)
     before = b.allowed_mask().copy()

@@ -13,9 +13,18 @@ field rules; this module resolves prompts and vocabulary through AppState:
 4. Streams are bare `data:` frames; the last has `stop: true`; no `[DONE]`.
 5. `/props` and `/slots` are read-only and honest: `/props` reports the
    default generation settings, the served context (`n_ctx`), the model and
-   its chat template; `/slots` lists one entry per running sequence of the
-   engine's batch (`is_processing: true`) -- the engine has no fixed slots, so
-   `total_slots` is the batch limit, and idle slots are not invented.
+   its chat template; the engine has no fixed slots, so `total_slots` is the
+   batch limit, and `/slots` lists that many rows, the running sequences first
+   (`is_processing: true`), the free rows after them (false) -- clients read
+   `slots[0]` to see whether the server is busy. Nothing per slot is invented
+   (no per-slot params or prompt: a sequence is not pinned to a row).
+6. `logit_bias` may name tokens by text (`[["hello", -5]]`, `{"hello": -5}`),
+   as llama-server and its clients (SillyTavern's banned strings) send it: the
+   text is tokenized without special tokens and the bias applies to each of its
+   tokens. Ids (numbers or digit strings) pass through as they are.
+7. `ignore_eos` bans the model's end-of-generation tokens (a bias of -inf, as
+   llama-server adds them): the text runs to `n_predict` without an end token
+   in it. `generation_settings.logit_bias` lists every bias, a ban as null.
 """
 
 from __future__ import annotations
@@ -24,19 +33,28 @@ import functools
 import json
 from typing import Any, AsyncIterator
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import ErrorEvent, choice_events
+from ...core.request import GenRequest, SamplingParams
 from ...errors import NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating
+from ..endpoint import Answer, Protocol, generate, generating, merged
 from . import wire
 from .frames import CompletionBuilder
-from .translate import FIM_STYLES, check_prompt, generation_settings, infill_prompt, to_gen_request
+from .translate import (
+    FIM_STYLES,
+    check_prompt,
+    generation_settings,
+    infill_prompt,
+    split_prompts,
+    to_gen_request,
+)
 
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
@@ -55,6 +73,23 @@ async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int |
         else:
             ids.append(piece)
     return ids
+
+
+async def resolve_logit_bias(state: Any, model: str | None,
+                             raw: list[list[Any]] | dict[str, Any] | None
+                             ) -> list[list[Any]] | None:
+    """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text."""
+    if raw is None:
+        return None
+    pairs = [list(p) for p in raw.items()] if isinstance(raw, dict) else raw
+    out: list[list[Any]] = []
+    for pair in pairs:
+        token = pair[0] if isinstance(pair, list) and pair else None
+        if not isinstance(token, str) or token.lstrip("-").isdigit() or len(pair) != 2:
+            out.append(pair)   # ids (and malformed pairs, refused by translate.py)
+            continue
+        out += [[i, pair[1]] for i in await state.tokenize(model, token, add_special=False)]
+    return out
 
 
 async def fim_style(state: Any, model: str | None) -> tuple[str, str, str, str | None] | None:
@@ -76,36 +111,52 @@ async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
             yield sse_frame(json.dumps(frame, ensure_ascii=False))
 
 
-async def _collect(run: Any, builders: list[CompletionBuilder], fields: list[str] | None
-                   ) -> dict[str, Any] | list[dict[str, Any]]:
-    """One result, or one per completion when `n_cmpl` > 1 (translate.py rule 7)."""
-    async for event in run.events():
+async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
+                   fields: list[str] | None) -> dict[str, Any] | list[dict[str, Any]]:
+    """One result, or one per prompt and completion (translate.py rules 7 and 9)."""
+    async for k, event in merged(runs):
         if isinstance(event, ErrorEvent):
             raise event.to_error()
-        builders[event.index].feed(event)
-    results = [b.result(fields) for b in builders]
+        builders[k][event.index].feed(event)
+    results = [b.result(fields) for row in builders for b in row]
     return results[0] if len(results) == 1 else results
 
 
-async def _answer(request: Request, body: wire._Sampling, prompt: str | list[int | str]
-                  ) -> Answer:
-    gen = to_gen_request(body, prompt)
-    (run,) = await generate(request, [gen])
-    settings = {**generation_settings(body, gen), "model": run.model}
-    builders = [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
-                                  prompt_tokens=run.prompt_tokens, settings=settings,
-                                  n_probs=body.n_probs, return_tokens=body.return_tokens,
-                                  warmup=body.n_predict == 0,
-                                  output_ids=functools.partial(run.output_ids, i))
-                for i in range(gen.n)]
-    return Answer([run], body.stream, lambda: _stream(run, builders[0]),
-                  lambda: _collect(run, builders, body.response_fields))
+def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str],
+              first_index: int) -> list[CompletionBuilder]:
+    settings = {**generation_settings(body, gen, run.sampling), "model": run.model}
+    return [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
+                              prompt_tokens=run.prompt_tokens, settings=settings,
+                              n_probs=body.n_probs, return_tokens=body.return_tokens,
+                              warmup=body.n_predict == 0,
+                              output_ids=functools.partial(run.output_ids, i),
+                              context_bound=run.context_bound, first_index=first_index)
+            for i in range(gen.n)]
+
+
+async def _answer(request: Request, body: wire._Sampling,
+                  prompts: list[str | list[int | str]]) -> Answer:
+    state = request.app.state.frink
+    if body.logit_bias or body.ignore_eos:
+        bias = await resolve_logit_bias(state, body.model, body.logit_bias) or []
+        if body.ignore_eos:   # rule 7
+            bias += [[i, False] for i in await state.eos_token_ids(body.model)]
+        body = msgspec.structs.replace(body, logit_bias=bias)
+    gens = [to_gen_request(body, prompt) for prompt in prompts]
+    runs = await generate(request, gens)
+    builders = [_builders(body, gen, run, prompt, k * gen.n)
+                for k, (gen, run, prompt) in enumerate(zip(gens, runs, prompts))]
+    return Answer(runs, body.stream, lambda: _stream(runs[0], builders[0][0]),
+                  lambda: _collect(runs, builders, body.response_fields))
 
 
 async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
-    check_prompt(body.prompt)
-    prompt = await resolve_prompt(request.app.state.frink, body.model, body.prompt)
-    return await _answer(request, body, prompt)
+    state = request.app.state.frink
+    prompts = split_prompts(body.prompt, stream=body.stream)
+    for prompt in prompts:
+        check_prompt(prompt)
+    return await _answer(request, body,
+                         [await resolve_prompt(state, body.model, p) for p in prompts])
 
 
 async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
@@ -115,7 +166,7 @@ async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
         raise NotSupported(f"/infill needs fill-in-the-middle tokens ({names}, ...) in the "
                            f"model's vocabulary; the model '{body.model or 'default'}' has none.",
                            code="fim_not_supported")
-    return await _answer(request, body, infill_prompt(body, style))
+    return await _answer(request, body, [infill_prompt(body, style)])
 
 
 completion = generating(LLAMACPP, wire.CompletionRequest, start_completion)
@@ -144,13 +195,18 @@ async def detokenize(request: Request) -> Response:
 
 
 def _default_settings(state: Any) -> dict[str, Any]:
+    """What a request naming no sampling field runs with: the model's defaults, else ours
+    (0 is a real default -- greedy -- not a missing one)."""
     spec = state.hub.current.spec if state.hub.current is not None else None
-    defaults = spec.sampling if spec is not None and spec.sampling is not None else None
-    return {"n_predict": -1, "temperature": getattr(defaults, "temperature", None) or 1.0,
-            "top_k": getattr(defaults, "top_k", None) or 0,
-            "top_p": getattr(defaults, "top_p", None) or 1.0,
-            "min_p": getattr(defaults, "min_p", None) or 0.0, "seed": -1, "stream": False,
-            "cache_prompt": True, "n_probs": 0}
+    defaults = spec.sampling if spec is not None else None
+
+    def default(name: str) -> Any:
+        value = getattr(defaults, name, None)
+        return getattr(SamplingParams(), name) if value is None else value
+
+    return {"n_predict": -1, **{name: default(name) for name in
+                                ("temperature", "top_k", "top_p", "min_p")},
+            "seed": -1, "stream": False, "cache_prompt": True, "n_probs": 0}
 
 
 @endpoint(llamacpp_error)
@@ -174,13 +230,14 @@ async def props(request: Request) -> Response:
 
 @endpoint(llamacpp_error)
 async def slots(request: Request) -> Response:
-    """Rule 5: the running sequences only."""
+    """Rule 5: one entry per row of the engine's batch, the running ones first."""
     state = request.app.state.frink
     stats = state.engine_stats()
     n_ctx = stats.context_ceiling if stats is not None else 0
     running = stats.num_running if stats is not None else 0
-    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": True}
-                         for i in range(running)])
+    rows = max(state.settings.max_batch, running)
+    return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < running}
+                         for i in range(rows)])
 
 
 routes: list[BaseRoute] = [

@@ -8,8 +8,9 @@ its own server tests read:
    `tokens_cached`, `generation_settings`, `timings`, `truncated`, `model`,
    `id_slot`, `index`, `has_new_line` and `prompt` (a text prompt only).
 2. Streaming: `data: {"content", "tokens", "stop": false, "tokens_predicted",
-   "tokens_evaluated", ...}` per text piece, then one final frame with
-   `stop: true` and everything of rule 1 (content ""); no `[DONE]`.
+   "tokens_evaluated", ...}` per text piece -- `tokens` holds the piece's ids,
+   with or without `return_tokens`, as llama-server sends them -- then one final
+   frame with `stop: true` and everything of rule 1 (content ""); no `[DONE]`.
 3. `timings`: `prompt_n` = prompt tokens computed (not read from the prefix
    cache), `cache_n` = tokens read from it, `prompt_ms` = time to the first
    token; `predicted_n` = tokens generated, `predicted_ms` = time from the first
@@ -25,6 +26,12 @@ its own server tests read:
    (`"timings/prompt_n"` -> `{"timings/prompt_n": 12}`); unknown paths are left out.
 6. A warm-up (`n_predict: 0`) reports no content and `tokens_predicted: 0`:
    the one token its prefill produced is discarded (translate.py rule 1).
+7. `truncated` is true when generation stopped because the context was full:
+   the length limit was the room left under the context ceiling
+   (`context_bound`, serving/handles.py rule 3), not a limit the client set.
+8. `index` numbers the results of one request in order, as llama-server does:
+   the completions of the first prompt (`n_cmpl` of them), then the next
+   prompt's (translate.py rules 7 and 9).
 """
 
 from __future__ import annotations
@@ -93,7 +100,8 @@ class CompletionBuilder:
     def __init__(self, model: str, prompt: str | None = None, *, prompt_tokens: int = 0,
                  settings: dict[str, Any] | None = None, n_probs: int = 0,
                  return_tokens: bool = False, warmup: bool = False,
-                 output_ids: Callable[[], list[int]] | None = None) -> None:
+                 output_ids: Callable[[], list[int]] | None = None,
+                 context_bound: bool = False, first_index: int = 0) -> None:
         self.model = model
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens
@@ -102,6 +110,8 @@ class CompletionBuilder:
         self.return_tokens = return_tokens
         self.warmup = warmup
         self.output_ids = output_ids or (lambda: [])
+        self.context_bound = context_bound
+        self.first_index = first_index   # rule 8: the run's place among several prompts
         self.content: list[str] = []
         self.probs: list[dict[str, Any]] = []
         self.done: Done | None = None
@@ -110,7 +120,7 @@ class CompletionBuilder:
     def _new_ids(self) -> list[int]:
         ids = self.output_ids()
         new, self._sent_ids = ids[self._sent_ids:], len(ids)
-        return new if self.return_tokens else []
+        return new   # rule 2: a stream frame names its ids whether or not `return_tokens`
 
     def feed(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, TextDelta):
@@ -119,7 +129,8 @@ class CompletionBuilder:
             self.content.append(event.text)
             frame: dict[str, Any] = {
                 "content": event.text, "tokens": self._new_ids(), "stop": False, "id_slot": 0,
-                "index": event.index, "tokens_predicted": len(self.output_ids()),
+                "index": self.first_index + event.index,
+                "tokens_predicted": len(self.output_ids()),
                 "tokens_evaluated": self.prompt_tokens}
             if self.n_probs:
                 probs = [probability(lp) for lp in event.logprobs]
@@ -138,13 +149,15 @@ class CompletionBuilder:
         """Rule 1's fields, minus `content` and `tokens`."""
         kind = stop_type(done)
         predicted = 0 if self.warmup else done.usage.completion_tokens
-        out = {"stop": True, "model": self.model, "id_slot": 0, "index": done.index,
+        out = {"stop": True, "model": self.model, "id_slot": 0,
+               "index": self.first_index + done.index,
                "stop_type": kind,
                "stopping_word": (done.stop_sequence or "") if kind == "word" else "",
                "tokens_predicted": predicted,
                "tokens_evaluated": done.usage.prompt_tokens,
                "tokens_cached": done.usage.cached_tokens,
-               "truncated": False, "has_new_line": False,
+               "truncated": kind == "limit" and self.context_bound,   # rule 7
+               "has_new_line": False,
                "generation_settings": self.settings, "timings": timings(done, predicted),
                **({"prompt": self.prompt} if self.prompt is not None else {})}
         return out

@@ -14,7 +14,7 @@ Request rules:
    neither reuses nor publishes prefix blocks for this request.
 4. `grammar` (GBNF) and `json_schema` become the structured-output constraint.
 5. `logit_bias` as `[[id, bias|false], ...]` or `{"id": bias}`; `false` bans
-   the token. String-token keys are refused by name.
+   the token. Text keys arrive here already tokenized (the route's rule 6).
 6. A mixed prompt (ids and strings) is resolved to ids by the route through the
    model's tokenizer: the first string piece gets BOS when `add_special` would.
 
@@ -25,6 +25,21 @@ Request rules:
    ignored: every request shares one prefix cache, so the slot a client pins
    cannot change what it gets, only where llama-server would have cached it.
 
+9. Several prompts in one request (`["a", "b"]`, `[[12, 34], "c"]`: a list of
+   strings, or a list holding lists -- llama-server's multi-prompt forms) run
+   together and are answered as an array, one result per prompt (times
+   `n_cmpl`), in order; not with `stream`. A single string or a list of ids
+   and text pieces stays one prompt (rule 6).
+10. A JSON prompt object `{"prompt_string": ...}` (llama-server's multimodal
+   form) is its text, alone or as one of several prompts; `multimodal_data` in
+   it is refused by name (text-only models).
+11. `t_max_predict_ms` > 0 bounds the time a completion may run once it has
+   written a newline (core/output.py rule 8), as llama-server does: llama.vim
+   sends 1000 so a slow machine still answers a FIM request in about a second.
+   `n_indent` > 0 ends it at the first later line indented less (core/output.py
+   rule 9): llama.vim sends the cursor line's indentation, so a suggestion stops
+   where the block does.
+
 Responses are built by frames.py.
 """
 
@@ -34,6 +49,7 @@ from typing import Any
 
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
+from ..openai.wire import indent_limit, time_budget_ms
 from . import wire
 from .frames import CompletionBuilder, stop_type, timings  # noqa: F401 - re-exported
 
@@ -61,7 +77,8 @@ def logit_bias(raw: list[list[Any]] | dict[str, Any] | None) -> dict[int, float]
         if isinstance(token, str) and token.lstrip("-").isdigit():
             token = int(token)
         if not isinstance(token, int) or isinstance(token, bool):
-            raise UnsupportedField(f"logit_bias[{i}]", "names a token by its text; use its id")
+            raise InvalidRequest(f"'logit_bias[{i}]' must name a token id or a text.",
+                                 param=f"logit_bias[{i}]")
         if bias is False:
             out[token] = BANNED_BIAS
         elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
@@ -102,13 +119,37 @@ def _response_format(body: wire._Sampling) -> ResponseFormat | None:
     return None
 
 
+def _text_of(prompt: Any) -> Any:
+    """Rule 10: a JSON prompt object is its text; media in it is refused."""
+    if not isinstance(prompt, wire.PromptObject):
+        return prompt
+    if prompt.multimodal_data:
+        raise UnsupportedField("prompt.multimodal_data", "cannot be used: the models served "
+                               "here take text only")
+    return prompt.prompt_string
+
+
+def split_prompts(prompt: wire.Prompts, *, stream: bool) -> list[str | list[int | str]]:
+    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`."""
+    prompt = [_text_of(p) for p in prompt] if isinstance(prompt, list) else _text_of(prompt)
+    if not isinstance(prompt, list) or not prompt:
+        return [prompt]   # type: ignore[list-item]
+    nested = any(isinstance(p, list) for p in prompt)
+    if not nested and not all(isinstance(p, str) for p in prompt):
+        return [prompt]   # type: ignore[list-item]   # ids, or ids mixed with text: one prompt
+    if len(prompt) == 1:
+        return [prompt[0]]   # type: ignore[list-item]
+    if nested and any(isinstance(p, int) for p in prompt):
+        raise InvalidRequest("'prompt' mixes token ids with a list of prompts; send each prompt "
+                             "as a string or a list.", param="prompt")
+    if stream:
+        raise UnsupportedField("prompt", "holds several prompts, which cannot be streamed; "
+                               "send one per request or stream: false")
+    return list(prompt)   # type: ignore[arg-type]
+
+
 def check_prompt(prompt: str | list[int | str]) -> None:
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(p, str) for p in prompt) and len(prompt) > 1:
-            raise UnsupportedField("prompt", "holds several prompts; send one per request")
-        if not prompt:
-            raise InvalidRequest("'prompt' must not be empty.", param="prompt")
-    elif not prompt:
+    if not prompt:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
 
 
@@ -132,6 +173,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,
+                      max_predict_ms=time_budget_ms(body.t_max_predict_ms),  # rule 11
+                      min_indent=indent_limit(body.n_indent),
                       response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 
@@ -158,9 +201,11 @@ def infill_prompt(body: wire.InfillRequest, style: tuple[str, str, str, str | No
     return f"{head}{pre}{body.input_prefix}{suf}{body.input_suffix}{mid}{body.prompt}"
 
 
-def generation_settings(body: wire._Sampling, req: GenRequest) -> dict[str, Any]:
-    """The parameters this request ran with, in llama.cpp's names (`generation_settings`)."""
-    s = req.sampling
+def generation_settings(body: wire._Sampling, req: GenRequest,
+                        sampling: SamplingParams | None = None) -> dict[str, Any]:
+    """The parameters this request ran with, in llama.cpp's names (`generation_settings`):
+    `sampling` is what the run used (the model's defaults filled in), else the request's."""
+    s = sampling if sampling is not None else req.sampling
     return {"n_predict": body.n_predict, "seed": s.seed if s.seed is not None else -1,
             "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
             "repeat_penalty": s.repetition_penalty,
@@ -170,4 +215,6 @@ def generation_settings(body: wire._Sampling, req: GenRequest) -> dict[str, Any]
             "stop": list(req.stop), "stream": req.stream, "n_probs": body.n_probs,
             "ignore_eos": req.ignore_eos, "cache_prompt": req.cache_prompt,
             "grammar": body.grammar or "", "samplers": body.samplers or [],
+            "logit_bias": [{"bias": None if bias <= BANNED_BIAS else bias, "token": token}
+                           for token, bias in (s.logit_bias or {}).items()],
             "model": req.model}

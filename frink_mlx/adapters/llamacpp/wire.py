@@ -11,13 +11,13 @@ Rules:
    So is `speculative` (false: no speculative decoding for this request); the
    drafts counts come back as llama-server's `timings.draft_n` / `draft_n_accepted`.
 3. `prompt` is a string, a list of token ids, or a mix of both; a list of
-   strings only is llama.cpp's "several prompts" form, refused in translate.py.
+   strings, or a list holding lists, is llama.cpp's "several prompts" form
+   (translate.py rule 9).
 4. What llama.vim and llama.vscode send on every request is declared:
-   `n_indent`, `t_max_prompt_ms`, `t_max_predict_ms`, `samplers`, `id_slot`,
-   `input_extra[].time` are accepted no-ops (the field table in
-   adapters/fields.py says why each cannot change the answer);
-   `response_fields`, `cache_prompt`, `n_predict: 0` (a warm-up), `n_probs`
-   and `return_tokens` are honoured (translate.py, frames.py).
+   `t_max_prompt_ms`, `samplers`, `id_slot`, `input_extra[].time` are accepted
+   no-ops (the field table in adapters/fields.py says why); `response_fields`,
+   `cache_prompt`, `n_predict: 0` (a warm-up), `n_probs`, `return_tokens`,
+   `t_max_predict_ms` and `n_indent` are honoured (translate.py, frames.py).
 """
 
 from __future__ import annotations
@@ -87,8 +87,18 @@ REFUSED_UNLESS: dict[str, tuple[Any, ...]] = {
 }
 
 
+class PromptObject(msgspec.Struct, forbid_unknown_fields=False):
+    """llama-server's JSON prompt: text plus media (`multimodal_data`, refused: text only)."""
+
+    prompt_string: str
+    multimodal_data: list[Any] | None = None
+
+
+Prompts = Union[str, PromptObject, list[Union[int, str, PromptObject, list[Union[int, str]]]]]
+
+
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[Union[int, str]]] = ""
+    prompt: Prompts = ""
 
 
 class InfillExtra(msgspec.Struct, forbid_unknown_fields=False):

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible surface: chat completions, completions, models.
+"""The OpenAI-compatible surface: chat completions, completions, models, responses, and
+prompt counting / rendering (counting.py).
 
 Each submodule exports `routes`; this package's `routes` is their
 concatenation, which app.py mounts (one list for the server and the tests).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from . import chat, completions, models, responses  # responses: protocol-adapters helper
+from . import chat, completions, counting, models, responses  # responses: protocol-adapters helper
 
-routes: list[BaseRoute] = [*chat.routes, *completions.routes, *models.routes, *responses.routes]
+routes: list[BaseRoute] = [*chat.routes, *completions.routes, *models.routes, *responses.routes,
+                           *counting.routes]

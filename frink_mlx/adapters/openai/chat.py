@@ -19,6 +19,10 @@ Rules:
    `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
+6. A one-choice answer carries llama-server's `timings` extension (prompt and
+   decode counts, times, rates; adapters/llamacpp/frames.py rule 3): in the
+   body, and in a stream on the finish chunk and the usage chunk -- where
+   llama-server's web UI and benchmark clients read it. OpenAI clients ignore it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams,
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, openai_error
 from ..endpoint import Answer, Protocol, generate, generating
+from ..llamacpp.frames import timings
 from . import wire
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -176,7 +181,8 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
-        user=body.user)
+        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
+        min_indent=wire.indent_limit(body.n_indent), user=body.user)
 
 
 # --- shared response pieces ------------------------------------------------------
@@ -291,10 +297,14 @@ def chat_body(run: Any, acc: dict[int, ChoiceAcc], want_logprobs: bool) -> dict[
     for c in acc.values():
         if c.done is not None:
             usage.add_done(c.done)
-    return {"id": f"chatcmpl-{run.id}", "object": "chat.completion", "created": run.created,
+    body = {"id": f"chatcmpl-{run.id}", "object": "chat.completion", "created": run.created,
             "model": run.model, "system_fingerprint": f"frink-g{run.generation}",
             "choices": [chat_choice(i, acc[i], want_logprobs) for i in sorted(acc)],
             "usage": usage.as_dict()}
+    only = acc.get(0) if len(acc) == 1 else None
+    if only is not None and only.done is not None:   # rule 6
+        body["timings"] = timings(only.done)
+    return body
 
 
 # --- streaming -------------------------------------------------------------------
@@ -313,18 +323,19 @@ def _delta(event: Event) -> dict[str, Any] | None:
     return None
 
 
-async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
+async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool, n_choices: int = 1
                       ) -> AsyncIterator[str]:
     head = {"id": f"chatcmpl-{run.id}", "object": "chat.completion.chunk", "created": run.created,
             "model": run.model, "system_fingerprint": f"frink-g{run.generation}"}
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
-              logprobs: Any = None) -> str:
+              logprobs: Any = None, **extra: Any) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return f"data: {dumps({**head, 'choices': [choice]})}\n\n"
+        return f"data: {dumps({**head, 'choices': [choice], **extra})}\n\n"
 
     started: set[int] = set()   # rule 2: choices whose role went out
     usage = UsageSum()
+    ends: list[Done] = []
     async for event in run.events():
         if isinstance(event, ErrorEvent):
             yield f"data: {dumps(error_body(event.to_error()))}\n\n"
@@ -335,7 +346,9 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
             yield chunk(event.index, {"role": "assistant", "content": None})
         if isinstance(event, Done):
             usage.add_done(event)
-            yield chunk(event.index, {}, finish_reason(event))
+            ends.append(event)
+            extra = {"timings": timings(event)} if n_choices == 1 else {}   # rule 6
+            yield chunk(event.index, {}, finish_reason(event), **extra)
             continue
         if delta is None:
             continue
@@ -344,7 +357,8 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool
             lps = {"content": [logprob_entry(lp) for lp in event.logprobs]}
         yield chunk(event.index, delta, logprobs=lps)
     if include_usage:
-        yield f"data: {dumps({**head, 'choices': [], 'usage': usage.as_dict()})}\n\n"
+        extra = {"timings": timings(ends[0])} if n_choices == 1 and ends else {}
+        yield f"data: {dumps({**head, 'choices': [], 'usage': usage.as_dict(), **extra})}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -361,8 +375,8 @@ async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answ
     async def body_of() -> dict[str, Any]:
         return chat_body(run, await collect(run), want_logprobs)
 
-    return Answer([run], body.stream, lambda: chat_frames(run, include_usage, want_logprobs),
-                  body_of)
+    return Answer([run], body.stream,
+                  lambda: chat_frames(run, include_usage, want_logprobs, body.n or 1), body_of)
 
 
 chat_completions = generating(OPENAI, wire.ChatCompletionRequest, start_chat)

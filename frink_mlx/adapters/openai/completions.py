@@ -18,7 +18,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-import anyio
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
@@ -26,7 +25,7 @@ from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body
-from ..endpoint import Answer, generate, generating
+from ..endpoint import Answer, generate, generating, merged
 from . import wire
 from .chat import OPENAI, ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, sampling_of
 
@@ -72,31 +71,11 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        n=body.n, stream=body.stream, echo=body.echo, cache_salt=body.cache_salt,
                        speculative=body.speculative,
                        ignore_eos=body.ignore_eos, user=body.user,
+                       max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
+                       min_indent=wire.indent_limit(body.n_indent),
                        param_names={"top_logprobs": "logprobs"})
             for p in _prompts(body.prompt)]
     return reqs, top
-
-
-async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
-    """Events of every run as they come, tagged with the run's position."""
-    if len(runs) == 1:
-        async for event in runs[0].events():
-            yield 0, event
-        return
-    send, recv = anyio.create_memory_object_stream[tuple[int, Event]](64)
-
-    async def pump(k: int, run: Any, out: Any) -> None:
-        async with out:
-            async for event in run.events():
-                await out.send((k, event))
-
-    async with anyio.create_task_group() as tg:
-        async with send:
-            for k, run in enumerate(runs):
-                tg.start_soon(pump, k, run, send.clone())
-        async with recv:
-            async for item in recv:
-                yield item
 
 
 @dataclass(slots=True)

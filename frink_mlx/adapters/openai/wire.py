@@ -7,7 +7,7 @@ we cannot honour is declared here and refused *by name* in `refuse_unsupported`
 (rule 8 of STYLE.md: never silently ignore); fields that cannot change the
 answer (`store`, `metadata`, `service_tier`, `prompt_cache_key`,
 `safety_identifier`, `verbosity`, llama.cpp's `id_slot`, `samplers`,
-`t_max_*`, `n_indent`) are declared and accepted as no-ops. The field table
+`t_max_prompt_ms`) are declared and accepted as no-ops. The field table
 (adapters/fields.py, in the README) says which is which. Ranges are msgspec
 constraints, so a bad value is a 400 whose `param` names the field.
 
@@ -16,7 +16,8 @@ Extensions beyond OpenAI (as vLLM / mlx-lm / llama-server accept them): `top_k`,
 speculative decoding; it never changes the output), `chat_template_kwargs`
 (`enable_thinking` only), `add_generation_prompt`, `continue_final_message`,
 `reasoning_content` on assistant messages; llama-server's `n_predict`,
-`cache_prompt`, `grammar`, `json_schema`, `response_format.schema`;
+`cache_prompt`, `grammar`, `json_schema`, `response_format.schema`,
+`t_max_predict_ms`, `n_indent` (core/output.py rules 8-9);
 `max_tokens: -1` = no limit (up to the context ceiling); `"model": null` = default.
 """
 
@@ -149,8 +150,8 @@ class SamplingWire(Wire):
     id_slot: int | None = None
     samplers: Union[list[str], str, None] = None
     t_max_prompt_ms: int | None = None
-    t_max_predict_ms: int | None = None
-    n_indent: int | None = None
+    t_max_predict_ms: int | None = None   # honoured: time_budget_ms()
+    n_indent: int | None = None           # honoured: indent_limit()
     response_fields: list[str] | None = None
     # known but not honoured: refused by name
     best_of: int | None = None
@@ -268,3 +269,15 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     if len(stops) > 16:
         raise InvalidRequest("'stop' may hold at most 16 sequences.", param="stop")
     return [s for s in stops if s]
+
+
+def time_budget_ms(t_max_predict_ms: int | None) -> float | None:
+    """llama-server's `t_max_predict_ms`: > 0 bounds a completion once it wrote a newline
+    (core/output.py rule 8); 0 or less is no budget."""
+    return t_max_predict_ms if t_max_predict_ms is not None and t_max_predict_ms > 0 else None
+
+
+def indent_limit(n_indent: int | None) -> int | None:
+    """llama-server's `n_indent`: > 0 ends the answer at the first later line indented
+    less (core/output.py rule 9); 0 or less is no limit."""
+    return n_indent if n_indent is not None and n_indent > 0 else None
