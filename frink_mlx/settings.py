@@ -99,7 +99,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
     speculative: bool = True                     # prompt-lookup speculative decoding in the batch
-                                                 # (engine/spec.py); per request `speculative: false`
+                                                 # (engine/spec/); per request `speculative: false`
     spec_max_draft: int = 8                      # most tokens a row drafts per step
     spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
     spec_max_rows: int = 2                       # a step decoding more rows does not speculate

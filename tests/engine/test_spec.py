@@ -1,4 +1,4 @@
-"""Speculative decoding (engine/spec.py): token-exact greedy, the target distribution
+"""Speculative decoding (engine/spec/): token-exact greedy, the target distribution
 when sampling, KV rollback, and the policy's pieces.
 
 Two kinds of drafts are used. Random tiny models are chaotic (a few more tokens of
@@ -166,7 +166,7 @@ def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
     monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: [51, 52, 53, 54, 55, 56][:k])
     kv = KVCacheManager(32, 4)
     sched = Scheduler(kv, max_batch=4, prefill_chunk_tokens=64, spec=SpecConfig(max_draft=6))
-    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, n, rows, k: 7)  # whole draft
+    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, n, rows, k, *_: 7)  # whole draft
     sched.add(SeqRequest("a", list(range(10, 16)), GREEDY, 20))
     plan = sched.schedule()  # prefill 6 tokens, samples token 6
     sched.update(plan.sample_seq_ids, [50])
