@@ -48,6 +48,10 @@ Rules:
    encoder for embeddings), else the registry's default -- and the response's
    `model` names what answered. `resolve()` stays strict (GET /v1/models/{id},
    admin loads). Names the user wants pinned go in `aliases`.
+9. `draft` names another generative entry (not itself, by name or alias) that
+   proposes tokens for speculative decoding (engine/spec/ rule 7); it is
+   loaded and freed with this entry's generation, and must share its
+   tokenizer (checked when loaded, models/draft.py).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dequantize: bool | None = None
     kv_budget_bytes: Positive | None = None
     max_tokens: Positive | None = None  # rule 7: cap when a request names no limit
+    draft: str | None = None            # rule 9: a generative entry drafting for this one
     description: str = ""
 
 
@@ -316,10 +321,25 @@ def _check_cross_refs(registry: Registry, path: Path) -> None:
             if target is None or target.kind != "encoder":
                 raise _refuse(path, f"{key}.embeddings",
                               f"{spec.embeddings!r} is not an entry with kind = \"encoder\"")
+        if spec.draft is not None:
+            _check_draft(registry, spec, path)
         if spec.matryoshka and spec.kind != "encoder":
             raise _refuse(path, f"{key}.matryoshka", "only encoder entries take matryoshka")
         if spec.kind == "encoder" and (spec.chat_template or spec.sampling or spec.embeddings):
             raise _refuse(path, key, "encoder entries take no chat_template, sampling or embeddings")
+
+
+def _check_draft(registry: Registry, spec: ModelSpec, path: Path) -> None:
+    """Rule 9: a draft is another generative entry."""
+    key = f"models.{spec.name}.draft"
+    try:
+        draft = registry.resolve(spec.draft)
+    except ModelNotFound:
+        raise _refuse(path, key, f"{spec.draft!r} is not a name or alias in this file") from None
+    if draft.kind != "generative" or spec.kind != "generative":
+        raise _refuse(path, key, "a draft and its target are both generative entries")
+    if draft.name == spec.name:
+        raise _refuse(path, key, "an entry cannot draft for itself")
 
 
 def pip_name(module: str) -> str:

@@ -298,7 +298,8 @@ class Hub:
     def _build(self, spec: ModelSpec, number: int, progress: Progress) -> Generation:
         """factory + the embedder serving /v1/embeddings (side-car, self or the encoder)."""
         with reporting(progress):  # rule 3: the loaders report into it from this thread
-            gen = self.factory(spec, self.config, number, self.gate, self.backend)
+            draft = {"draft": self.registry.resolve(spec.draft)} if spec.draft else {}
+            gen = self.factory(spec, self.config, number, self.gate, self.backend, **draft)
             try:
                 return attach_embedder(gen, self.registry, self.config.load, self.backend)
             except BaseException:
