@@ -136,8 +136,10 @@ class GrammarConstraint:
                 if free in tail:
                     free, tail = None, ""
                 continue
+            # a stopped matcher (its end-of-sequence consumed) may "consume" more
+            # tokens without moving, which a rollback would then overcount
             if mask is None or not 0 <= token < mask.shape[0] or not mask[token] \
-                    or not self._matcher.consume_token(token):
+                    or self._matcher.is_stopped() or not self._matcher.consume_token(token):
                 break
             consumed += 1
         if consumed:

@@ -253,7 +253,8 @@ class StepLoop:
             return
         speculator = self.scheduler.speculator
         if speculator is not None and step.num_positions:
-            speculator.cost.observe(step.num_positions, step.elapsed_s)  # engine/spec/ rule 3
+            speculator.cost.observe(step.num_positions, step.elapsed_s,
+                                    step.context)  # engine/spec/ rule 3
         self.router.deliver(step, rows)
 
     def _finish(self, finished: list[Finished]) -> None:

@@ -81,6 +81,7 @@ class StepResult:
         self._drafts = list(drafts) if drafts is not None else [[] for _ in seq_ids]
         self.has_drafts = any(self._drafts)
         self.num_positions = num_positions  # decode-only step: rows x width (else 0)
+        self.context = 0  # decode-only step: the longest row's tokens (engine/spec/ rule 3)
         self.started_s = time.perf_counter()
         self.elapsed_s = 0.0
 
@@ -154,8 +155,8 @@ class Runner:
 
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
         """Dispatch one step (asynchronously); see the module docstring."""
-        started_s = time.perf_counter()
         self._fill_model_drafts(plan)
+        started_s = time.perf_counter()  # the verify step alone is what rule 3 fits
         parts = self.forward(plan)
         seq_ids = plan.sample_seq_ids
         drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
@@ -172,6 +173,8 @@ class Runner:
         result = StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill),
                             [drafts.get(s, []) for s in seq_ids], positions)
         result.started_s = started_s
+        if positions:  # the longest row's reach: every row attends that far (padded)
+            result.context = max(row.position for row in plan.decode) + plan.width
         return result
 
     def _fill_model_drafts(self, plan: SchedulerOutput) -> None:

@@ -150,14 +150,29 @@ def test_acceptance_cools_a_row_and_probes_later():
 def test_cost_model_speculates_only_when_it_pays():
     cost = StepCostModel()
     good, bad = RowDrafter(3, alpha=0.9), RowDrafter(3, alpha=0.05)
-    assert cost.choose_width(1, [(good, 8)], 8) > 4
-    assert cost.choose_width(1, [(bad, 8)], 8) == 1
-    assert cost.choose_width(8, [(bad, 8)], 8) == 1
+    assert cost.choose_width(1, [(good, 8)], 8, context=512) > 4
+    assert cost.choose_width(1, [(bad, 8)], 8, context=512) == 1
+    assert cost.choose_width(8, [(bad, 8)], 8, context=512) == 1
+    # every position attends over the context: long ones make wide steps dear
+    fair = [(RowDrafter(3, alpha=0.6), 8)] * 8
+    assert cost.choose_width(8, fair, 8, context=4000) == 1
+    assert cost.choose_width(8, fair, 8, context=100) > 1
     for _ in range(50):  # a machine where every extra position costs as much as a step
         cost.observe(1, 0.010)
         cost.observe(10, 0.100)
     assert cost.ratio > 0.5
     assert cost.choose_width(8, [(RowDrafter(3, alpha=0.6), 8)], 8) == 1
+
+
+def test_cost_model_fits_its_context_term_from_timed_steps():
+    cost = StepCostModel()
+    rng = random.Random(0)
+    for _ in range(200):  # a machine whose positions cost mostly attention
+        rows, width, context = rng.choice([1, 4, 8]), rng.choice([1, 3, 6]), rng.choice([100, 2000])
+        cost.observe(rows * width, 0.1 + 0.001 * rows * width + 0.05 * rows * width * context / 1000,
+                     context)
+    c1, c2 = cost.ratios
+    assert abs(c1 - 0.01) < 0.005 and abs(c2 - 0.5) < 0.05
 
 
 def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):

@@ -25,12 +25,14 @@ Rules:
    one probe every `PROBE_EVERY` steps, so a row that starts quoting its
    prompt again is noticed.
 3. The step cost model: a step of B rows each with L positions (decode rows
-   are padded to the longest verify row) costs about c0 + c1 * B * L. The
-   ratio c1 / c0 starts from a prior (the 2-core CPU backend's projections,
-   benchmarks/results/spec-notes.md) and is refitted
-   from the steps the engine times (decayed least squares). The step's L is
-   the one that maximises expected tokens per unit of cost,
-   sum_i E_i(min(L - 1, draft_i)) / (c0 + c1 * B * L [+ draft cost, rule 7]),
+   are padded to the longest verify row, and every row attends as far as the
+   longest row reaches, T tokens) costs about
+   c0 + c1 * B * L + c2 * B * L * T / 1000. The ratios c1 / c0 and c2 / c0
+   start from a prior (the 2-core CPU backend's engine steps,
+   benchmarks/results/spec_cost_bench-*.txt) and are refitted from the steps
+   the engine times (decayed least squares blended with the prior by how
+   much each regressor varied; cost.py). The step's L is the one that maximises expected tokens per unit
+   of cost, sum_i E_i(min(L - 1, draft_i)) / cost(L) [+ draft cost, rule 7],
    with E(k) = 1 + alpha + ... + alpha^k the expected tokens of a row
    drafting k. L = 1 (plain decode) is always a candidate, so speculation
    is chosen only when it is expected to pay for itself.
@@ -43,9 +45,9 @@ Rules:
 5. Only small batches speculate: a step decoding more than `max_rows` rows
    (setting `spec_max_rows`, 2) drafts nothing and never forces a read-back.
    With many rows the forward is no longer bound by streaming the weights,
-   so extra verify positions cost nearly what they earn, and the cost model
-   (rule 3) does not price attention over long contexts
-   (benchmarks/results/spec-notes.md has the measurements).
+   so extra verify positions cost nearly what they earn, and the fit of
+   rule 3 is noisiest there (benchmarks/results/spec-notes.md has the
+   measurements); a larger `spec_max_rows` leaves the choice to rule 3.
 6. Verification is the same whoever drafted: the drafts are a point mass
    (prompt lookup copies, the draft model takes its argmax), so sampling.py
    rule 4 keeps the target distribution, and greedy rows give exactly the

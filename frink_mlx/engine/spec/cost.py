@@ -2,86 +2,136 @@
 
 Why fitted, not fixed: how much an extra verify position costs relative to
 the step's fixed part (streaming every weight once) depends on the machine,
-the model and the batch; a prior gets the first steps right and the engine's
-timed steps refine it. Floats only: nothing here imports MLX.
+the model, the batch and the context: every position attends over its row's
+context, and rows are padded to the longest (kv/paged.py), so on the CPU
+backend a position at 1,000 tokens of context costs several times one at
+100 (benchmarks/results/spec_cost_bench-*.txt). The model is
+
+    step time = c0 + c1 * P + c2 * P * T / 1000     (P = rows x width, T = context)
+
+and the ratios c1 / c0, c2 / c0 start from a prior measured on the 2-core
+CPU backend, refined by the steps the engine times: decayed least squares,
+each fitted ratio blended with its prior by how much its regressor varied
+(a batch that never changes width says nothing about what width costs).
+Floats only: nothing here imports MLX.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from .lookup import RowDrafter
 
-PRIOR_COST_RATIO = 0.14  # rule 3: c1 / c0 before any step is timed
-PRIOR_WEIGHT = 4.0       # the prior counts as this many observed steps
-COST_DECAY = 0.98        # older timed steps fade
+PRIOR_COST_RATIO = 0.02      # c1 / c0 before any step is timed
+PRIOR_CONTEXT_RATIO = 0.125  # c2 / c0: per position, per 1,000 tokens of context
+PRIOR_WEIGHT = 4.0           # the prior counts as this many observed steps
+COST_DECAY = 0.98            # older timed steps fade
+MAX_RATIO = 10.0             # a fit with no fixed part: extra positions never pay
 
 
 @dataclass(slots=True)
 class StepCostModel:
-    """Rule 3: c1 / c0 of step time = c0 + c1 * positions, fitted from timed steps."""
+    """Rule 3: the ratios of step time = c0 + c1 * P + c2 * P * T / 1000, fitted."""
 
-    s: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
+    # decayed sums of f f^T and f y over timed steps, f = (1, P, P * T / 1000)
+    ff: list[float] = field(default_factory=lambda: [0.0] * 9)
+    fy: list[float] = field(default_factory=lambda: [0.0] * 3)
+    num_steps: float = 0.0
+    _ratios: tuple[float, float] | None = None
 
-    def observe(self, num_positions: int, seconds: float) -> None:
-        """A timed decode/verify step (no prefill in it) of `num_positions` positions."""
+    def observe(self, num_positions: int, seconds: float, context: int = 0) -> None:
+        """A timed decode/verify step (no prefill in it) of `num_positions` positions
+        whose longest row reaches `context` tokens."""
         if num_positions <= 0 or seconds <= 0:
             return
-        x, y = float(num_positions), seconds
-        self.s = self.s * COST_DECAY + 1
-        self.sx = self.sx * COST_DECAY + x
-        self.sy = self.sy * COST_DECAY + y
-        self.sxx = self.sxx * COST_DECAY + x * x
-        self.sxy = self.sxy * COST_DECAY + x * y
+        f = (1.0, float(num_positions), num_positions * context / 1000)
+        self.ff = [v * COST_DECAY + f[i // 3] * f[i % 3] for i, v in enumerate(self.ff)]
+        self.fy = [v * COST_DECAY + f[i] * seconds for i, v in enumerate(self.fy)]
+        self.num_steps = self.num_steps * COST_DECAY + 1
+        self._ratios = None
 
     @property
     def ratio(self) -> float:
-        """c1 / c0, the fitted value blended with the prior by how much spread was seen."""
-        var = self.sxx * self.s - self.sx * self.sx
-        if self.s < 2 or var <= 1e-9 * max(1.0, self.sxx * self.s):
-            return PRIOR_COST_RATIO
-        c1 = (self.s * self.sxy - self.sx * self.sy) / var
-        c0 = (self.sy - c1 * self.sx) / self.s
-        if c1 <= 0:
-            fitted = 0.0                   # extra positions looked free
-        elif c0 <= c1 * 0.1:
-            fitted = 10.0                  # all cost, no fixed part: never worth padding
+        """c1 / c0."""
+        return self.ratios[0]
+
+    @property
+    def ratios(self) -> tuple[float, float]:
+        """(c1 / c0, c2 / c0): the blended fit, or the prior before two steps are timed."""
+        if self._ratios is None:
+            self._ratios = self._fit() if self.num_steps >= 2 else \
+                (PRIOR_COST_RATIO, PRIOR_CONTEXT_RATIO)
+        return self._ratios
+
+    def _fit(self) -> tuple[float, float]:
+        """Least squares for (c0, c1, c2), then each ratio blended with its prior by
+        the evidence for it: the spread (variance) of its regressor, at most the
+        number of steps, against `PRIOR_WEIGHT`."""
+        n, a = self.num_steps, list(self.ff)
+        tiny = 1e-9 * (a[0] + a[4] + a[8])
+        a[0], a[4], a[8] = a[0] + tiny, a[4] + tiny, a[8] + tiny  # no spread: stays solvable
+        solved = _solve3(a, self.fy)
+        priors = (PRIOR_COST_RATIO, PRIOR_CONTEXT_RATIO)
+        if solved is None:
+            return priors
+        c0, c1, c2 = solved
+        if c0 <= 0 or c0 * MAX_RATIO < max(c1, 0.0) + max(c2, 0.0):
+            fitted = (MAX_RATIO, 0.0)  # all cost, no fixed part: never worth padding
         else:
-            fitted = c1 / c0
-        # the spread of x decides how much the fit is worth
-        weight = min(self.s, var / max(1.0, self.s * self.s))
-        return (weight * fitted + PRIOR_WEIGHT * PRIOR_COST_RATIO) / (weight + PRIOR_WEIGHT)
+            fitted = (max(c1, 0.0) / c0, max(c2, 0.0) / c0)
+        out = []
+        for j, prior, value in zip((1, 2), priors, fitted):
+            spread = self.ff[4 * j] / n - (self.ff[j] / n) ** 2
+            weight = min(n, max(spread, 0.0))
+            out.append((weight * value + PRIOR_WEIGHT * prior) / (weight + PRIOR_WEIGHT))
+        return out[0], out[1]
 
     def choose_width(self, num_rows: int, rows: Sequence[tuple[RowDrafter, int]],
                      max_draft: int, model_rows: Sequence[tuple[RowDrafter, int]] = (),
-                     draft_step_cost: float = 0.0) -> int:
+                     draft_step_cost: float = 0.0, context: int = 0) -> int:
         """The step's positions per row L (1 = no speculation), rule 3.
 
         `num_rows`: every row of the decode call; `rows`: (drafter, draft length)
         of the rows with a prompt-lookup draft; `model_rows`: (drafter, most
         tokens it may draft) of the rows the draft model would draft for, each
         of whose L - 1 sequential draft steps costs `draft_step_cost` (relative
-        to a plain step's fixed part c0; rule 7).
+        to a plain step's fixed part c0; rule 7); `context`: the longest row's
+        tokens (every row attends that far, padded).
         """
         if (not rows and not model_rows) or num_rows <= 0:
             return 1
-        ratio = self.ratio
+        r1, r2 = self.ratios
+        per_position = r1 + r2 * context / 1000
         longest = min(max_draft, max(k for _, k in [*rows, *model_rows]))
         num_plain = num_rows - len(rows) - len(model_rows)
         best, best_value = 1, 0.0
         for width in range(1, longest + 2):
             gain = sum(d.expected_tokens(min(width - 1, k)) for d, k in rows)
             gain += sum(d.expected_tokens(min(width - 1, k), model=True) for d, k in model_rows)
-            cost = 1.0 + ratio * num_rows * width
+            cost = 1.0 + per_position * num_rows * width
             if model_rows and width > 1:
                 cost += draft_step_cost * (width - 1)
             value = (gain + num_plain) / cost
             if value > best_value * (1 + 1e-9):
                 best, best_value = width, value
         return best
+
+
+def _solve3(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """x with A x = b for a 3x3 A (row-major), by Cramer's rule; None if singular."""
+    def det(m: list[float]) -> float:
+        return (m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6])
+                + m[2] * (m[3] * m[7] - m[4] * m[6]))
+
+    d = det(a)
+    if abs(d) < 1e-300:
+        return None
+    out = []
+    for col in range(3):
+        m = list(a)
+        for row in range(3):
+            m[3 * row + col] = b[row]
+        out.append(det(m) / d)
+    return out[0], out[1], out[2]

@@ -104,7 +104,7 @@ class Speculator:
         width = self.cost.choose_width(
             len(out.decode), [(s.drafter, len(d)) for _, s, d in lookups if s.drafter],
             self.config.max_draft, [(s.drafter, k) for _, s, k in models if s.drafter],
-            self.config.draft_step_cost)
+            self.config.draft_step_cost, max(row.position for row in out.decode) + 1)
         for row, seq, draft in lookups:
             self._take_lookup(row, seq, draft[:width - 1])
         keep = {seq.seq_id for _, seq, _ in models}
