@@ -104,5 +104,5 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
     return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
-                  budget_source=source, draft_num_blocks=min(draft_blocks, int(num_blocks))
-                  if draft_blocks else 0, draft_bytes=draft_bytes)
+                  budget_source=source, draft_num_blocks=int(draft_blocks),
+                  draft_bytes=draft_bytes)
