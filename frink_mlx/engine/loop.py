@@ -270,6 +270,8 @@ class StepLoop:
         self._abort_all("error", f"engine step failed: {exc}")
         self.runner.store = None  # type: ignore[assignment]  # drop the old pools first
         self.runner.store = self._new_store()
+        if self.runner.draft is not None:
+            self.runner.draft.reset_store()
         self.kv.reset_prefix_cache()
 
     def _abort_all(self, reason: EngineFinish, error: str | None) -> None:

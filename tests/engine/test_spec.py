@@ -205,6 +205,27 @@ def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
     assert kv.num_cached_blocks == 2  # only the two blocks of known tokens keep a hash
 
 
+def test_new_rows_start_from_the_engines_recent_acceptance(monkeypatch):
+    """Rule 2: after requests whose drafts all failed, a new row starts cold."""
+    monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: [7] * k)
+    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, *a, **kw: 5)
+    sched = Scheduler(KVCacheManager(64, 4), max_batch=4, prefill_chunk_tokens=64,
+                      spec=SpecConfig(max_draft=4))
+    for i in range(8):
+        sched.add(SeqRequest(f"r{i}", list(range(10, 16)), GREEDY, 12))
+        while sched.has_work:
+            plan = sched.schedule()
+            sched.update_rows(plan.sample_seq_ids, [[99]] * len(plan.sample_seq_ids))
+    prior = sched.speculator.lookup_prior
+    assert prior < 0.15 and sched.speculator.num_accepted_total == 0
+    sched.add(SeqRequest("new", list(range(10, 16)), GREEDY, 12))
+    plan = sched.schedule()
+    sched.update_rows(plan.sample_seq_ids, [[99]])
+    sched.schedule()
+    (seq,) = sched.seqs.values()
+    assert seq.drafter is not None and seq.drafter.alpha == prior and seq.drafter.is_cold
+
+
 # -- exactness ----------------------------------------------------------------------
 
 

@@ -23,7 +23,10 @@ Rules:
    (accepted / drafted), one per draft source. A row whose drafts keep
    failing (alpha below `COLD_ALPHA`) drafts nothing from that source, except
    one probe every `PROBE_EVERY` steps, so a row that starts quoting its
-   prompt again is noticed.
+   prompt again is noticed. A new row's averages start from the engine's
+   recent acceptance over all rows (per source), so a workload that never
+   quotes its prompt (free chat) does not pay a warm-up of failed drafts
+   per request, and one that does (edits) drafts from its first step.
 3. The step cost model: a step of B rows each with L positions (decode rows
    are padded to the longest verify row, and every row attends as far as the
    longest row reaches, T tokens) costs about

@@ -43,6 +43,15 @@ class DraftModel:
         self._grouped_mask = groups_queries_per_kv_head(model)
         self.vocab_size = vocab_size  # the target's: drafts never leave it
 
+    def reset_store(self) -> None:
+        """A fresh pool after an evaluation error (engine.py failure rule 3): the old
+        one's contents are unknown, and every row that used it has ended."""
+        old, self.store = self.store, None  # type: ignore[assignment]  # drop it first
+        self.store = PagedKVStore(num_layers=old.num_layers, num_blocks=old.num_blocks,
+                                  block_size=old.block_size, n_kv_heads=old.n_kv_heads,
+                                  head_dim=old.head_dim, dtype=old.dtype,
+                                  v_head_dim=old.v_head_dim)
+
     def propose(self, jobs: list[DraftJob]) -> dict[int, list[int]]:
         """Each drafting job's `num_draft` tokens, by seq id (catch-up-only jobs: none)."""
         if not jobs:

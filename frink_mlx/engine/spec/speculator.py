@@ -16,6 +16,9 @@ from ..kv.manager import KVCacheManager
 from .cost import StepCostModel
 from .lookup import RowDrafter
 
+INITIAL_ALPHA = 0.6   # rule 2: a new row's acceptance average before any row has drafted
+PRIOR_DECAY = 0.1     # weight of one verify step in the population's average
+
 if TYPE_CHECKING:
     from ..plan import DecodeRow, SchedulerOutput, Seq
 
@@ -74,6 +77,9 @@ class Speculator:
         self.num_model_drafted_total = 0   # the draft model's share of the two above
         self.num_model_accepted_total = 0
         self._draft_holders: dict[int, Seq] = {}  # rows holding draft KV
+        # rule 2: a new row's acceptance averages start from what rows have seen lately
+        self.lookup_prior = INITIAL_ALPHA
+        self.model_prior = INITIAL_ALPHA
 
     def plan(self, out: SchedulerOutput, seqs: dict[int, Seq]) -> None:
         """Give rows of `out.decode` their drafts, each row's slots reserved (never preempting)."""
@@ -86,7 +92,8 @@ class Speculator:
             if not seq.group.speculative:
                 continue
             if seq.drafter is None:
-                seq.drafter = RowDrafter(self.config.ngram_max, self.config.ngram_min)
+                seq.drafter = RowDrafter(self.config.ngram_max, self.config.ngram_min,
+                                         alpha=self.lookup_prior, model_alpha=self.model_prior)
             drafter = seq.drafter
             if row.token_id is None:  # its last token is still on the device (rule 4)
                 drafter.record(0, 0)
@@ -204,10 +211,15 @@ class Speculator:
     def settle(self, seq: Seq, num_accepted: int) -> None:
         """A verify row's outcome: roll its positions back to the tokens it kept."""
         num_drafted, seq.num_drafted = seq.num_drafted, 0
-        if seq.drafter is not None:
+        if seq.drafter is not None and num_drafted > 0:
+            rate = num_accepted / num_drafted
             if seq.drafter.last_source == "model":
                 self.num_model_drafted_total += num_drafted
                 self.num_model_accepted_total += num_accepted
+                self.model_prior += PRIOR_DECAY * (rate - self.model_prior)
+            else:
+                self.lookup_prior += PRIOR_DECAY * (rate - self.lookup_prior)
+        if seq.drafter is not None:
             seq.drafter.record(num_drafted, num_accepted)
         self.num_drafted_total += num_drafted
         self.num_accepted_total += num_accepted
