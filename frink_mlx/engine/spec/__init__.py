@@ -33,8 +33,8 @@ Rules:
    c0 + c1 * B * L + c2 * B * L * T / 1000. The ratios c1 / c0 and c2 / c0
    start from a prior (the 2-core CPU backend's engine steps,
    benchmarks/results/spec_cost_bench-*.txt) and are refitted from the steps
-   the engine times (decayed least squares blended with the prior by how
-   much each regressor varied; cost.py). The step's L is the one that maximises expected tokens per unit
+   the engine times (decayed least squares, ridge-regressed toward the
+   prior; cost.py). The step's L is the one that maximises expected tokens per unit
    of cost, sum_i E_i(min(L - 1, draft_i)) / cost(L) [+ draft cost, rule 7],
    with E(k) = 1 + alpha + ... + alpha^k the expected tokens of a row
    drafting k. L = 1 (plain decode) is always a candidate, so speculation

@@ -11,8 +11,9 @@ backend a position at 1,000 tokens of context costs several times one at
 
 and the ratios c1 / c0, c2 / c0 start from a prior measured on the 2-core
 CPU backend, refined by the steps the engine times: decayed least squares,
-each fitted ratio blended with its prior by how much its regressor varied
-(a batch that never changes width says nothing about what width costs).
+ridge-regressed toward the prior (a batch that never changes width says
+nothing about what width costs, and one row at a steady context cannot tell
+the two terms apart: there the prior decides).
 Floats only: nothing here imports MLX.
 """
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 PRIOR_COST_RATIO = 0.02      # c1 / c0 before any step is timed
 PRIOR_CONTEXT_RATIO = 0.125  # c2 / c0: per position, per 1,000 tokens of context
-PRIOR_WEIGHT = 4.0           # the prior counts as this many observed steps
+PRIOR_WEIGHT = 1.0           # the prior counts as this many observed steps
 COST_DECAY = 0.98            # older timed steps fade
 MAX_RATIO = 10.0             # a fit with no fixed part: extra positions never pay
 
@@ -59,34 +60,36 @@ class StepCostModel:
 
     @property
     def ratios(self) -> tuple[float, float]:
-        """(c1 / c0, c2 / c0): the blended fit, or the prior before two steps are timed."""
+        """(c1 / c0, c2 / c0): the ridge fit, or the prior before two steps are timed."""
         if self._ratios is None:
             self._ratios = self._fit() if self.num_steps >= 2 else \
                 (PRIOR_COST_RATIO, PRIOR_CONTEXT_RATIO)
         return self._ratios
 
     def _fit(self) -> tuple[float, float]:
-        """Least squares for (c0, c1, c2), then each ratio blended with its prior by
-        the evidence for it: the spread (variance) of its regressor, at most the
-        number of steps, against `PRIOR_WEIGHT`."""
+        """Ridge regression toward the prior: least squares for (c0, c1, c2), then again
+        with each c_j pulled toward r_j * c0 (r_j its prior ratio, c0 the first
+        pass's) with the weight of `PRIOR_WEIGHT` steps at the regressor's mean square.
+        Where the steps leave a direction undetermined (one row, a context that barely
+        moves: P and P * T nearly proportional), the prior decides it."""
         n, a = self.num_steps, list(self.ff)
         tiny = 1e-9 * (a[0] + a[4] + a[8])
-        a[0], a[4], a[8] = a[0] + tiny, a[4] + tiny, a[8] + tiny  # no spread: stays solvable
-        solved = _solve3(a, self.fy)
+        first = _solve3([v + (tiny if i in (0, 4, 8) else 0.0) for i, v in enumerate(a)],
+                        self.fy)
+        c0 = first[0] if first is not None and first[0] > 0 else self.fy[0] / max(a[0], 1e-12)
         priors = (PRIOR_COST_RATIO, PRIOR_CONTEXT_RATIO)
+        b = list(self.fy)
+        for j, prior in zip((1, 2), priors):
+            weight = PRIOR_WEIGHT * max(a[4 * j] / n, 1e-6)
+            a[4 * j] += weight
+            b[j] += weight * prior * c0
+        solved = _solve3(a, b)
         if solved is None:
             return priors
         c0, c1, c2 = solved
-        if c0 <= 0 or c0 * MAX_RATIO < max(c1, 0.0) + max(c2, 0.0):
-            fitted = (MAX_RATIO, 0.0)  # all cost, no fixed part: never worth padding
-        else:
-            fitted = (max(c1, 0.0) / c0, max(c2, 0.0) / c0)
-        out = []
-        for j, prior, value in zip((1, 2), priors, fitted):
-            spread = self.ff[4 * j] / n - (self.ff[j] / n) ** 2
-            weight = min(n, max(spread, 0.0))
-            out.append((weight * value + PRIOR_WEIGHT * prior) / (weight + PRIOR_WEIGHT))
-        return out[0], out[1]
+        if c0 <= 0 or c0 * MAX_RATIO < c1 + max(c2, 0.0):
+            return (MAX_RATIO, 0.0)  # all cost, no fixed part: never worth padding
+        return (c1 / c0, c2 / c0)
 
     def choose_width(self, num_rows: int, rows: Sequence[tuple[RowDrafter, int]],
                      max_draft: int, model_rows: Sequence[tuple[RowDrafter, int]] = (),
@@ -103,7 +106,7 @@ class StepCostModel:
         if (not rows and not model_rows) or num_rows <= 0:
             return 1
         r1, r2 = self.ratios
-        per_position = r1 + r2 * context / 1000
+        per_position = max(0.0, r1 + r2 * context / 1000)
         longest = min(max_draft, max(k for _, k in [*rows, *model_rows]))
         num_plain = num_rows - len(rows) - len(model_rows)
         best, best_value = 1, 0.0
