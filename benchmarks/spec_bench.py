@@ -12,16 +12,27 @@ conversion, reused with --fp32-dir):
 3. Single stream: requests one at a time, off and on alternating per request
    (drift hits both sides alike); the rate is decode tok/s, (tokens - 1) over
    first-to-last token time, summed over requests. 8 clients: 8 concurrent
-   streams share the requests; the rate is completion tokens / wall time.
+   streams share the requests; the rate is completion tokens / wall time. The
+   requests run in two halves, off-on then on-off (A B B A), so a load that
+   drifts during the run (the machine is shared) weighs on both sides alike.
 4. Greedy output is the same with speculation on or off (the engine's
    guarantee): the script counts replies whose texts differ and prints it.
 5. Acceptance: usage's `draft_tokens` / `draft_accepted` per workload.
+6. Draft-model mode (`--draft-layers N`): the bench entry names a draft
+   (registry rule 9), its own first N decoder layers (same embeddings, final
+   norm and tokenizer), built next to the fp32 checkpoint. No second model
+   with SmolLM2's tokenizer is installed on this machine, and a truncation
+   is what there is; an untrained early exit agrees with the full model
+   rarely, so this mode measures the draft model's overhead (and that the
+   cost model and rule 2 switch a poor draft off), not a speed-up. The
+   draft model's own drafted/accepted counts come from /metrics.
 Targets (issue 20): edit single stream >= 2.0x, edit 8 clients >= 1.5x,
 chat >= 0.95x. The load average is printed with the results; on a shared
 2-core machine read the ratios as +-10%.
 
     .venv/bin/python benchmarks/spec_bench.py --fp32-dir /tmp/smollm2-fp32 --keep-weights
     .venv/bin/python benchmarks/spec_bench.py --quick   # 6 edit / 4 chat requests, 64 tokens
+    .venv/bin/python benchmarks/spec_bench.py --fp32-dir /tmp/smollm2-fp32 --draft-layers 2
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import Reply, Server, chat_body, start_frink, stream_chat
+from _common import PYTHON, ROOT, Reply, Server, bench_env, chat_body, start_frink, stream_chat
 from serve_bench import load_average, prepare, story_messages, write_models_toml
 
 DATA = Path(__file__).with_name("data") / "edit_prompts.json"
@@ -103,6 +116,45 @@ def acceptance(replies: list[Reply]) -> str:
             f"{accepted / tokens if tokens else 0:.0%} of the {tokens} output tokens")
 
 
+def draft_model_counts(server: Server) -> tuple[float, float] | None:
+    """(drafted, accepted) by the draft model so far, from /metrics (rule 6)."""
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    found = [re.search(rf"^{name}_total (\S+)$", text, re.M)
+             for name in ("frink_spec_draft_model_tokens", "frink_spec_draft_model_accepted_tokens")]
+    if found[0] is None or found[1] is None:
+        return None
+    return float(found[0].group(1)), float(found[1].group(1))
+
+
+def truncate(fp32_dir: str, num_layers: int) -> str:
+    """Rule 6: the checkpoint's first `num_layers` layers, next to it (in a subprocess:
+    MLX stays out of this client process)."""
+    dst = f"{fp32_dir}-draft{num_layers}"
+    code = ("import json, shutil, sys, mlx.core as mx\n"
+            "from pathlib import Path\n"
+            "src, dst, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])\n"
+            "dst.mkdir(parents=True, exist_ok=True)\n"
+            "w = {}\n"
+            "for f in sorted(src.glob('*.safetensors')): w.update(mx.load(str(f)))\n"
+            "w = {k: v for k, v in w.items() if not k.startswith('model.layers.')"
+            " or int(k.split('.')[2]) < n}\n"
+            "mx.save_safetensors(str(dst / 'model.safetensors'), w, metadata={'format': 'mlx'})\n"
+            "c = json.loads((src / 'config.json').read_text()); c['num_hidden_layers'] = n\n"
+            "(dst / 'config.json').write_text(json.dumps(c))\n"
+            "for f in src.glob('tokenizer*'): shutil.copy(f, dst / f.name)\n")
+    subprocess.run([PYTHON, "-c", code, fp32_dir, dst, str(num_layers)], check=True,
+                   env=bench_env(), cwd=ROOT)
+    return dst
+
+
+def write_draft_models_toml(fp32_dir: str, draft_dir: str) -> str:
+    path = Path(fp32_dir).parent / (Path(fp32_dir).name + "-draft-models.toml")
+    path.write_text(f'default = "bench-fp32"\n\n[models.bench-fp32]\nsource = "{fp32_dir}"\n'
+                    'dequantize = false\ndraft = "bench-draft"\n\n'
+                    f'[models.bench-draft]\nsource = "{draft_dir}"\ndequantize = false\n')
+    return str(path)
+
+
 def differing(off: list[Reply], on: list[Reply]) -> int:
     return sum(1 for a, b in zip(off, on) if a.text != b.text)
 
@@ -125,16 +177,22 @@ async def run_all(server: Server, args: argparse.Namespace, report: list[str]) -
             continue
         say(f"\n== {name} workload: {len(workload)} requests, max_tokens {tokens}, greedy "
             f"(load {load_average()})")
+        counts = draft_model_counts(server)
         one = await single_stream(server, workload[:args.single_requests], tokens, f"{name}-1")
         if one[True]:
             report_single(say, one, targets[name][0])
-        rates: dict[bool, float] = {}
-        groups: dict[bool, list[Reply]] = {}
-        for spec in ((True, False) if args.on_first else (False, True)):
-            replies, wall = await clients(server, workload, tokens, spec, args.clients,
-                                          f"{name}-{args.clients}-{spec}")
-            rates[spec] = sum(r.completion_tokens or 0 for r in replies) / wall
-            groups[spec] = replies
+        groups: dict[bool, list[Reply]] = {False: [], True: []}
+        walls = {False: 0.0, True: 0.0}
+        first = (True, False) if args.on_first else (False, True)
+        half = len(workload) // 2
+        for part, order in ((workload[:half], first), (workload[half:], first[::-1])):
+            for spec in order:  # rule 3: A B B A, so a drifting load hits both sides alike
+                replies, wall = await clients(server, part, tokens, spec, args.clients,
+                                              f"{name}-{args.clients}-{spec}")
+                groups[spec] += replies
+                walls[spec] += wall
+        rates = {spec: sum(r.completion_tokens or 0 for r in groups[spec]) / walls[spec]
+                 for spec in (False, True)}
         ratio = rates[True] / rates[False]
         streams = {spec: decode_rate(groups[spec]) for spec in (False, True)}
         ok = "MET" if ratio >= targets[name][1] else "MISSED"
@@ -145,6 +203,11 @@ async def run_all(server: Server, args: argparse.Namespace, report: list[str]) -
         say(f"    on: {acceptance(groups[True])}")
         say(f"    replies whose text differs off vs on: {differing(groups[False], groups[True])}"
             f" of {len(workload)}")
+        after = draft_model_counts(server)
+        if counts is not None and after is not None:
+            drafted, accepted = after[0] - counts[0], after[1] - counts[1]
+            say(f"    draft model ({name}, all phases): drafted {drafted:.0f}, accepted "
+                f"{accepted:.0f} ({accepted / drafted if drafted else 0:.0%})")
         bad = failures(one[False], one[True], groups[False], groups[True])
         if bad:
             say(f"  FAILED requests: {len(bad)}: {bad[:3]}")
@@ -171,7 +234,14 @@ def main() -> int:
             f"batch 1: {prep['raw']['1']:.1f} tok/s")
     print(line, flush=True)
     report.append(line)
-    server = start_frink(write_models_toml(prep["dir"]))
+    models = write_models_toml(prep["dir"])
+    if args.draft_layers:
+        models = write_draft_models_toml(prep["dir"], truncate(prep["dir"], args.draft_layers))
+        report.append(f"draft model: the checkpoint's first {args.draft_layers} layers (rule 6)")
+    flags = ["--spec-max-rows", str(args.spec_max_rows)] if args.spec_max_rows else []
+    if flags:
+        report.append(f"spec_max_rows {args.spec_max_rows}")
+    server = start_frink(models, *flags)
     try:
         asyncio.run(run_all(server, args, report))
     finally:
@@ -202,6 +272,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--chat-requests", type=int, default=None, help="(8)")
     ap.add_argument("--edit-tokens", type=int, default=None, help="max_tokens (128)")
     ap.add_argument("--chat-tokens", type=int, default=None, help="max_tokens (96)")
+    ap.add_argument("--draft-layers", type=int, default=0,
+                    help="rule 6: a draft model of the checkpoint's first N layers (0: none)")
+    ap.add_argument("--spec-max-rows", type=int, default=None, help="the daemon's setting")
     ap.add_argument("--no-save", dest="save", action="store_false",
                     help="do not write benchmarks/results/spec_bench-DATE.txt")
     args = ap.parse_args()

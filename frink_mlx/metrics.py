@@ -161,11 +161,19 @@ class _EngineCollector:
              stats.prefix_hit_tokens_total),
             ("frink_engine_steps", "Engine steps run by the current model generation.",
              stats.steps_total),
-            ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup).",
-             stats.draft_tokens_total),
+            ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup and "
+             "draft model).", stats.draft_tokens_total),
             ("frink_spec_draft_accepted_tokens", "Speculative tokens accepted by verification.",
              stats.draft_accepted_tokens_total),
         ]
+        if "draft_model_tokens_total" in stats.extra:  # the generation has a draft model
+            counters += [
+                ("frink_spec_draft_model_tokens", "Speculative tokens the draft model drafted.",
+                 stats.extra["draft_model_tokens_total"]),
+                ("frink_spec_draft_model_accepted_tokens",
+                 "Draft-model tokens accepted by verification.",
+                 stats.extra["draft_model_accepted_total"]),
+            ]
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=float(value))
 

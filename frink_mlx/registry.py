@@ -54,6 +54,10 @@ Rules:
    as its last request ends); `preload = true` loads it at start-up next to
    the default; `max_kv_bytes` caps its KV pool below the daemon-wide
    `max_kv_pool_bytes`.
+10. `draft` names another generative entry (not itself, by name or alias) that
+   proposes tokens for speculative decoding (engine/spec/ rule 7); it is
+   loaded and freed with this entry's generation, and must share its
+   tokenizer (checked when loaded, models/draft.py).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keep_alive: float | None = None     # rule 9: idle seconds before eviction; -1 = pinned
     preload: bool = False               # rule 9: load at start-up, next to the default
     max_kv_bytes: Positive | None = None  # rule 9: cap on this model's KV pool
+    draft: str | None = None            # rule 10: a generative entry drafting for this one
     description: str = ""
 
 
@@ -325,10 +330,25 @@ def _check_cross_refs(registry: Registry, path: Path) -> None:
             if target is None or target.kind != "encoder":
                 raise _refuse(path, f"{key}.embeddings",
                               f"{spec.embeddings!r} is not an entry with kind = \"encoder\"")
+        if spec.draft is not None:
+            _check_draft(registry, spec, path)
         if spec.matryoshka and spec.kind != "encoder":
             raise _refuse(path, f"{key}.matryoshka", "only encoder entries take matryoshka")
         if spec.kind == "encoder" and (spec.chat_template or spec.sampling or spec.embeddings):
             raise _refuse(path, key, "encoder entries take no chat_template, sampling or embeddings")
+
+
+def _check_draft(registry: Registry, spec: ModelSpec, path: Path) -> None:
+    """Rule 9: a draft is another generative entry."""
+    key = f"models.{spec.name}.draft"
+    try:
+        draft = registry.resolve(spec.draft)
+    except ModelNotFound:
+        raise _refuse(path, key, f"{spec.draft!r} is not a name or alias in this file") from None
+    if draft.kind != "generative" or spec.kind != "generative":
+        raise _refuse(path, key, "a draft and its target are both generative entries")
+    if draft.name == spec.name:
+        raise _refuse(path, key, "an entry cannot draft for itself")
 
 
 def pip_name(module: str) -> str:

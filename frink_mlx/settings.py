@@ -103,8 +103,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
-    speculative: bool = True                     # prompt-lookup speculative decoding in the batch
-                                                 # (engine/spec.py); per request `speculative: false`
+    speculative: bool = True                     # speculative decoding in the batch: prompt lookup,
+                                                 # and an entry's `draft` model (engine/spec/); per
+                                                 # request `speculative: false`
     spec_max_draft: int = 8                      # most tokens a row drafts per step
     spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
     spec_max_rows: int = 2                       # a step decoding more rows does not speculate
@@ -320,8 +321,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
     "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
     "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
-    "speculative": SettingDoc("prompt-lookup speculative decoding inside the batch (greedy "
-                              "output unchanged); requests opt out with `speculative: false`"),
+    "speculative": SettingDoc("speculative decoding inside the batch: prompt lookup, and the "
+                              "draft model of an entry naming `draft` (not loaded when off; "
+                              "greedy output unchanged); requests opt out with "
+                              "`speculative: false`"),
     "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
     "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
     "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),

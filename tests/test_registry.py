@@ -150,6 +150,12 @@ def test_default_model_setting_overrides_file_default(tmp_path: Path) -> None:
          "models.x.embeddings: 'nope' is not an entry"),
         ('default = "x"\n[models.x]\nsource = "/x"\n[models.e]\nsource = "/e"\nkind = "encoder"\n'
          'chat_template = "{{x}}"\n', "models.e: encoder entries take no chat_template"),
+        ('default = "x"\n[models.x]\nsource = "/x"\ndraft = "nope"\n',
+         "models.x.draft: 'nope' is not a name or alias"),
+        ('default = "x"\n[models.x]\nsource = "/x"\naliases = ["a"]\ndraft = "a"\n',
+         "models.x.draft: an entry cannot draft for itself"),
+        ('default = "x"\n[models.x]\nsource = "/x"\ndraft = "e"\n[models.e]\nsource = "/e"\n'
+         'kind = "encoder"\n', "models.x.draft: a draft and its target are both generative"),
         ('default = "x"\n[models.x]\nsource = "package:/file"\n',
          "models.x.source: package sources look like"),
         ('default = "x"\n[models.x]\nsource = "package:mod"\n', "models.x.source: package sources look like"),

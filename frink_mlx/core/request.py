@@ -111,7 +111,7 @@ class GenRequest:
     echo: bool = False                     # completions: return the prompt too
     cache_prompt: bool = True              # llama.cpp: False bypasses the prefix cache
     cache_salt: str | None = None
-    speculative: bool = True               # False: no speculative drafts (engine/spec.py)
+    speculative: bool = True               # False: no speculative drafts (engine/spec/)
     thinking: bool | None = None           # None = the template's default
     thinking_budget_tokens: int | None = None
     response_format: ResponseFormat | None = None

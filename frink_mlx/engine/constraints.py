@@ -30,7 +30,7 @@ Why it is shaped this way:
    (`Backend.device_token_masks`: Metal) with llguidance's own kernel
    (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal back-end"
    elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
-6. Speculation (engine/spec.py) verifies k drafted tokens in one step, so a
+6. Speculation (engine/spec/) verifies k drafted tokens in one step, so a
    row needs the masks of all 1 + k positions at once: `masks_along` walks the
    matcher over the draft and rolls it back (it ends where it started). It
    stops at the first draft token the grammar forbids; the masks after it
@@ -136,8 +136,10 @@ class GrammarConstraint:
                 if free in tail:
                     free, tail = None, ""
                 continue
+            # a stopped matcher (its end-of-sequence consumed) may "consume" more
+            # tokens without moving, which a rollback would then overcount
             if mask is None or not 0 <= token < mask.shape[0] or not mask[token] \
-                    or not self._matcher.consume_token(token):
+                    or self._matcher.is_stopped() or not self._matcher.consume_token(token):
                 break
             consumed += 1
         if consumed:

@@ -71,6 +71,7 @@ from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
 from .spec import SpecConfig
+from .spec.model import DraftModel
 from .stream import SeqStream
 from .types import EngineStats, SeqRequest
 
@@ -99,20 +100,24 @@ class EngineConfig:
     shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
-    spec: SpecConfig | None = None           # speculative decoding (spec.py); None = off
+    spec: SpecConfig | None = None           # speculative decoding (engine/spec/); None = off
 
 
 class Engine:
     def __init__(self, loaded: EngineModel, config: EngineConfig, gate: DecodeGate,
-                 backend: Backend, *, channel: PlanChannel | None = None) -> None:
+                 backend: Backend, *, channel: PlanChannel | None = None,
+                 draft: EngineModel | None = None) -> None:
         """`backend` prepares the model for the engine's forwards (backend/base.py);
-        `channel`: this engine is rank 0 of a distributed group (module docstring)."""
+        `channel`: this engine is rank 0 of a distributed group (module docstring);
+        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed)."""
         self.loaded = loaded
         self._channel = channel
         if channel is not None:
             config = dataclasses.replace(config, pipeline=False)
         elif config.pipeline is None:
             config = dataclasses.replace(config, pipeline=backend.pipelines_steps())
+        self._draft = draft if config.spec is not None and channel is None else None
+        config = dataclasses.replace(config, spec=self._spec_config(config, loaded))
         self.config = config
         self.gate = gate
         model = loaded.model
@@ -138,10 +143,21 @@ class Engine:
         self._thread: workers.Job | None = None
         self._stopping = False
 
+    def _spec_config(self, config: EngineConfig, loaded: EngineModel) -> SpecConfig | None:
+        """The speculation settings with the draft model's pool and step cost (rule 7)."""
+        spec = config.spec
+        if spec is None or self._draft is None:
+            return dataclasses.replace(spec, draft_num_blocks=0) if spec is not None else None
+        num_blocks = spec.draft_num_blocks or draft_pool_blocks(
+            spec, config.num_blocks, config.block_size, config.context_ceiling)
+        cost = spec.draft_step_cost or _nbytes(self._draft.model) / max(1, _nbytes(loaded.model))
+        return dataclasses.replace(spec, draft_num_blocks=num_blocks, draft_step_cost=cost)
+
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
         forward, masks = backend.prepare_decoder(model), backend.device_token_masks()
         if self._channel is None:
-            return Runner(model, self._new_store(), forward, device_masks=masks)
+            return Runner(model, self._new_store(), forward, device_masks=masks,
+                          draft=self._new_draft(backend))
         self._channel.on_lost.append(self._fail_in_flight)
         return LeaderRunner(model, self._new_store(), forward, channel=self._channel,
                             generation=self.config.generation, device_masks=masks)
@@ -154,6 +170,19 @@ class Engine:
         error = Unavailable(f"distributed group lost: {reason}", retry_after_s=10.0)
         for stream in list(self._loop.router.streams.values()):
             stream._push(error)
+
+    def _new_draft(self, backend: Backend) -> DraftModel | None:
+        spec = self.config.spec
+        if self._draft is None or spec is None:
+            return None
+        model = self._draft.model
+        layers, heads, head_dim = model_kv_geometry(model)
+        store = PagedKVStore(num_layers=layers, num_blocks=spec.draft_num_blocks,
+                             block_size=self.config.block_size, n_kv_heads=heads,
+                             head_dim=head_dim,
+                             dtype=getattr(self._draft, "dtype", None) or _param_dtype(model))
+        vocab = int(getattr(getattr(self.loaded.model, "args", None), "vocab_size", 0) or 0)
+        return DraftModel(model, store, backend.prepare_decoder(model), vocab or 1 << 31)
 
     @property
     def store(self) -> PagedKVStore:
@@ -224,9 +253,14 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
-        if sch.speculator is not None:
-            s.draft_tokens_total = sch.speculator.num_drafted_total
-            s.draft_accepted_tokens_total = sch.speculator.num_accepted_total
+        spec = sch.speculator
+        if spec is not None:
+            s.draft_tokens_total = spec.num_drafted_total
+            s.draft_accepted_tokens_total = spec.num_accepted_total
+            if spec.draft_kv is not None:  # engine/spec/ rule 7
+                s.extra["draft_model_tokens_total"] = float(spec.num_model_drafted_total)
+                s.extra["draft_model_accepted_total"] = float(spec.num_model_accepted_total)
+                s.extra["draft_kv_blocks_used"] = float(spec.draft_kv.num_used_blocks)
         store = self.runner.store  # may be swapped by the MLX thread after an error
         if store is not None and store.keys:
             s.extra["kv_pool_bytes"] = float(store.nbytes)
@@ -255,6 +289,8 @@ class Engine:
         self._stats.extra["kv_pool_bytes"] = float(self.runner.store.nbytes)
         self.runner.forget_pending()
         self.runner.store.release()
+        if self.runner.draft is not None:
+            self.runner.draft.store.release()
         self._stream = None
         gc.collect()
 
@@ -265,6 +301,17 @@ class Engine:
         # streams outlive this generation and serve the next engine the thread runs.
         with mx.stream(self._stream):
             self._loop.run()
+
+
+def draft_pool_blocks(spec: SpecConfig, num_blocks: int, block_size: int,
+                      context_ceiling: int) -> int:
+    """The draft KV pool (rule 7): `max_rows` full contexts, never more than the target's."""
+    return max(1, min(num_blocks, spec.max_rows * -(-context_ceiling // block_size)))
+
+
+def _nbytes(model: Any) -> int:
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(v.nbytes for _, v in params)
 
 
 def _param_dtype(model: Any) -> mx.Dtype:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .spec import RowDrafter
+from .spec.lookup import RowDrafter
+from .spec.speculator import DraftJob
 from .types import EngineFinish, SeqRequest
 
 
@@ -28,7 +29,7 @@ class Group:
     seqs: list["Seq"] = field(default_factory=list)
     num_cached_tokens: int = 0
     activated: bool = False  # row 0's prompt was prefilled; every row is live
-    speculative: bool = True  # rows may draft (spec.py); off per request or engine
+    speculative: bool = True  # rows may draft (engine/spec/); off per request or engine
 
 
 @dataclass(slots=True)
@@ -44,8 +45,9 @@ class Seq:
     num_scheduled_outputs: int = 0   # outputs known + pending + scheduled this step
     prefill_target: int = 0          # positions to prefill before decoding (0 = decoding)
     finish: EngineFinish | None = None
-    drafter: RowDrafter | None = None  # spec.py, made at the row's first draft
+    drafter: RowDrafter | None = None  # engine/spec/, made at the row's first draft
     num_drafted: int = 0               # tokens drafted by the step in flight (verify row)
+    draft_computed: int = 0            # positions in the draft model's KV (engine/spec/ rule 7)
 
     @property
     def num_outputs(self) -> int:
@@ -71,7 +73,8 @@ class DecodeRow:
     position: int
     block_table: list[int]
     token_id: int | None  # None: the token the previous step sampled (still on device)
-    draft: list[int] = field(default_factory=list)  # verified after token_id (spec.py)
+    draft: list[int] = field(default_factory=list)  # verified after token_id (engine/spec/)
+    num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/spec/ rule 7)
 
 
 @dataclass(slots=True)
@@ -80,11 +83,13 @@ class SchedulerOutput:
     prefill: list[PrefillChunk] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
     preempted: list[int] = field(default_factory=list)
+    draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/spec/ rule 7
 
     @property
     def width(self) -> int:
         """Positions per decode row: 1 + the longest draft (rows are padded to it)."""
-        return 1 + max((len(row.draft) for row in self.decode), default=0)
+        return 1 + max((max(len(row.draft), row.num_model_draft) for row in self.decode),
+                       default=0)
 
     @property
     def is_empty(self) -> bool:

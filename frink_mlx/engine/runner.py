@@ -5,6 +5,8 @@ while the previous step still runs); this module is the only place that
 turns it into arrays and calls the stock mlx-lm model.
 
 One step, in order:
+0. Draft-model jobs (engine/spec/ rule 7, spec/model.py): their tokens fill
+   the drafts of the rows the speculator gave to the draft model.
 1. Block copies for freshly forked rows (n > 1), see kv/paged.py.
 2. Decode forward: every decoding row, one token each, shape (B, 1). A row
    whose input token was sampled by the previous step takes it straight
@@ -18,7 +20,7 @@ One step, in order:
    length would waste compute.
 4. Sampling (sampling.py) over [decode rows; final chunk rows repeated once
    per sampled row], in `SchedulerOutput.sample_seq_ids` order.
-   Speculation (engine/spec.py): a decode row with a draft of k tokens is a
+   Speculation (engine/spec/): a decode row with a draft of k tokens is a
    verify row, inputs [last token, d1..dk] at positions p..p+k, like a small
    prefill chunk whose every position is sampled; the decode call is then
    (B, 1 + longest draft), shorter rows padded (paged.py rule 4). Position
@@ -38,18 +40,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from ..backend import ForwardScope
+from .heads import pick, pick_all, split_head
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
 from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
+from .spec.model import DraftModel
 from .types import TopLogprob
-
-_SPLITTABLE = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
 
 @dataclass(slots=True)
@@ -79,6 +81,7 @@ class StepResult:
         self._drafts = list(drafts) if drafts is not None else [[] for _ in seq_ids]
         self.has_drafts = any(self._drafts)
         self.num_positions = num_positions  # decode-only step: rows x width (else 0)
+        self.context = 0  # decode-only step: the longest row's tokens (engine/spec/ rule 3)
         self.started_s = time.perf_counter()
         self.elapsed_s = 0.0
 
@@ -136,21 +139,24 @@ class StepResult:
 
 class Runner:
     def __init__(self, model: Any, store: PagedKVStore, forward: ForwardScope, *,
-                 device_masks: bool = False) -> None:
+                 device_masks: bool = False, draft: DraftModel | None = None) -> None:
         """`forward`: what `backend.prepare_decoder(model)` returned (module docstring);
-        `device_masks`: the backend's `device_token_masks()` (constraints.py rule 5)."""
+        `device_masks`: the backend's `device_token_masks()` (constraints.py rule 5);
+        `draft`: the generation's draft model (engine/spec/ rule 7)."""
         self.model = model
+        self.draft = draft
         self.store = store
         self._forward = forward
         self._device_masks = device_masks
-        self._split = _split_head(model)
+        self._split = split_head(model)
         self._grouped_mask = groups_queries_per_kv_head(model)  # kv/paged.py rule 5
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
         """Dispatch one step (asynchronously); see the module docstring."""
-        started_s = time.perf_counter()
+        self._fill_model_drafts(plan)
+        started_s = time.perf_counter()  # the verify step alone is what rule 3 fits
         parts = self.forward(plan)
         seq_ids = plan.sample_seq_ids
         drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
@@ -167,7 +173,20 @@ class Runner:
         result = StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill),
                             [drafts.get(s, []) for s in seq_ids], positions)
         result.started_s = started_s
+        if positions:  # the longest row's reach: every row attends that far (padded)
+            result.context = max(row.position for row in plan.decode) + plan.width
         return result
+
+    def _fill_model_drafts(self, plan: SchedulerOutput) -> None:
+        """Step 0: the draft model's jobs; its tokens become the verify rows' drafts."""
+        if not plan.draft_jobs:
+            return
+        if self.draft is None:
+            raise RuntimeError("a step planned draft-model jobs but the engine has no draft model")
+        drafts = self.draft.propose(plan.draft_jobs)
+        for row in plan.decode:
+            if row.num_model_draft:
+                row.draft = drafts[row.seq_id]
 
     def forward(self, plan: SchedulerOutput) -> list[mx.array]:
         """Steps 1-3: the logits to sample from (decode rows, then final chunks' rows).
@@ -231,8 +250,8 @@ class Runner:
         with self._forward():
             if self._split is not None:
                 body, head = self._split
-                return head(_pick_all(body(x, caches), finals))
-            return _pick_all(self.model(x, cache=caches), finals)
+                return head(pick_all(body(x, caches), finals))
+            return pick_all(self.model(x, cache=caches), finals)
 
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
         if all(r.token_id is not None for r in rows):
@@ -271,36 +290,6 @@ class Runner:
             if self._split is not None:
                 body, head = self._split
                 hidden = body(x, caches)
-                return head(_pick(hidden, finals)) if finals else None
+                return head(pick(hidden, finals)) if finals else None
             logits = self.model(x, cache=caches)
-        return _pick(logits, finals) if finals else None
-
-
-def _pick(values: mx.array, finals: list[tuple[int, int, int]]) -> mx.array:
-    """values[(row, pos)] for each final chunk, repeated once per sampled row."""
-    rows = [r for r, _, n in finals for _ in range(n)]
-    cols = [c for _, c, n in finals for _ in range(n)]
-    return values[mx.array(rows), mx.array(cols)]
-
-
-def _pick_all(values: mx.array, spans: list[tuple[int, int, int]]) -> mx.array:
-    """values[(row, 0..last)] for each (row, last, _) span, in order: verify positions."""
-    rows = [r for r, last, _ in spans for _ in range(last + 1)]
-    cols = [c for _, last, _ in spans for c in range(last + 1)]
-    return values[mx.array(rows), mx.array(cols)]
-
-
-def _split_head(model: Any) -> tuple[Callable, Callable] | None:
-    """(body, head) for model families whose logits are head(body(x)); else None."""
-    kind = type(model).__module__
-    inner = getattr(model, "model", None)
-    args = getattr(model, "args", None)
-    if kind not in _SPLITTABLE or inner is None or args is None:
-        return None
-    if getattr(args, "tie_word_embeddings", False):
-        head = inner.embed_tokens.as_linear
-    elif hasattr(model, "lm_head"):
-        head = model.lm_head
-    else:
-        return None
-    return (lambda x, caches: inner(x, caches)), head
+        return pick(logits, finals) if finals else None

@@ -39,10 +39,11 @@ Rules:
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
-5b. Speculation (spec.py, `spec` set): after step 1's reservations a decode
+5b. Speculation (engine/spec/, `spec` set): after step 1's reservations a decode
    row whose last token is on the host may draft k tokens and reserve k more
    slots (never preempting for them); `update_rows` takes the accepted drafts
-   plus one token, and rolls the row's positions and slots back to them.
+   plus one token, and rolls the row's positions and slots back to them (and
+   its draft-model KV, engine/spec/ rule 7, which ends with the row).
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
@@ -170,6 +171,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         self.kv.free(seq.seq_id)
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         self.seqs.pop(seq.seq_id, None)
         return Finished(seq, reason, error)
 
@@ -252,6 +255,8 @@ class Scheduler:
         out.preempted.append(seq.seq_id)
         out.decode = [row for row in out.decode if row.seq_id != seq.seq_id]
         self.num_preemptions += 1
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         group = seq.group
         if not group.activated:  # row 0 of a request still in its first prefill
             for member in group.seqs:

@@ -54,7 +54,7 @@ class SeqRequest:
     cache_salt: str | None = None
     constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
     priority: int = 0
-    speculative: bool = True  # rows may draft and verify (engine/spec.py); False opts out
+    speculative: bool = True  # rows may draft and verify (engine/spec/); False opts out
 
 
 @dataclass(slots=True)
@@ -81,7 +81,7 @@ class StepOutput:
     error: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
-    # Speculation (engine/spec.py): set on the first output of a row's step when the
+    # Speculation (engine/spec/): set on the first output of a row's step when the
     # row may speculate; tokens it drafted for that step and how many were accepted.
     num_drafted: int | None = None
     num_draft_accepted: int | None = None
@@ -102,6 +102,6 @@ class EngineStats:
     generated_tokens_total: int = 0
     context_ceiling: int = 0
     steps_total: int = 0
-    draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec.py)
+    draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec/)
     draft_accepted_tokens_total: int = 0  # ... and accepted by verification
     extra: dict[str, float] = field(default_factory=dict)

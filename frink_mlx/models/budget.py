@@ -18,6 +18,11 @@ The arithmetic, in order:
    config.max_kv_pool_bytes (a 135M model must not grab 20 GB), nor than the
    entry's own `max_kv_bytes`.
 5. context ceiling = min(trained context length, num_blocks * block_size).
+6. A draft model (registry rule 10, engine/spec/ rule 7) is priced with its
+   target: its weights come off the KV budget of rule 2, and so does its own
+   KV pool, `draft_rows` (setting spec_max_rows) contexts of the target's
+   ceiling at the draft's bytes per token, before the target's blocks are
+   counted.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class KVPlan:
     budget_bytes: int      # the device budget the plan started from (rule 1)
     weights_bytes: int
     budget_source: str = "ram"   # "override" | "metal" | "ram"
+    draft_num_blocks: int = 0    # rule 6: the draft model's pool (0: no draft)
+    draft_bytes: int = 0         # rule 6: its weights + its pool
 
     @property
     def pool_bytes(self) -> int:
@@ -67,9 +74,10 @@ def kv_bytes_per_token(model: Any, dtype: Any) -> int:
     return 2 * layers * kv_heads * head_dim * int(dtype.size)
 
 
-def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget) -> KVPlan:
-    """Size the block pool and the context ceiling for `loaded` (rules 1-5);
-    `device` is the backend's `memory_budget()`."""
+def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
+            draft: Any = None, draft_rows: int = 0) -> KVPlan:
+    """Size the block pool and the context ceiling for `loaded` (rules 1-6);
+    `device` is the backend's `memory_budget()`; `draft` a loaded draft model."""
     block_size = config.block_size
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
@@ -81,18 +89,27 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget) -> KVPlan:
     pool_cap = min(config.max_kv_pool_bytes,
                    getattr(loaded.spec, "max_kv_bytes", None) or config.max_kv_pool_bytes)
     per_block = per_token * block_size
-    num_blocks = kv_budget // per_block
     trained = int(loaded.context_length)
     blocks_per_context = -(-trained // block_size)
-    num_blocks = min(num_blocks, max(1, config.max_batch) * blocks_per_context,
-                     pool_cap // per_block)
+    caps = (max(1, config.max_batch) * blocks_per_context, pool_cap // per_block)
+    draft_blocks = draft_bytes = 0
+    if draft is not None:  # rule 6
+        kv_budget -= weights_nbytes(draft.model)
+        ceiling = min(trained, min(kv_budget // per_block, *caps) * block_size)
+        draft_blocks = max(1, draft_rows) * -(-max(ceiling, 1) // block_size)
+        draft_pool = draft_blocks * block_size * kv_bytes_per_token(draft.model, draft.dtype)
+        draft_bytes = weights_nbytes(draft.model) + draft_pool
+        kv_budget -= draft_pool
+    num_blocks = min(kv_budget // per_block, *caps)
     if num_blocks < 1:
         raise ConfigError(
             f"model {getattr(loaded.spec, 'name', '?')!r} leaves no room for its KV cache: "
-            f"budget {budget} bytes ({source}), weights {weights} bytes, "
-            f"headroom {config.memory_headroom_fraction:.0%}, held by other resident models "
+            f"budget {budget} bytes ({source}), weights {weights} bytes"
+            + (f", draft model {draft_bytes} bytes" if draft_bytes else "") +
+            f", headroom {config.memory_headroom_fraction:.0%}, held by other resident models "
             f"{config.reserved_bytes} bytes, one block {per_block} bytes")
     return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
-                  budget_source=source)
+                  budget_source=source, draft_num_blocks=int(draft_blocks),
+                  draft_bytes=draft_bytes)

@@ -63,7 +63,10 @@ def _shard(group: DistributedGroup, model: Any) -> tuple[str, int]:
 
 def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec: ModelSpec,
                              config: HubConfig, number: int, gate: Gate,
-                             backend: Backend) -> Generation:
+                             backend: Backend, draft: ModelSpec | None = None) -> Generation:
+    if draft is not None:  # the draft's forwards would need a plan of their own per rank
+        log.warning("model %r: its draft model %r is not used across machines "
+                    "(prompt lookup still speculates)", spec.name, draft.name)
     if spec.kind != "generative":
         return build_generation(spec, config, number, gate, backend)  # rule 4
     if spec.embeddings == SELF:

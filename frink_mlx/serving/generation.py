@@ -20,6 +20,7 @@ from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
 from ..engine.spec import SpecConfig
 from ..models.budget import KVPlan, plan_kv
+from ..models.draft import load_draft
 from ..models.encoder import Encoder
 from ..models.loader import LoadedModel, load_model
 from ..registry import ModelSpec
@@ -47,6 +48,7 @@ class Generation:
     created_unix: float = field(default_factory=time.time)
     embedder: Encoder | None = None  # serves /v1/embeddings (embeddings.py)
     nbytes: int = 0  # what it holds (residency.py rule 1); 0 = measure it when published
+    draft: LoadedModel | None = None  # the entry's draft model (registry rule 10), freed with it
 
     @property
     def name(self) -> str:
@@ -56,21 +58,28 @@ class Generation:
         return name is None or name in ("default", self.spec.name, *self.spec.aliases)
 
 
-# (spec, config, number, gate, backend) -> Generation; blocking, run in a worker thread
-GenerationFactory = Callable[[ModelSpec, HubConfig, int, Gate, Backend], Generation]
+# (spec, config, number, gate, backend[, draft=spec]) -> Generation; blocking, run in a
+# worker thread. The hub passes `draft` (the entry's draft model, registry rule 10) only
+# when there is one, so factories that know no draft models keep working.
+GenerationFactory = Callable[..., Generation]
 
 
 def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate,
-                     backend: Backend) -> Generation:
-    """Load `spec` and start its engine on `backend` (the production factory)."""
+                     backend: Backend, draft: ModelSpec | None = None) -> Generation:
+    """Load `spec` (and its `draft` when speculation is on) and start its engine on
+    `backend` (the production factory); a draft whose tokenizer differs is refused."""
     loaded = load_model(spec, config.load, backend)
     spec = loaded.spec  # with the source's and the checkpoint's defaults (loader rules 1, 7)
     if loaded.kind != "generative":
         return Generation(number, spec, loaded, None, None, time.monotonic())
-    plan = plan_kv(loaded, config.budget, backend.memory_budget())
-    engine = Engine(loaded, engine_config(config, plan, number), gate, backend)  # type: ignore[arg-type]
+    helper = load_draft(loaded, draft, config.load, backend) \
+        if draft is not None and config.engine.speculative else None
+    plan = plan_kv(loaded, config.budget, backend.memory_budget(), draft=helper,
+                   draft_rows=config.engine.spec_max_rows)
+    engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
+                    draft=helper)
     engine.start()
-    return Generation(number, spec, loaded, engine, plan, time.monotonic())
+    return Generation(number, spec, loaded, engine, plan, time.monotonic(), draft=helper)
 
 
 def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
@@ -86,7 +95,7 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         admission_window_s=limits.admission_window_ms / 1000,
         pipeline=limits.pipeline,
         spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
-                        max_rows=limits.spec_max_rows)
+                        max_rows=limits.spec_max_rows, draft_num_blocks=plan.draft_num_blocks)
         if limits.speculative else None)
 
 

@@ -14,11 +14,12 @@ numbers and generations, no awaits); the hub (hub.py) loads, leases and frees.
                       LRU order: least recently used first -> eviction order
 
 Rules:
-1. Price: a resident generation costs `measure_nbytes(gen)`; the set holds
+1. Price: a resident generation costs `measure_nbytes(gen)` (a draft model's
+   weights and pool included); the set holds
    their sum (`held_bytes`), which is what /admin/models reports as the
    total. A factory that sets `Generation.nbytes` (tests) is taken at its word.
 2. A newcomer is priced before loading from its files on disk
-   (`estimate_nbytes`: weights, plus a side-car encoder's) times
+   (`estimate_nbytes`: weights, plus a draft model's and a side-car encoder's) times
    ESTIMATE_MARGIN; its KV pool is then planned at load time against what the
    others leave (models/budget.py, `reserved_bytes`), so a resident model's
    pool is never shrunk for a newcomer -- each newcomer gets what is left,
@@ -54,7 +55,8 @@ _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz", ".bin")
 
 
 def measure_nbytes(gen: Generation) -> int:
-    """Rule 1: weights + reserved KV pool + a side-car encoder's weights, in bytes."""
+    """Rule 1: weights + reserved KV pool + a draft model's weights and pool + a side-car
+    encoder's weights, in bytes."""
     if gen.nbytes:
         return gen.nbytes
     from ..models.budget import weights_nbytes
@@ -64,7 +66,7 @@ def measure_nbytes(gen: Generation) -> int:
     total = plan.weights_bytes if plan is not None else 0
     if plan is None and model is not None:
         total = weights_nbytes(model)
-    total += plan.pool_bytes if plan is not None else 0
+    total += (plan.pool_bytes + plan.draft_bytes) if plan is not None else 0
     embedder = gen.embedder
     own_encoder = getattr(loaded, "encoder", None)
     if embedder is not None and embedder is not own_encoder and gen.spec.embeddings != "self":
@@ -85,13 +87,15 @@ def files_nbytes(spec: ModelSpec) -> int:
 
 
 def estimate_nbytes(spec: ModelSpec, registry: Registry) -> int:
-    """Rule 2: what loading `spec` will cost, before loading it."""
+    """Rule 2: what loading `spec` will cost, before loading it (its draft model's and
+    side-car encoder's files included)."""
     total = files_nbytes(spec)
-    if spec.embeddings and spec.embeddings != "self":
-        try:
-            total += files_nbytes(registry.resolve(spec.embeddings))
-        except FrinkError:
-            pass
+    for other in (spec.draft, spec.embeddings if spec.embeddings != "self" else None):
+        if other:
+            try:
+                total += files_nbytes(registry.resolve(other))
+            except FrinkError:
+                pass
     return int(total * ESTIMATE_MARGIN)
 
 

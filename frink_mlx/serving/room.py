@@ -140,14 +140,16 @@ def _evict(hub: "Hub", victims: list[Generation]) -> int:
 
 
 def build_resident(hub: "Hub", spec: ModelSpec, number: int, progress: Progress) -> Generation:
-    """The hub's factory + the embedder serving /v1/embeddings (side-car, self or the
-    encoder), its KV pool planned against what the resident models hold (residency.py
-    rule 2). Blocking: the hub runs it in a worker thread."""
+    """The hub's factory (with the entry's draft model, registry rule 10) + the embedder
+    serving /v1/embeddings (side-car, self or the encoder), its KV pool planned against
+    what the resident models hold (residency.py rule 2). Blocking: the hub runs it in a
+    worker thread."""
     config = hub.config
     budget = msgspec.structs.replace(config.budget, reserved_bytes=hub.residency.held_bytes())
     with reporting(progress):  # hub rule 3: the loaders report into it from this thread
+        draft = {"draft": hub.registry.resolve(spec.draft)} if spec.draft else {}
         gen = hub.factory(spec, msgspec.structs.replace(config, budget=budget), number, hub.gate,
-                          hub.backend)
+                          hub.backend, **draft)
         try:
             return attach_embedder(gen, hub.registry, config.load, hub.backend)
         except BaseException:

@@ -399,3 +399,18 @@ def test_non_strict_tools_get_no_grammar_under_auto() -> None:
     assert grammar_for_request(req, HERMES_MARKUP) is None
     strict = GenRequest(model="m", messages=[Message("user", "hi")], tools=[STRICT_TOOL])
     assert grammar_for_request(strict, MarkupInfo(tool_format="llama3_json")) is None
+
+
+def test_masks_along_a_draft_past_the_grammars_end_leave_the_matcher_where_it_was(
+        tiny_compiler: GrammarCompiler, tiny_tok: Any) -> None:
+    """Drafts may run past end-of-sequence (rule 6): the walk stops at the end, and the
+    rollback undoes exactly what was consumed, so the row goes on as before."""
+    (row,) = tiny_compiler.new_constraints(GrammarSpec("regex", "[a-m]{2}"))
+    text = [t for t in tiny_tok.encode("ab") if t != 0]
+    eos = 2
+    draft = [*text, eos, eos, eos]
+    masks = row.masks_along(draft)
+    assert len(masks) == len(draft) + 1 and row.error is None
+    for token in [*text, eos]:
+        assert row.accept(token), row.error
+    assert row.is_done()

@@ -54,7 +54,7 @@ def test_smollm2_speculative_greedy_equals_generate(smollm2_dir, tmp_path):
                 for p in prompts]
     config = EngineConfig(block_size=4, num_blocks=512, max_batch=4, prefill_chunk_tokens=24,
                           batching=True, context_ceiling=1024, max_queue=8, queue_timeout_s=120.0,
-                          spec=SpecConfig(max_rows=4))  # three rows speculate together (spec.py rule 5)
+                          spec=SpecConfig(max_rows=4))  # three rows speculate together (engine/spec/ rule 5)
     engine = Engine(loaded, config, DecodeGate(), BACKEND)
     engine.start()
     try:

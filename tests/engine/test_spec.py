@@ -1,4 +1,4 @@
-"""Speculative decoding (engine/spec.py): token-exact greedy, the target distribution
+"""Speculative decoding (engine/spec/): token-exact greedy, the target distribution
 when sampling, KV rollback, and the policy's pieces.
 
 Two kinds of drafts are used. Random tiny models are chaotic (a few more tokens of
@@ -150,14 +150,31 @@ def test_acceptance_cools_a_row_and_probes_later():
 def test_cost_model_speculates_only_when_it_pays():
     cost = StepCostModel()
     good, bad = RowDrafter(3, alpha=0.9), RowDrafter(3, alpha=0.05)
-    assert cost.choose_width(1, [(good, 8)], 8) > 4
-    assert cost.choose_width(1, [(bad, 8)], 8) == 1
-    assert cost.choose_width(8, [(bad, 8)], 8) == 1
+    assert cost.choose_width(1, [(good, 8)], 8, context=512) > 4
+    assert cost.choose_width(1, [(bad, 8)], 8, context=512) == 1
+    assert cost.choose_width(8, [(bad, 8)], 8, context=512) == 1
+    # every position attends over the context: long ones make wide steps dear
+    fair = [(RowDrafter(3, alpha=0.6), 8)] * 8
+    assert cost.choose_width(8, fair, 8, context=4000) == 1
+    assert cost.choose_width(8, fair, 8, context=100) > 1
     for _ in range(50):  # a machine where every extra position costs as much as a step
         cost.observe(1, 0.010)
         cost.observe(10, 0.100)
     assert cost.ratio > 0.5
     assert cost.choose_width(8, [(RowDrafter(3, alpha=0.6), 8)], 8) == 1
+
+
+def test_cost_model_fits_its_context_term_from_timed_steps():
+    cost = StepCostModel()
+    rng = random.Random(0)
+    for _ in range(200):  # a machine whose positions cost mostly attention
+        rows, width, context = rng.choice([1, 4, 8]), rng.choice([1, 3, 6]), rng.choice([100, 2000])
+        cost.observe(rows * width, 0.1 + 0.001 * rows * width + 0.05 * rows * width * context / 1000,
+                     context)
+    c1, c2 = cost.ratios  # truth 0.01 and 0.5; the prior alone says 0.02 and 0.125
+    for context in (100, 2000):
+        truth = 0.01 + 0.5 * context / 1000
+        assert abs(c1 + c2 * context / 1000 - truth) < 0.25 * truth
 
 
 def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
@@ -166,7 +183,7 @@ def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
     monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: [51, 52, 53, 54, 55, 56][:k])
     kv = KVCacheManager(32, 4)
     sched = Scheduler(kv, max_batch=4, prefill_chunk_tokens=64, spec=SpecConfig(max_draft=6))
-    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, n, rows, k: 7)  # whole draft
+    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, n, rows, k, *_: 7)  # whole draft
     sched.add(SeqRequest("a", list(range(10, 16)), GREEDY, 20))
     plan = sched.schedule()  # prefill 6 tokens, samples token 6
     sched.update(plan.sample_seq_ids, [50])
@@ -188,6 +205,27 @@ def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
     sched.abort("a")
     assert kv.num_free_blocks == free_before + 3 and kv.num_used_blocks == 0
     assert kv.num_cached_blocks == 2  # only the two blocks of known tokens keep a hash
+
+
+def test_new_rows_start_from_the_engines_recent_acceptance(monkeypatch):
+    """Rule 2: after requests whose drafts all failed, a new row starts cold."""
+    monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: [7] * k)
+    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, *a, **kw: 5)
+    sched = Scheduler(KVCacheManager(64, 4), max_batch=4, prefill_chunk_tokens=64,
+                      spec=SpecConfig(max_draft=4))
+    for i in range(8):
+        sched.add(SeqRequest(f"r{i}", list(range(10, 16)), GREEDY, 12))
+        while sched.has_work:
+            plan = sched.schedule()
+            sched.update_rows(plan.sample_seq_ids, [[99]] * len(plan.sample_seq_ids))
+    prior = sched.speculator.lookup_prior
+    assert prior < 0.15 and sched.speculator.num_accepted_total == 0
+    sched.add(SeqRequest("new", list(range(10, 16)), GREEDY, 12))
+    plan = sched.schedule()
+    sched.update_rows(plan.sample_seq_ids, [[99]])
+    sched.schedule()
+    (seq,) = sched.seqs.values()
+    assert seq.drafter is not None and seq.drafter.alpha == prior and seq.drafter.is_cold
 
 
 # -- exactness ----------------------------------------------------------------------

@@ -83,3 +83,17 @@ def test_without_an_override_the_backends_budget_is_the_start():
     assert plan.budget_bytes == 1_004_000 and plan.budget_source == "metal"
     assert plan.num_blocks == 1_000_000 // 8192
     assert DEVICE.nbytes > 0 and DEVICE.source in ("metal", "ram")
+
+
+def test_a_draft_models_weights_and_pool_come_off_the_kv_budget():
+    """Rule 6: the draft's 4000 weight bytes and its pool (2 rows x the 1024-token ceiling,
+    at the same 512 bytes/token = 128 blocks of 8192 bytes) leave the target fewer blocks."""
+    settings = Settings(kv_budget_bytes=2_004_000, memory_headroom_fraction=0.0, block_size=16,
+                        max_batch=16)
+    alone = budget.plan_kv(_loaded(), settings.budget_config(), DEVICE)
+    paired = budget.plan_kv(_loaded(), settings.budget_config(), DEVICE, draft=_loaded(),
+                            draft_rows=2)
+    assert alone.num_blocks == 2_000_000 // 8192 and alone.draft_num_blocks == 0
+    assert paired.draft_num_blocks == 2 * 1024 // 16 == 128
+    assert paired.draft_bytes == 4000 + 128 * 8192
+    assert paired.num_blocks == (2_000_000 - 4000 - 128 * 8192) // 8192

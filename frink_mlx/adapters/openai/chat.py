@@ -15,7 +15,7 @@ Rules:
 3. `usage.prompt_tokens` counts the prompt once (n > 1 prefills once);
    completion tokens are summed over choices; `prompt_tokens_details` carries
    `cached_tokens` and, when measured, the `prefix_divergence` extension;
-   when the request speculated (engine/spec.py), the `draft_tokens` /
+   when the request speculated (engine/spec/), the `draft_tokens` /
    `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
