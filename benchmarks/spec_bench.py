@@ -119,11 +119,11 @@ def acceptance(replies: list[Reply]) -> str:
 def draft_model_counts(server: Server) -> tuple[float, float] | None:
     """(drafted, accepted) by the draft model so far, from /metrics (rule 6)."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    found = [re.search(rf"^{name}_total (\S+)$", text, re.M)
+    found = [[float(v) for v in re.findall(rf"^{name}_total(?:{{[^}}]*}})? (\S+)$", text, re.M)]
              for name in ("frink_spec_draft_model_tokens", "frink_spec_draft_model_accepted_tokens")]
-    if found[0] is None or found[1] is None:
+    if not found[0] or not found[1]:
         return None
-    return float(found[0].group(1)), float(found[1].group(1))
+    return sum(found[0]), sum(found[1])  # over the resident models (labelled `model`)
 
 
 def truncate(fp32_dir: str, num_layers: int) -> str:

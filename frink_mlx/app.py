@@ -260,6 +260,11 @@ class AppState:
         gen = self.hub.current
         return gen.engine.stats() if gen is not None and gen.engine is not None else None
 
+    def engine_stats_by_model(self) -> dict[str, EngineStats]:
+        """Every resident model's engine stats (/metrics labels them `model`)."""
+        return {gen.name: gen.engine.stats() for gen in self.hub.resident
+                if gen.engine is not None}
+
     @property
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_at
@@ -316,7 +321,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub, cluster=cluster)
-        state.metrics = Metrics(stats_fn=state.engine_stats)
+        state.metrics = Metrics(stats_fn=state.engine_stats_by_model)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:

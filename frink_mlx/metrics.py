@@ -11,9 +11,10 @@ Two sources feed it:
    (see that module), so adapters need no metrics wiring of their own.
    The hub calls `observe_model_load(model, generation, load_time_s)`.
 2. Pull, per scrape: engine gauges (queue depth, running sequences, KV blocks,
-   prefix-cache hits) are read lazily from `stats_fn() -> EngineStats | None`,
-   bound with `bind_stats`. None (no model loaded) exports nothing rather than
-   zeros: absent means "not measured".
+   prefix-cache hits) are read lazily from `stats_fn() -> {model: EngineStats}`,
+   bound with `bind_stats`: one sample per resident model, labelled `model`
+   (several models are resident at once, serving/residency.py). No model loaded
+   exports nothing rather than zeros: absent means "not measured".
 
 Label cardinality is bounded: `route` is the matched route template (unknown
 paths are "<unmatched>"), `model` is a registry name, `status` an HTTP code.
@@ -22,7 +23,7 @@ paths are "<unmatched>"), `model` is a registry name, `status` an HTTP code.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -35,7 +36,7 @@ from .engine.types import EngineStats
 
 log = logging.getLogger(__name__)
 
-StatsFn = Callable[[], "EngineStats | None"]
+StatsFn = Callable[[], "Mapping[str, EngineStats]"]  # resident model name -> its engine
 
 # Seconds. CPU-backend TTFTs run from milliseconds (tiny models) to tens of seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -115,14 +116,15 @@ class Metrics:
         self.model_loads.labels(model=model).inc()
 
     # --- pull side -------------------------------------------------------
-    def engine_stats(self) -> EngineStats | None:
+    def engine_stats(self) -> Mapping[str, EngineStats]:
+        """Each resident model's engine stats; empty when none can be read."""
         if self._stats_fn is None:
-            return None
+            return {}
         try:
             return self._stats_fn()
         except Exception:  # a scrape must never fail because the engine is mid-swap
             log.debug("engine stats unavailable during scrape", exc_info=True)
-            return None
+            return {}
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""
@@ -139,43 +141,51 @@ class _EngineCollector:
         return []  # families appear only once an engine exists
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._metrics.engine_stats()
-        if stats is None:
+        by_model = self._metrics.engine_stats()
+        if not by_model:
             return
-        gauges: list[tuple[str, str, float]] = [
-            ("frink_queue_depth", "Sequences waiting for admission.", stats.num_waiting),
-            ("frink_running_sequences", "Sequences in the running batch.", stats.num_running),
-            ("frink_kv_blocks_capacity", "KV cache blocks in the pool.", stats.num_blocks_total),
-            ("frink_kv_blocks_used", "KV cache blocks referenced by sequences.",
-             stats.num_blocks_used),
-            ("frink_kv_blocks_cached", "Free KV blocks still holding a prefix hash.",
-             stats.num_blocks_cached),
-            ("frink_kv_block_size_tokens", "Tokens per KV block.", stats.block_size),
-            ("frink_context_ceiling_tokens", "Longest sequence the KV budget admits.",
-             stats.context_ceiling),
-        ]
-        for name, doc, value in gauges:
-            yield GaugeMetricFamily(name, doc, value=float(value))
-        counters: list[tuple[str, str, float]] = [
-            ("frink_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
-             stats.prefix_hit_tokens_total),
-            ("frink_engine_steps", "Engine steps run by the current model generation.",
-             stats.steps_total),
-            ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup and "
-             "draft model).", stats.draft_tokens_total),
-            ("frink_spec_draft_accepted_tokens", "Speculative tokens accepted by verification.",
-             stats.draft_accepted_tokens_total),
-        ]
-        if "draft_model_tokens_total" in stats.extra:  # the generation has a draft model
-            counters += [
-                ("frink_spec_draft_model_tokens", "Speculative tokens the draft model drafted.",
-                 stats.extra["draft_model_tokens_total"]),
-                ("frink_spec_draft_model_accepted_tokens",
-                 "Draft-model tokens accepted by verification.",
-                 stats.extra["draft_model_accepted_total"]),
-            ]
-        for name, doc, value in counters:
-            yield CounterMetricFamily(name, doc, value=float(value))
+        for kind, families in ((GaugeMetricFamily, _GAUGES), (CounterMetricFamily, _COUNTERS)):
+            for name, doc, read in families:
+                family = kind(name, doc, labels=["model"])
+                for model, stats in by_model.items():
+                    value = read(stats)
+                    if value is not None:
+                        family.add_metric([model], float(value))
+                if family.samples:
+                    yield family
+
+
+def _extra(key: str) -> Callable[[EngineStats], float | None]:
+    return lambda s: s.extra.get(key)
+
+
+# (name, help, how to read it from EngineStats); None = this engine does not report it
+_GAUGES: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
+    ("frink_queue_depth", "Sequences waiting for admission.", lambda s: s.num_waiting),
+    ("frink_running_sequences", "Sequences in the running batch.", lambda s: s.num_running),
+    ("frink_kv_blocks_capacity", "KV cache blocks in the pool.", lambda s: s.num_blocks_total),
+    ("frink_kv_blocks_used", "KV cache blocks referenced by sequences.",
+     lambda s: s.num_blocks_used),
+    ("frink_kv_blocks_cached", "Free KV blocks still holding a prefix hash.",
+     lambda s: s.num_blocks_cached),
+    ("frink_kv_block_size_tokens", "Tokens per KV block.", lambda s: s.block_size),
+    ("frink_context_ceiling_tokens", "Longest sequence the KV budget admits.",
+     lambda s: s.context_ceiling),
+]
+_COUNTERS: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
+    ("frink_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+     lambda s: s.prefix_hit_tokens_total),
+    ("frink_engine_steps", "Engine steps run by the model's current generation.",
+     lambda s: s.steps_total),
+    ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup and draft model).",
+     lambda s: s.draft_tokens_total),
+    ("frink_spec_draft_accepted_tokens", "Speculative tokens accepted by verification.",
+     lambda s: s.draft_accepted_tokens_total),
+    ("frink_spec_draft_model_tokens", "Speculative tokens the draft model drafted.",
+     _extra("draft_model_tokens_total")),
+    ("frink_spec_draft_model_accepted_tokens", "Draft-model tokens accepted by verification.",
+     _extra("draft_model_accepted_total")),
+]
 
 
 def metrics_of(app: Any) -> Metrics | None:

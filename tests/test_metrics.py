@@ -87,21 +87,37 @@ def test_engine_gauges_are_lazy_and_absent_without_engine() -> None:
     assert "frink_queue_depth" not in metrics.render().decode()
     stats = EngineStats(num_blocks_total=64, num_blocks_used=10, num_blocks_cached=5,
                         block_size=16, num_running=2, num_waiting=7, prefix_hit_tokens_total=48)
-    metrics.bind_stats(lambda: stats)
+    metrics.bind_stats(lambda: {"tiny": stats})
     text = metrics.render().decode()
-    assert value(text, "frink_queue_depth") == 7
-    assert value(text, "frink_running_sequences") == 2
-    assert value(text, "frink_kv_blocks_capacity") == 64
-    assert value(text, "frink_kv_blocks_used") == 10
-    assert value(text, "frink_kv_blocks_cached") == 5
-    assert value(text, "frink_prefix_cache_hit_tokens_total") == 48
+    assert value(text, "frink_queue_depth", model="tiny") == 7
+    assert value(text, "frink_running_sequences", model="tiny") == 2
+    assert value(text, "frink_kv_blocks_capacity", model="tiny") == 64
+    assert value(text, "frink_kv_blocks_used", model="tiny") == 10
+    assert value(text, "frink_kv_blocks_cached", model="tiny") == 5
+    assert value(text, "frink_prefix_cache_hit_tokens_total", model="tiny") == 48
+    assert "frink_spec_draft_model_tokens" not in text  # no draft model: not reported
     stats.num_waiting = 1  # read at scrape time, not cached
-    assert value(metrics.render().decode(), "frink_queue_depth") == 1
+    assert value(metrics.render().decode(), "frink_queue_depth", model="tiny") == 1
 
-    def broken() -> EngineStats:
+    def broken() -> dict[str, EngineStats]:
         raise RuntimeError("mid-swap")
     metrics.bind_stats(broken)
     assert "frink_queue_depth" not in metrics.render().decode()
+
+
+def test_each_resident_model_reports_its_own_engine() -> None:
+    metrics = Metrics()
+    a = EngineStats(num_blocks_total=64, num_blocks_used=10, num_running=2)
+    b = EngineStats(num_blocks_total=32, num_blocks_used=0, num_running=0,
+                    extra={"draft_model_tokens_total": 9.0, "draft_model_accepted_total": 4.0})
+    metrics.bind_stats(lambda: {"chat": a, "fim": b})
+    text = metrics.render().decode()
+    assert value(text, "frink_kv_blocks_used", model="chat") == 10
+    assert value(text, "frink_kv_blocks_used", model="fim") == 0
+    assert value(text, "frink_kv_blocks_capacity", model="fim") == 32
+    assert value(text, "frink_running_sequences", model="chat") == 2
+    assert value(text, "frink_spec_draft_model_tokens_total", model="fim") == 9
+    assert 'frink_spec_draft_model_tokens_total{model="chat"}' not in text
 
 
 def test_model_load_and_registries_are_private() -> None:

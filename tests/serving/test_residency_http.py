@@ -96,6 +96,11 @@ def test_three_resident_models_interleaved_answer_as_alone(live: Any) -> None:
     assert health["memory"]["held_bytes"] == held
     listed = httpx.get(live.url + "/v1/models", timeout=10).json()["data"]
     assert {m["id"]: m["residency"]["state"] for m in listed}["tiny-c"] == "resident"
+    metrics = httpx.get(live.url + "/metrics", timeout=10).text  # one engine sample per model
+    for name in solo:
+        blocks = states[name]["kv_blocks"]
+        assert f'frink_kv_blocks_capacity{{model="{name}"}} {float(blocks)}' in metrics
+        assert f'frink_running_sequences{{model="{name}"}} 0.0' in metrics
 
 
 def test_a_fourth_model_evicts_the_lru_idle_one_never_a_live_stream(live: Any) -> None:
