@@ -131,8 +131,15 @@ def test_llama_cpp_routes_report_the_sampling_a_run_used(daemon: DaemonProcess) 
                                                  "n_predict": 2, "temperature": 0.7},
                      timeout=120).json()
     assert out["generation_settings"]["temperature"] == 0.7
-    params = httpx.get(url + "/props", timeout=10).json()["default_generation_settings"]["params"]
+    props = httpx.get(url + "/props", params={"model": "tiny-a"}, timeout=10).json()
+    assert props["model_alias"] == "tiny-a" and props["n_ctx"] > 0
+    params = props["default_generation_settings"]["params"]
     assert params["temperature"] == 0.0 and params["top_p"] == 0.5   # generation_config's
+    props = httpx.get(url + "/props", params={"model": "tiny-b"}, timeout=10).json()
+    params = props["default_generation_settings"]["params"]  # tiny-b: its own defaults
+    assert props["model_alias"] == "tiny-b" and params["top_p"] == 1.0
+    missing = httpx.get(url + "/props", params={"model": "nope"}, timeout=10)
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
 
 
 def test_max_tokens_is_capped_by_the_registry_and_clamped_to_the_context(

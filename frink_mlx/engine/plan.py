@@ -57,6 +57,23 @@ class Seq:
     def in_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
 
+    @property
+    def end_reason(self) -> EngineFinish | None:
+        """"eos" after a stop token, "length" once max_tokens are known; else None."""
+        if self.num_outputs and self.token_ids[-1] in self.group.request.stop_token_ids:
+            return "eos"
+        if self.num_outputs >= self.max_tokens and not self.num_pending:
+            return "length"
+        return None
+
+    def append_until_end(self, tokens: list[int]) -> int:
+        """Append `tokens` up to the first that ends the row; how many were appended."""
+        for num, token in enumerate(tokens, 1):
+            self.token_ids.append(token)
+            if self.end_reason is not None:
+                return num
+        return len(tokens)
+
 
 @dataclass(slots=True)
 class PrefillChunk:

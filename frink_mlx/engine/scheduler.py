@@ -383,10 +383,10 @@ class Scheduler:
             if seq is None or seq.num_pending == 0:
                 continue
             seq.num_pending -= 1
-            num_kept = self._append(seq, row_tokens)
+            num_kept = seq.append_until_end(row_tokens)
             given = (stop_reasons or {}).get(seq_id)  # it belongs to the last token
             reason = given if given is not None and num_kept == len(row_tokens) \
-                else self._end_reason(seq)
+                else seq.end_reason
             if seq.num_drafted and self.speculator is not None:
                 self.speculator.settle(seq, len(row_tokens) - 1)
             self._publish(seq)
@@ -394,21 +394,6 @@ class Scheduler:
                 self._drop_waiting(seq)
                 done.append(self._finish(seq, reason))
         return done
-
-    def _append(self, seq: Seq, row_tokens: list[int]) -> int:
-        """Append a row's tokens up to the first that ends it; how many were appended."""
-        for num, token in enumerate(row_tokens, 1):
-            seq.token_ids.append(token)
-            if self._end_reason(seq) is not None:
-                return num
-        return len(row_tokens)
-
-    def _end_reason(self, seq: Seq) -> EngineFinish | None:
-        if seq.num_outputs and seq.token_ids[-1] in seq.group.request.stop_token_ids:
-            return "eos"
-        if seq.num_outputs >= seq.max_tokens and not seq.num_pending:
-            return "length"
-        return None
 
     def _publish(self, seq: Seq) -> None:
         if seq.seq_id not in self.kv or seq.in_prefill:

@@ -111,8 +111,8 @@ class Releases:
     def _hand_back(self, tracer: Tracer) -> str | None:
         """Rule 2 (a worker thread): None once gone, else what still holds the model."""
         held_by = None if wait_gone(tracer, GONE_WAIT_S) else holders(tracer)
-        self.backend.release_freed_memory()
-        return held_by
+        self.backend.release_freed_memory()  # collects first: what it freed is handed back
+        return held_by if tracer() is not None else None
 
     def _handed_back(self, number: int, tracer: Tracer, handed: asyncio.Future[str | None]) -> None:
         self.releasing -= 1

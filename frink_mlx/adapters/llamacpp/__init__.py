@@ -13,7 +13,9 @@ field rules; this module resolves prompts and vocabulary through AppState:
 4. Streams are bare `data:` frames; the last has `stop: true`; no `[DONE]`.
 5. `/props` and `/slots` are read-only and honest: `/props` reports the
    default generation settings, the served context (`n_ctx`), the model and
-   its chat template; the engine has no fixed slots, so `total_slots` is the
+   its chat template -- of `?model=NAME` (as llama-server's router mode takes
+   it; several models are resident at once), else of the model a request
+   naming none gets; `/slots` likewise for `?model=`. The engine has no fixed slots, so `total_slots` is the
    batch limit, and `/slots` lists that many rows, the running sequences first
    (`is_processing: true`), the free rows after them (false) -- clients read
    `slots[0]` to see whether the server is busy. Nothing per slot is invented
@@ -194,10 +196,9 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": content})
 
 
-def _default_settings(state: Any) -> dict[str, Any]:
+def _default_settings(spec: Any) -> dict[str, Any]:
     """What a request naming no sampling field runs with: the model's defaults, else ours
     (0 is a real default -- greedy -- not a missing one)."""
-    spec = state.hub.current.spec if state.hub.current is not None else None
     defaults = spec.sampling if spec is not None else None
 
     def default(name: str) -> Any:
@@ -209,21 +210,31 @@ def _default_settings(state: Any) -> dict[str, Any]:
             "seed": -1, "stream": False, "cache_prompt": True, "n_probs": 0}
 
 
+def _described(request: Request) -> tuple[Any, Any, Any]:
+    """Rule 5: (generation or None, its spec or the registry entry's, its EngineStats or
+    None) for `?model=NAME`, else for the model a request naming none gets."""
+    state = request.app.state.frink
+    name = request.query_params.get("model")
+    gen = state.hub.residency.find(name) if name else state.hub.current
+    spec = gen.spec if gen is not None else (state.registry.resolve(name) if name else None)
+    stats = gen.engine.stats() if gen is not None and gen.engine is not None else None
+    return gen, spec, stats
+
+
 @endpoint(llamacpp_error)
 async def props(request: Request) -> Response:
     """Rule 5."""
     state = request.app.state.frink
-    gen = state.hub.current
-    stats = state.engine_stats()
+    gen, spec, stats = _described(request)
     template = ""
     if gen is not None and gen.spec.kind == "generative":
         template = str(getattr(gen.loaded.tokenizer, "chat_template", None) or "")
     n_ctx = stats.context_ceiling if stats is not None else 0
     return JSONResponse({
-        "default_generation_settings": {"n_ctx": n_ctx, "params": _default_settings(state),
-                                        "model": gen.spec.name if gen else None},
-        "total_slots": state.settings.max_batch, "model_path": gen.spec.source if gen else None,
-        "model_alias": gen.spec.name if gen else None, "chat_template": template,
+        "default_generation_settings": {"n_ctx": n_ctx, "params": _default_settings(spec),
+                                        "model": spec.name if spec else None},
+        "total_slots": state.settings.max_batch, "model_path": spec.source if spec else None,
+        "model_alias": spec.name if spec else None, "chat_template": template,
         "n_ctx": n_ctx, "modalities": {"vision": False, "audio": False},
         "build_info": "frink-mlx", "is_sleeping": gen is None})
 
@@ -232,7 +243,7 @@ async def props(request: Request) -> Response:
 async def slots(request: Request) -> Response:
     """Rule 5: one entry per row of the engine's batch, the running ones first."""
     state = request.app.state.frink
-    stats = state.engine_stats()
+    _, _, stats = _described(request)
     n_ctx = stats.context_ceiling if stats is not None else 0
     running = stats.num_running if stats is not None else 0
     rows = max(state.settings.max_batch, running)
