@@ -19,7 +19,7 @@ conversion, reused with --fp32-dir):
    guarantee): the script counts replies whose texts differ and prints it.
 5. Acceptance: usage's `draft_tokens` / `draft_accepted` per workload.
 6. Draft-model mode (`--draft-layers N`): the bench entry names a draft
-   (registry rule 9), its own first N decoder layers (same embeddings, final
+   (registry rule 10), its own first N decoder layers (same embeddings, final
    norm and tokenizer), built next to the fp32 checkpoint. No second model
    with SmolLM2's tokenizer is installed on this machine, and a truncation
    is what there is; an untrained early exit agrees with the full model

@@ -4,7 +4,7 @@ One base struct for the domain: `forbid_unknown_fields=False`, because clients
 send fields newer than this file and OpenAI ignores harmless ones; unknown ones
 are reported in `x-frink-ignored-fields` (http/fields.py). Every field we know
 we cannot honour is declared here and refused *by name* in `refuse_unsupported`
-(rule 8 of STYLE.md: never silently ignore); fields that cannot change the
+(never silently ignore: docs/ARCHITECTURE.md, field policy); fields that cannot change the
 answer (`store`, `metadata`, `service_tier`, `prompt_cache_key`,
 `safety_identifier`, `verbosity`, llama.cpp's `id_slot`, `samplers`,
 `t_max_prompt_ms`) are declared and accepted as no-ops. The field table

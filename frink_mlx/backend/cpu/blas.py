@@ -16,10 +16,9 @@ Rules:
 4. Must run before anything imports mlx; a failed exec is not fatal.
 5. Kernel choice: OpenBLAS picks its kernels from the CPU's model number and
    falls back to generic SSE3 ("Prescott") kernels on CPUs it does not know,
-   e.g. the anonymous "Intel Xeon Processor" of many VMs. Measured on such a
-   VM (AVX-512 capable, 2 cores): 1024^2 fp32 matmul 74 ms with Prescott
-   kernels, 11 ms with SkylakeX, 19 ms with Haswell; SmolLM2 prefill went
-   from ~90 to ~260 tok/s. So when the detected core is a weaker class than
+   e.g. the anonymous "Intel Xeon Processor" of many VMs. On such a VM
+   Prescott kernels are several times slower than the AVX-512 ones
+   (benchmarks/results/cpu_backend-measurements.md). So when the detected core is a weaker class than
    the CPU's flags (/proc/cpuinfo) allow, the re-exec also sets
    `OPENBLAS_CORETYPE` to the strongest class the flags support. A value the
    user already set is kept.

@@ -18,10 +18,8 @@ exp of t <= 0 (softmax after subtracting the row max; silu's e^-|g|):
     boolean is not vectorised and cost more than all the rest of SwiGLU).
     Both clamps are relu(v) = (v + |v|) / 2, not `mx.maximum`: MLX's CPU
     maximum tests for NaN first and branches, so where t falls below -24 at
-    random the mispredictions cost more than the polynomial: 60 score rows x
-    1,072 keys of N(0, 8^2) scores 1.52 vs 0.58 ms; SmolLM2's own scores in a
-    13-token follow-up over 989 cached (1-5% below -24) 17.3 vs 15.2 ms for
-    all 30 layers. relu(v) is exact; y = relu(t/32 + 0.75) - 0.75
+    random the mispredictions cost more than the polynomial
+    (benchmarks/results/cpu_backend-measurements.md). relu(v) is exact; y = relu(t/32 + 0.75) - 0.75
     rounds t by <= 2e-6 absolute. relu(-inf) is NaN, so masks are additive
     `MASKED` (-1e9, finite) instead of -inf: a masked score still lands on
     weight 0, and a row with every key masked (a padding row) gets finite
@@ -42,15 +40,7 @@ RoPE: the cos/sin tables of a forward's per-row positions are built once on
     so outputs agree to ~2e-7) and shared by every layer's queries and keys;
     the rotation is one fused loop.
 
-Measured here (fp32 SmolLM2-135M shapes: 9 query / 3 KV heads, head_dim 64;
-stock vs this, per layer unless said): attention, decode batch 8 over 100
-keys 0.40 vs 0.24 ms, 8 prompts x 39 tokens 3.4 vs 1.5 ms, 32 queries over
-1,072 keys 9.1 vs 3.8 ms, 2,048 x 2,048 1,217 vs 524 ms; SwiGLU (8, 1536)
-0.44 vs 0.12-0.2 ms, (312, 1536) 16.4 vs 3.7 ms (6.6 with selects); RoPE,
-60 calls of a decode batch of 8: 14.2 vs 6-7 ms, of a 312-token prompt: 93
-vs 31-41 ms. A whole batch-8 decode step 130 -> 111 ms (mlx-lm's own loop
-on a KVCache: 108); 8 x 39-token prefill 1,053 -> 711-802 ms (with selects;
-dropping them took 8 x 31 tokens from 634-681 to 516-629 ms, alternating).
+Measured figures, stock vs these kernels: benchmarks/results/cpu_backend-measurements.md.
 `mx.compile` fuses at most ~11 nodes deep and, shapeless, each constant
 adds broadcast nodes, so SwiGLU still runs as ~6 vectorised loops.
 

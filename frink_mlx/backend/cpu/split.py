@@ -7,12 +7,8 @@ weights, and a thread whose share of rows is not a multiple of 8 pays extra
 passes over them. Cutting the weight's *output rows* into one range per core
 instead, each range multiplied on its own MLX CPU stream (one worker thread
 each) with single-threaded OpenBLAS, has every core stream only its share of
-the weights once. Measured here (2 cores, SmolLM2-135M fp32, the 30 layers'
-seven projections, ms): 1 row 20.3 -> 15.0, 8 rows 38.8 -> 38.3, 20 rows
-61.6 -> 50.5, 216 rows 251 -> 214. In the engine: a 20-token follow-up over
-1,060 cached tokens 165 -> 146 ms, decode 18.0 -> 21.4 tok/s at batch 1,
-86.8 -> 91.8 at 8, 141 -> 136 at 16 (16 rows is the one size where
-OpenBLAS's own split, 8 + 8, is as good).
+the weights once.
+(Figures: benchmarks/results/cpu_backend-measurements.md.)
 
 Rules:
 1. `install(model)` swaps every plain `nn.Linear` and `nn.Embedding` leaf for
