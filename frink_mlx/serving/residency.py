@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import FrinkError, InsufficientMemory
+from ..models.budget import weights_nbytes
 from ..registry import ModelSpec, Registry, resolve_source
 from .generation import Generation
 
@@ -59,8 +60,6 @@ def measure_nbytes(gen: Generation) -> int:
     encoder's weights, in bytes."""
     if gen.nbytes:
         return gen.nbytes
-    from ..models.budget import weights_nbytes
-
     plan, loaded = gen.plan, gen.loaded
     model = getattr(loaded, "model", None)
     total = plan.weights_bytes if plan is not None else 0
