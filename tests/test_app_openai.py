@@ -272,7 +272,14 @@ def test_template_error_is_400_before_stream_starts(live):
         r = post(live, path, json={"model": "tiny-a", "stream": True, **extra})
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "context_length_exceeded"
-        assert "2048" in err["message"]
+        assert "2048" in err["message"] and err["type"] == "invalid_request_error"
+        assert err["n_ctx"] == 2048 and err["n_prompt_tokens"] > 2048
+    # llama-server's un-prefixed alias answers its overflow as llama-server does, code kept
+    r = post(live, "/chat/completions", json={"model": "tiny-a", "messages": long,
+                                              "stream": True})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+    assert err["code"] == "context_length_exceeded" and err["n_ctx"] == 2048
 
 
 def test_max_tokens_beyond_the_ceiling_is_clamped(live):

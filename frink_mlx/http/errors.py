@@ -14,7 +14,10 @@ that turns them into responses, so every route answers the same way:
    nothing logged at ERROR.
 
 Envelopes:
-    OpenAI     {"error": {"message", "type", "param", "code"}}
+    OpenAI     {"error": {"message", "type", "param", "code"}}; a context overflow adds
+               `n_prompt_tokens` and `n_ctx`, and on llama-server's un-prefixed alias
+               (`/chat/completions`) its type is llama-server's `exceed_context_size_error`
+               (the code stays OpenAI's `context_length_exceeded`)
     Anthropic  {"type": "error", "error": {"type", "message"}}
     llama.cpp  {"error": {"code": <status>, "message", "type"}} with llama-server's types by
                status (invalid_request_error, authentication_error, permission_error,
@@ -56,7 +59,14 @@ def _headers(exc: FrinkError) -> dict[str, str] | None:
 
 
 def openai_error(exc: FrinkError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    return JSONResponse(error_body(exc), status_code=exc.status, headers=_headers(exc))
+
+
+def llama_server_openai_error(exc: FrinkError) -> JSONResponse:
+    """OpenAI's envelope as llama-server's un-prefixed OpenAI routes answer it."""
+    body = error_body(exc)
+    if isinstance(exc, ContextLengthExceeded):
+        body["error"]["type"] = "exceed_context_size_error"
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 
@@ -114,5 +124,9 @@ def endpoint(envelope: Envelope) -> Callable[[Handler], Handler]:
 
 
 def error_body(exc: FrinkError) -> dict[str, Any]:
-    """The OpenAI-shaped error object, for errors sent inside an open stream."""
-    return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
+    """The OpenAI-shaped error object (also for errors sent inside an open stream)."""
+    error: dict[str, Any] = {"message": exc.message, "type": exc.type, "param": exc.param,
+                             "code": exc.code}
+    if isinstance(exc, ContextLengthExceeded):
+        error.update(n_prompt_tokens=exc.num_tokens, n_ctx=exc.limit)
+    return {"error": error}

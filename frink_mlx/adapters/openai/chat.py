@@ -48,7 +48,7 @@ from ...core.events import (
 )
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
-from ...http.errors import error_body, openai_error
+from ...http.errors import error_body, llama_server_openai_error, openai_error
 from ..endpoint import Answer, Protocol, generate, generating
 from ..llamacpp.frames import timings
 from . import wire
@@ -365,6 +365,7 @@ async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool, n_choi
 # --- the endpoint (adapters/endpoint.py runs the skeleton) ----------------------
 
 OPENAI = Protocol("openai", openai_error)
+LLAMA_SERVER_OPENAI = Protocol("openai", llama_server_openai_error)  # its un-prefixed alias
 
 
 async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answer:
@@ -380,8 +381,10 @@ async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answ
 
 
 chat_completions = generating(OPENAI, wire.ChatCompletionRequest, start_chat)
+llama_server_chat_completions = generating(LLAMA_SERVER_OPENAI, wire.ChatCompletionRequest,
+                                           start_chat)
 
 routes: list[BaseRoute] = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    Route("/chat/completions", chat_completions, methods=["POST"]),   # llama-server's alias
+    Route("/chat/completions", llama_server_chat_completions, methods=["POST"]),  # llama-server's
 ]
