@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import make_tiny_qwen2
 from mlx_lm.models import llama, qwen2
@@ -115,13 +116,23 @@ def test_a_pipeline_stage_loads_and_prices_only_its_layers(tmp_path: Path, rank:
     assert loaded_bytes < weights_nbytes(part.model) + layer_bytes // 2
 
 
+def _address(pool: mx.array) -> int:
+    return int(np.asarray(pool).__array_interface__["data"][0])
+
+
 def test_a_layer_cache_takes_back_its_keys_plus_a_dependency_only():
+    """paged.py rule 6, and rule 1 still holds after it: the next write stays in place."""
     store = PagedKVStore(num_layers=2, num_blocks=2, block_size=4, n_kv_heads=1, head_dim=4,
                          dtype=mx.float32)
-    layout = BatchLayout([RowSpan(0, 1, [0])], block_size=4, trash_slot=store.trash_slot)
-    cache = PagedLayerCache(store, 1, layout)
-    marker = mx.ones((1,))
-    cache.keys = mx.depends(cache.keys, marker)  # what a pipeline stage does (paged.py rule 6)
-    assert store.keys[1].shape == (1, 9, 4)
+    address = _address(store.keys[1])
+    for step in range(2):
+        layout = BatchLayout([RowSpan(step, 1, [0])], block_size=4, trash_slot=store.trash_slot)
+        cache = PagedLayerCache(store, 1, layout)
+        sent = mx.ones((1,)) * step  # stands for the hidden state sent to the next stage
+        cache.update_and_fetch(mx.full((1, 1, 1, 4), step + 1.0), mx.zeros((1, 1, 1, 4)))
+        cache.keys = mx.depends(cache.keys, sent)  # what a pipeline stage does
+        mx.eval(store.arrays())
+    assert store.keys[1][0, :2, 0].tolist() == [1.0, 2.0]
+    assert _address(store.keys[1]) == address
     with pytest.raises(ValueError, match="rule 6"):
         cache.keys = mx.zeros((1, 8, 4))
