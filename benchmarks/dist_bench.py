@@ -19,6 +19,10 @@ benchmarks/results/dist-*.md turns 1 and 4 into the expected decode rate of a
 Run from the repository root (each rank is a subprocess of this script, with
 OpenBLAS preloaded, joined by MLX's ring backend over loopback):
     .venv/bin/python benchmarks/dist_bench.py [--tokens 64] [--hidden 1024] [--layers 8]
+        [--split tensor|pipeline]
+`--split pipeline` serves the same shape as a random qwen2 (llama has no
+`pipeline`) split into two runs of layers (backend/distributed.py rule 3);
+items 1, 2 and 4 are the same either way.
 On this machine both ranks share the same cores, so two ranks cannot be faster
 than one here: the numbers measure the overhead, not the speed-up.
 """
@@ -54,15 +58,18 @@ def _free_port() -> int:
 
 # --- worker side (one process per rank) ------------------------------------------
 def _model(args: argparse.Namespace) -> Any:
-    import mlx.core as mx
-    from mlx_lm.models import llama
+    import importlib
 
+    import mlx.core as mx
+
+    family = "qwen2" if args.split == "pipeline" else "llama"  # llama has no `pipeline`
+    module = importlib.import_module(f"mlx_lm.models.{family}")
     mx.random.seed(0)  # the same weights on every rank
-    config = {"model_type": "llama", "hidden_size": args.hidden, "num_hidden_layers": args.layers,
+    config = {"model_type": family, "hidden_size": args.hidden, "num_hidden_layers": args.layers,
               "intermediate_size": args.hidden * 11 // 4, "num_attention_heads": 16,
               "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "vocab_size": 8192,
               "max_position_embeddings": 4096, "tie_word_embeddings": True}
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = module.Model(module.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     return model
 
@@ -189,7 +196,8 @@ def worker(args: argparse.Namespace) -> None:
     from frink_mlx.backend.distributed import GroupConfig, init_group, shard_model
     from frink_mlx.engine.channel import PlanChannel, Stop
 
-    group = init_group(GroupConfig(hostfile=args.hostfile, rank=args.rank, backend="ring"))
+    group = init_group(GroupConfig(hostfile=args.hostfile, rank=args.rank, backend="ring",
+                                   split=args.split))
     result["micro_us"] = _micro(group, args.hidden)
     result["allreduce_70b"] = _allreduce_sizes(group)
     shard_model(model, group)
@@ -227,7 +235,7 @@ def _follow(model: Any, backend: Any, channel: Any) -> None:
 # --- driver --------------------------------------------------------------------------
 def _run(args: argparse.Namespace, ranks: int) -> dict[str, Any]:
     base = [PYTHON, __file__, "--worker", "--tokens", str(args.tokens), "--hidden",
-            str(args.hidden), "--layers", str(args.layers)]
+            str(args.hidden), "--layers", str(args.layers), "--split", args.split]
     env = bench_env()
     if ranks == 1:
         out = subprocess.run(base, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
@@ -247,6 +255,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--split", choices=["tensor", "pipeline"], default="tensor")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hostfile", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
@@ -254,8 +263,10 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"# dist_bench: random llama hidden {args.hidden}, {args.layers} layers, 16/8 heads, "
-          f"fp32, {args.tokens} tokens per stream; CPU backend, ring over loopback; "
+    family = "qwen2" if args.split == "pipeline" else "llama"
+    print(f"# dist_bench: random {family} split {args.split}, hidden {args.hidden}, "
+          f"{args.layers} layers, 16/8 heads, fp32, {args.tokens} tokens per stream; "
+          f"CPU backend, ring over loopback; "
           f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     one, two = _run(args, 1), _run(args, 2)
     print("\n## all_sum latency on this link (median, us)")

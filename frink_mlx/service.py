@@ -104,6 +104,8 @@ def _distributed_args(settings: Settings) -> list[str]:
         args += ["--rank", str(settings.distributed_rank)]
     if settings.distributed and settings.distributed_backend != "ring":
         args += ["--distributed-backend", settings.distributed_backend]
+    if settings.distributed and settings.distributed_split != "auto":
+        args += ["--distributed-split", settings.distributed_split]
     return args
 
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .backend.distributed import GroupConfig
+from .backend.distributed import SPLIT_CHOICES, GroupConfig
 from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
 from .errors import ConfigError
 
@@ -123,6 +123,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
     distributed_rank: int | None = None          # --rank; 0 serves HTTP, the others follow
     distributed_backend: str = "ring"            # ring | jaccl | mpi | any (MLX's backends)
+    distributed_split: str = "auto"              # auto | tensor | pipeline (backend/distributed.py)
     distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
     distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
     distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
@@ -206,8 +207,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.distributed_backend not in ("ring", "jaccl", "mpi", "any"):
             raise ConfigError(f"invalid setting: distributed_backend {self.distributed_backend!r}"
                               " is none of ring, jaccl, mpi, any")
+        if self.distributed_split not in SPLIT_CHOICES:
+            raise ConfigError(f"invalid setting: distributed_split {self.distributed_split!r}"
+                              " is none of auto, tensor, pipeline")
         return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
-                           backend=self.distributed_backend)  # type: ignore[arg-type]
+                           backend=self.distributed_backend,  # type: ignore[arg-type]
+                           split=self.distributed_split)
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
@@ -334,6 +339,10 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "distributed_rank": SettingDoc("this machine's rank in the hostfile; 0 serves HTTP, the "
                                    "others follow (env also MLX_RANK)", ("--rank",)),
     "distributed_backend": SettingDoc("MLX distributed backend: ring, jaccl, mpi or any"),
+    "distributed_split": SettingDoc("how a model is split over the group: tensor (each rank a "
+                                    "slice of every layer), pipeline (each rank a run of "
+                                    "layers), or auto (tensor where the model allows, else "
+                                    "pipeline); ranks set differently load nothing"),
     "distributed_timeout_s": SettingDoc("a step's collectives taking longer than this mark the "
                                         "group lost"),
     "distributed_load_timeout_s": SettingDoc("how long every rank may take to load a model"),

@@ -92,12 +92,12 @@ def make_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384,
                     chat_template: str | None = CHATML_TEMPLATE, **overrides: Any) -> Path:
     """Write a tiny random-weight llama MLX checkpoint into `path` and return it.
 
-    `overrides` update config.json (e.g. num_hidden_layers=1). Weights are
-    float32, drawn from a fixed seed, scaled so logits are not degenerate.
+    `overrides` update config.json (e.g. num_hidden_layers=1; model_type picks
+    another mlx-lm model file, see `make_tiny_qwen2`). Weights are float32,
+    drawn from a fixed seed, scaled so logits are not degenerate.
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,9 @@ def make_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384,
               "bos_token_id": 0, "eos_token_id": 2, **overrides}
 
     mx.random.seed(seed)
-    args = llama.ModelArgs.from_dict(config)
-    model = llama.Model(args)
+    family = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    args = family.ModelArgs.from_dict(config)
+    model = family.Model(args)
     params = dict(tree_flatten(model.parameters()))
     weights = {}
     for name, value in params.items():
@@ -138,6 +139,12 @@ def make_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384,
         tok_config["chat_template"] = chat_template
     (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     return path
+
+
+def make_tiny_qwen2(path: str | Path, **overrides: Any) -> Path:
+    """`make_tiny_llama` with mlx-lm's qwen2 (q/k/v biases; both `shard` and `pipeline`)."""
+    return make_tiny_llama(path, **{"model_type": "qwen2",
+                                    "architectures": ["Qwen2ForCausalLM"], **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -162,10 +162,11 @@ def test_systemd_unit_rendering(tmp_path: Path) -> None:
 def test_a_rank_of_a_group_of_macs_is_installed_with_its_hostfile_and_rank(tmp_path: Path) -> None:
     hostfile = tmp_path / "ring.json"
     s = Settings(config_dir=str(tmp_path), distributed_hostfile=str(hostfile), distributed_rank=1,
-                 distributed_backend="jaccl")
+                 distributed_backend="jaccl", distributed_split="pipeline")
     plan = plan_service(s, key_file=None, log_dir=tmp_path)
-    assert list(plan.program_args[-6:]) == ["--distributed", str(hostfile), "--rank", "1",
-                                            "--distributed-backend", "jaccl"]
+    assert list(plan.program_args[-8:]) == ["--distributed", str(hostfile), "--rank", "1",
+                                            "--distributed-backend", "jaccl",
+                                            "--distributed-split", "pipeline"]
     one = plan_service(Settings(config_dir=str(tmp_path)), key_file=None, log_dir=tmp_path)
     assert "--distributed" not in one.program_args
 

@@ -14,13 +14,32 @@ Rules:
 2. MLX's own `mx.distributed.init` reads its configuration from the
    environment; flags given on the command line are exported to it here,
    once, before init (nothing else writes the environment).
-3. Sharding is tensor parallel through the model file's own `shard(group)`
-   (mlx-lm's `shard_linear`: column-split q/k/v/gate/up, row-split o/down with
-   an all-reduce), so each rank holds 1/N of those weights and 1/N of the KV
-   heads. A model file without `shard` is refused by name; pipeline splitting
-   is not offered (the step plan would have to cross ranks mid-forward).
-4. Heads must divide by the group size (query and KV heads alike), else the
-   shard would silently drop heads: refused at load.
+3. Two ways to split, both the model file's own (mlx-lm):
+   - tensor parallel, `model.shard(group)` (`shard_linear`: column-split
+     q/k/v/gate/up, row-split o/down with an all-reduce): each rank holds 1/N
+     of those weights and 1/N of the KV heads of every layer; every layer
+     all-reduces twice per forward, so it needs a fast link, and then makes
+     each step faster.
+   - pipeline, `model.model.pipeline(group)` (mlx-lm's `PipelineMixin`): each
+     rank keeps a contiguous run of layers (rank 0 the last ones, the low
+     ranks one more when they do not divide) and only their KV; inside the
+     model's forward, rank r receives the hidden state from rank r+1, runs
+     its layers, sends to rank r-1, and an all-gather hands every rank the
+     final state. Each step crosses every rank in turn, so one stream decodes
+     no faster than on one machine; what it buys is room (a model larger than
+     one machine) with little on the wire: one hidden state per rank boundary
+     and one all-gather per forward, instead of two all-reduces per layer.
+   The crossing happens inside the forward, so the followers' replay of the
+   step plan (engine/leader.py, engine/follower.py) serves both unchanged.
+4. Which: `distributed_split` (settings.py) is "tensor", "pipeline" or
+   "auto" (tensor where the model allows it, else pipeline), decided by
+   `choose_split` before anything is split. Tensor needs `shard` and query
+   and KV heads that divide by the group size (else the shard would silently
+   drop heads); pipeline needs `model.model.pipeline` and at least one layer
+   per rank. A model allowing neither is refused by name with both reasons.
+   Every rank decides for itself, so a load's commit round compares the
+   kinds (`split_code`; serving/distributed.py rule 2): ranks configured
+   differently load nothing rather than run mismatched forwards.
 """
 
 from __future__ import annotations
@@ -32,7 +51,10 @@ from typing import Any, Literal
 from ..errors import ConfigError, ModelFormatError
 
 DistBackendName = Literal["ring", "jaccl", "mpi", "any"]
-ShardKind = Literal["tensor"]
+ShardKind = Literal["tensor", "pipeline"]
+SHARD_KINDS: tuple[ShardKind, ...] = ("tensor", "pipeline")
+SplitChoice = Literal["auto", "tensor", "pipeline"]
+SPLIT_CHOICES: tuple[SplitChoice, ...] = ("auto", "tensor", "pipeline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +64,7 @@ class GroupConfig:
     hostfile: str | None       # MLX hostfile (JSON); None: already in MLX's environment
     rank: int | None           # None: already in MLX's environment (mlx.launch)
     backend: DistBackendName
+    split: SplitChoice = "auto"  # rule 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +75,7 @@ class DistributedGroup:
     rank: int
     size: int
     backend: str
+    split: SplitChoice = "auto"  # rule 4
 
     @property
     def is_leader(self) -> bool:
@@ -75,26 +99,66 @@ def init_group(config: GroupConfig) -> DistributedGroup:
         raise ConfigError(f"cannot join the distributed group ({config.backend}): {exc}") from None
     if group.size() < 2:
         raise ConfigError("the distributed group has a single rank; the hostfile must list two or more")
-    return DistributedGroup(group, group.rank(), group.size(), config.backend)
+    return DistributedGroup(group, group.rank(), group.size(), config.backend, config.split)
 
 
-def shard_model(model: Any, group: DistributedGroup) -> ShardKind:
-    """Split `model` in place for this rank (rules 3-4); the kind of split made."""
+def choose_split(model: Any, size: int, choice: SplitChoice = "auto") -> ShardKind:
+    """The split `shard_model` makes for `choice` over `size` ranks (rules 3-4); a model
+    that allows none is refused by name, with the reason for each kind."""
+    why_not = {"tensor": _tensor_refusal(model, size), "pipeline": _pipeline_refusal(model, size)}
+    kinds: tuple[ShardKind, ...] = ("tensor", "pipeline") if choice == "auto" else (choice,)
+    for kind in kinds:
+        if why_not[kind] is None:
+            return kind
+    reasons = "; ".join(f"{kind} parallel: {why_not[kind]}" for kind in kinds)
+    raise ModelFormatError(f"{type(model).__module__} cannot be split over {size} ranks "
+                           f"({reasons})")
+
+
+def split_code(kind: str | None) -> int:
+    """`kind` as an integer for a commit round's gather (rule 4); 0: not split."""
+    return SHARD_KINDS.index(kind) + 1 if kind in SHARD_KINDS else 0
+
+
+def _tensor_refusal(model: Any, size: int) -> str | None:
     if not callable(getattr(model, "shard", None)):
-        raise ModelFormatError(
-            f"{type(model).__module__} has no tensor-parallel `shard`; it cannot be served "
-            "across machines")
+        return "the model file has no `shard`"
     args = getattr(model, "args", None)
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if count is None or count % group.size:
-            raise ModelFormatError(
-                f"{name}={count} does not divide by the group size {group.size}")
-    model.shard(group.group)
+        if count is None or count % size:
+            return f"{name}={count} does not divide by the group size {size}"
+    return None
+
+
+def _pipeline_refusal(model: Any, size: int) -> str | None:
+    inner = getattr(model, "model", None)
+    if not callable(getattr(inner, "pipeline", None)):
+        return "the model file has no `pipeline`"
+    num_layers = len(getattr(inner, "layers", None) or ())
+    if num_layers < size:
+        return f"{num_layers} layers cannot give each of {size} ranks one"
+    return None
+
+
+def shard_model(model: Any, group: DistributedGroup) -> ShardKind:
+    """Split `model` in place for this rank (rules 3-4); the kind of split made.
+
+    `model` may still be lazy (loaded with `lazy=True`): the evaluation at the
+    end materialises only what this rank kept, so a pipeline stage never reads
+    another stage's layers from disk."""
+    kind = choose_split(model, group.size, group.split)
+    if kind == "tensor":
+        model.shard(group.group)
+    else:
+        model.model.pipeline(group.group)
+        if len(model.layers) != model.model.end_idx - model.model.start_idx:
+            raise ModelFormatError(f"{type(model).__module__}: `layers` does not list only this "
+                                   "rank's pipeline layers; its KV cache could not be sized")
     import mlx.core as mx
 
     # Materialise the slices now, on this thread: only this rank's part stays, and
     # no lazy slice is left on a stream of a thread that will not evaluate it.
     mx.eval(model.parameters())
-    return "tensor"
+    return kind

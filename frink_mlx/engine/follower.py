@@ -3,17 +3,18 @@
 Why so little: rank 0 decides everything (admission, blocks, prefix hits,
 chunking, aborts, sampling) and posts each step's plan (leader.py); a
 follower only executes the same forward over its own paged KV pool, which
-holds its shard's KV heads at the same block ids. Its pool mirrors rank 0's
+holds its share of the KV (its KV heads, or its pipeline stage's layers) at
+the same block ids. Its pool mirrors rank 0's
 block for block, so a block rank 0 frees (an abort, a finished row) is free
 here too: nothing to tell the follower.
 
 Messages, in the order rank 0 posts them (channel.py):
 1. `Load(g, name)`: start loading generation g's shard in a worker thread,
    so steps of the generation still serving keep running meanwhile.
-2. `Commit(g)`: wait for that load, then `gather` [ok, affordable blocks]
-   from every rank. If every rank loaded, all build a pool of the smallest
-   affordable size and g becomes live; else every rank drops it (the swap
-   happens everywhere or nowhere).
+2. `Commit(g)`: wait for that load, then `gather` [ok, affordable blocks,
+   split kind] from every rank. If every rank loaded and split it the same
+   way, all build a pool of the smallest affordable size and g becomes live;
+   else every rank drops it (the swap happens everywhere or nowhere).
 3. `Step(g, plan)`: run the plan's forward on generation g.
 4. `Free(g)`: drop generation g (rank 0 shut its engine down).
 5. `Ping`: nothing (rank 0 checking the group while idle). `Stop`: return.
@@ -51,6 +52,7 @@ class ShardOffer:
     forward: ForwardScope
     num_blocks: int
     block_size: int
+    split: int = 0         # backend/distributed.py `split_code`: every rank must agree
 
 
 @dataclass(slots=True)
@@ -116,9 +118,14 @@ class Follower:
         if pending is not None:
             pending.thread.join()
         offer = pending.offer if pending is not None else None
-        rows = self.channel.gather([int(offer is not None), offer.num_blocks if offer else 0])
+        rows = self.channel.gather([int(offer is not None), offer.num_blocks if offer else 0,
+                                    offer.split if offer else 0])
         if offer is None or not all(row[0] for row in rows):
             log.warning("generation %d dropped: not every rank loaded it", generation)
+            return
+        if len({row[2] for row in rows}) > 1:
+            log.warning("generation %d dropped: the ranks split it differently "
+                        "(distributed_split)", generation)
             return
         num_blocks = min(row[1] for row in rows)
         layers, heads, head_dim = model_kv_geometry(offer.model)

@@ -15,8 +15,10 @@ Rules:
    inside one `PlanChannel.exclusive()`: no other thread (the idle pinger, a
    load's commit round) may issue a collective while this step's all-reduces
    are in flight, or the ranks' collective orders would differ.
-3. Sampling stays on rank 0: the sharded forward ends in an all-reduce, so
-   every rank holds the same full logits; only rank 0 needs them.
+3. Sampling stays on rank 0: a tensor-parallel forward ends in an
+   all-reduce, a pipeline one in an all-gather of the last stage's hidden
+   state (backend/distributed.py rule 3), so every rank holds the same full
+   logits; only rank 0 needs them.
 """
 
 from __future__ import annotations

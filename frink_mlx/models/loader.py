@@ -40,10 +40,14 @@ Rules:
    ignored, never half-applied.
 8. Each phase (download, convert, load, dequantize, warm-up) is reported to
    `progress.current()` (log, CLI lines, the hub's /health entry).
-9. Distributed (`shard` given, backend/distributed.py): the model is split
-   for this rank after any dequantization, and the warm-up is skipped (its
-   forward would issue all-reduces no other rank expects). `parallel` says
-   how it was split ("tensor"), for /v1/models.
+9. Distributed (`shard` given, backend/distributed.py): the checkpoint loads
+   lazily and any dequantization stays lazy; the split then evaluates only
+   what this rank keeps (a pipeline stage never reads the other stages'
+   layers, a tensor shard its slices), so this rank's memory holds its part
+   alone. The dequantize decision (rule 3) still prices the whole model. The
+   warm-up is skipped (its forward would issue collectives no other rank
+   expects). `parallel` says how it was split ("tensor" or "pipeline"), for
+   /v1/models.
 
 This module is blocking; call it off the event loop.
 """
@@ -86,7 +90,7 @@ class LoadedModel:
     dtype: mx.Dtype
     load_time_s: float
     encoder: Encoder | None = None
-    parallel: str | None = None   # rule 9: "tensor" when sharded over a group
+    parallel: str | None = None   # rule 9: "tensor" or "pipeline" when split over a group
     num_ranks: int = 1
 
 
@@ -159,14 +163,15 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
     try:
-        model, tokenizer, model_config = cast(Any, mlx_lm.load(
-            str(path), tokenizer_config=tokenizer_config, return_config=True))
+        model, tokenizer, model_config = cast(Any, mlx_lm.load(  # rule 9: lazy when split
+            str(path), tokenizer_config=tokenizer_config, return_config=True,
+            lazy=shard is not None))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     _add_stop_tokens(spec, tokenizer, source.stop)
     if should_dequantize(model, spec, config, backend):
         progress.phase("dequantize", "to float32")
-        dequantize_to_float32(model)
+        dequantize_to_float32(model, evaluate=shard is None)
     parallel, num_ranks = shard(model) if shard is not None else (None, 1)
     if shard is None:
         progress.phase("warm-up")
@@ -249,9 +254,10 @@ def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
     return backend.dequantize_by_default(float32_nbytes(model))
 
 
-def dequantize_to_float32(model: nn.Module) -> None:
+def dequantize_to_float32(model: nn.Module, *, evaluate: bool = True) -> None:
     """Replace every quantized layer (Linear, Embedding, MoE SwitchLinear) with its float32
-    twin in place, whatever the mode (rule 3)."""
+    twin in place, whatever the mode (rule 3); `evaluate=False` leaves the twins lazy for
+    a split to evaluate (rule 9)."""
     from mlx.utils import tree_unflatten
     from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
@@ -278,7 +284,8 @@ def dequantize_to_float32(model: nn.Module) -> None:
         twins.append((name, twin))
     if twins:
         model.update_modules(tree_unflatten(twins))
-    mx.eval(model.parameters())
+    if evaluate:
+        mx.eval(model.parameters())
 
 
 def _compute_dtype(model: nn.Module) -> mx.Dtype:

@@ -6,22 +6,28 @@ composition layer can arrange because it holds both the registry and the
 plan channel:
 
 1. Load: rank 0 posts `Load(g, name)` first, so every follower loads its
-   shard while rank 0 loads its own (backend/distributed.py shards each).
+   shard while rank 0 loads its own (backend/distributed.py splits each,
+   tensor or pipeline parallel, rules 3-4 there).
 2. Commit: rank 0 posts `Commit(g)` and all ranks `gather` [loaded ok,
-   affordable KV blocks]. Every rank loaded -> each builds a pool of the
-   smallest affordable size (the same block ids must exist everywhere) and g
-   goes live; any rank failed -> every rank drops g and rank 0's hub keeps
-   the old generation (the swap happens everywhere or nowhere).
-3. Each rank prices its own memory: its shard's weights (1/N of the sharded
-   layers) and its KV heads (1/N), against its own budget (models/budget.py),
-   so a model too large for one machine's budget loads on two.
+   affordable KV blocks, split kind]. Every rank loaded, split the same way
+   -> each builds a pool of the smallest affordable size (the same block ids
+   must exist everywhere) and g goes live; any rank failed or split
+   differently (its own `distributed_split`) -> every rank drops g and rank
+   0's hub keeps the old generation (the swap happens everywhere or nowhere).
+3. Each rank prices its own memory, measured on the model after its split:
+   its weights (tensor: 1/N of every layer's attention and MLP; pipeline: its
+   run of layers) and its KV bytes per token (tensor: 1/N of the KV heads;
+   pipeline: its layers only), against its own budget (models/budget.py), so
+   a model too large for one machine's budget loads on two. Either way every
+   rank also holds the embeddings and the LM head whole.
 4. Encoders (embeddings side-cars) are not sharded: rank 0 loads them alone.
    `embeddings = "self"` (embedding with the generative model itself) is
    refused by name: its forwards would run on rank 0 alone and issue
    all-reduces no follower answers.
 
-Left out: pipeline parallelism, and restarting a lost group from inside the
-process (the channel stays lost; the supervisor restarts every rank).
+Left out: restarting a lost group from inside the process (the channel
+stays lost; the supervisor restarts every rank), and mixing both splits in
+one group (tensor within a pair of machines, pipeline across pairs).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import time
 from typing import Any
 
 from ..backend import Backend
-from ..backend.distributed import DistributedGroup, shard_model
+from ..backend.distributed import DistributedGroup, shard_model, split_code
 from ..config import HubConfig
 from ..engine.channel import Commit, Load, PlanChannel
 from ..engine.engine import Engine
@@ -84,13 +90,19 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
         error = exc
     with channel.exclusive(channel.load_timeout_s):
         channel.post(Commit(number))
-        rows = channel.gather([int(plan is not None), plan.num_blocks if plan else 0])
+        rows = channel.gather([int(plan is not None), plan.num_blocks if plan else 0,
+                               split_code(loaded.parallel if loaded else None)])
     if error is not None:
         raise error
     failed = [rank for rank, row in enumerate(rows) if not row[0]]
     if failed or loaded is None or plan is None:
         raise ModelFormatError(f"model {spec.name!r}: rank(s) {failed} could not load their "
                                "shard (see their logs); the previous model keeps serving")
+    mixed = [rank for rank, row in enumerate(rows) if row[2] != rows[0][2]]
+    if mixed:
+        raise ModelFormatError(f"model {spec.name!r}: rank(s) {mixed} split it otherwise than "
+                               f"rank 0 ({loaded.parallel}); give every rank the same "
+                               "distributed_split")
     plan = _agreed_plan(plan, min(row[1] for row in rows), loaded.context_length)
     # No speculation in a group: the step plan the followers replay carries no drafts.
     group_config = dataclasses.replace(engine_config(config, plan, number), spec=None)
@@ -116,7 +128,8 @@ def follower_loader(registry: Registry, config: HubConfig, backend: Backend,
         plan = plan_kv(loaded, config.budget, backend.memory_budget())
         return ShardOffer(model=loaded.model, dtype=loaded.dtype,
                           forward=backend.prepare_decoder(loaded.model),
-                          num_blocks=plan.num_blocks, block_size=plan.block_size)
+                          num_blocks=plan.num_blocks, block_size=plan.block_size,
+                          split=split_code(loaded.parallel))
 
     return load_shard
 

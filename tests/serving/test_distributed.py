@@ -2,8 +2,10 @@
 
 Two `frink-mlx serve --distributed HOSTFILE --rank R` processes joined by MLX's
 ring backend over loopback (free ports), against one single-process daemon
-serving the same tiny random checkpoint (heads 4, KV heads 2: both divide by
-2). Greedy decoding must give the same tokens; aborts, swaps, structured
+serving the same tiny random checkpoint, split both ways (backend/distributed.py
+rule 3): tensor parallel (llama, heads 4, KV heads 2: both divide by 2) and
+pipeline (qwen2 of three layers: rank 0 runs the last two, rank 1 the first).
+Greedy decoding must give the same tokens; aborts, swaps, structured
 output and the prefix cache must work unchanged from the client's side; a
 killed follower must turn into 503s within a bounded time.
 """
@@ -89,12 +91,25 @@ def registry_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_registry(tmp, make_tiny_llama(tmp / "a", seed=0), make_tiny_llama(tmp / "b", seed=1))
 
 
+@pytest.fixture(scope="module", params=["tensor", "pipeline"])
+def split(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def pair(registry_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
-    """(single-process reference, two-rank group) serving the same registry, with
-    16-token prefill chunks so that every prompt here is prefilled in several steps."""
+def pair(split: str, registry_path: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
+    """(single-process reference, two-rank group split `split`-wise) serving the same
+    registry, with 16-token prefill chunks so that every prompt here is prefilled in
+    several steps."""
     tmp = tmp_path_factory.mktemp("group")
-    chunks = {"FRINK_MLX_PREFILL_CHUNK_TOKENS": "16", "FRINK_MLX_IDLE_PREFILL_TOKENS": "16"}
+    if split == "pipeline":
+        from conftest import make_tiny_qwen2
+
+        registry_path = write_registry(tmp, make_tiny_qwen2(tmp / "a", num_hidden_layers=3),
+                                       make_tiny_qwen2(tmp / "b", seed=1))
+    chunks = {"FRINK_MLX_PREFILL_CHUNK_TOKENS": "16", "FRINK_MLX_IDLE_PREFILL_TOKENS": "16",
+              "FRINK_MLX_DISTRIBUTED_SPLIT": split}
     single = start(registry_path, 1, tmp, **chunks)
     try:
         group = start(registry_path, 2, tmp, **chunks)
@@ -120,10 +135,10 @@ def tokens(answer: dict[str, Any]) -> list[str]:
     return [t["token"] for t in answer["choices"][0]["logprobs"]["content"]]
 
 
-def test_models_says_the_model_is_tensor_parallel_over_two_ranks(pair):
+def test_models_says_how_the_model_is_split_over_two_ranks(pair, split):
     _, group = pair
     entry = httpx.get(group.url + "/v1/models/tiny-a", timeout=10).json()
-    assert entry["parallel"] == {"kind": "tensor", "ranks": 2}
+    assert entry["parallel"] == {"kind": split, "ranks": 2}
     health = httpx.get(group.url + "/health", timeout=10).json()
     assert health["state"] == "ready" and health["ranks"] == 2
 

@@ -7,8 +7,8 @@ null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 /v1/embeddings returns for it: its own, its side-car's, or null when it serves
 none) and `max_input_tokens` (longest input it takes; null when not known until
 loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
-`parallel` (null on one machine; `{"kind": "tensor", "ranks": N}` when the loaded
-model is sharded over a distributed group, backend/distributed.py);
+`parallel` (null on one machine; `{"kind": "tensor" | "pipeline", "ranks": N}` when
+the loaded model is split over a distributed group, backend/distributed.py rule 3);
 `status` "available" or "unavailable" with the `reason` (its source is missing
 here: registry rule 5), checked on each listing, so a fixed source shows at once.
 """

@@ -61,6 +61,14 @@ Rules:
    which hands out the (B, 1, 1, L, T) view so it broadcasts over the group
    axis. One row never needed it (a leading 1 broadcasts); two or more did.
    `groups_queries_per_kv_head(model)` says which models need it.
+6. A pipeline stage (mlx-lm's `PipelineMixin`, backend/distributed.py rule
+   3) that sends its hidden state on ties the send to its last layer's pool:
+   `cache[-1].keys = mx.depends(cache[-1].keys, h)`, so that evaluating the
+   pools also runs the send (a non-final prefill chunk evaluates nothing
+   else, and the next stage would wait forever). `keys` is that layer's K
+   pool, read and replaced through the store; the replacement is the same
+   array plus a dependency (same shape and dtype, checked), sharing the
+   pool's buffer, so the next step's scatter still writes in place (rule 1).
 """
 
 from __future__ import annotations
@@ -280,6 +288,19 @@ class PagedLayerCache:
         if value is not None:
             self._layout._memo[key] = value
         return self._layout._memo.get(key)
+
+    @property
+    def keys(self) -> mx.array:
+        """This layer's K pool as the store holds it now (rule 6)."""
+        return self._store.keys[self._layer]
+
+    @keys.setter
+    def keys(self, value: mx.array) -> None:
+        pool = self._store.keys[self._layer]
+        if value.shape != pool.shape or value.dtype != pool.dtype:
+            raise ValueError(f"a layer's keys may only be replaced by the pool itself plus a "
+                             f"dependency (rule 6); got {value.shape} {value.dtype}")
+        self._store.keys[self._layer] = value
 
     # --- the rest of the protocol: the pool, not this view, holds the state ---
     @property

@@ -1,0 +1,138 @@
+"""backend/distributed.py rules 3-4 without a group: which split, what is refused, and
+what a pipeline stage keeps (its layers, its weights, its KV bytes per token)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import make_tiny_qwen2
+from mlx_lm.models import llama, qwen2
+
+from frink_mlx.backend import select_backend
+from frink_mlx.backend.distributed import DistributedGroup, choose_split, shard_model, split_code
+from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from frink_mlx.errors import ConfigError, ModelFormatError
+from frink_mlx.models.budget import kv_bytes_per_token, weights_nbytes
+from frink_mlx.models.loader import load_model
+from frink_mlx.registry import ModelSpec
+from frink_mlx.settings import Settings
+
+CONFIG = {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 3, "intermediate_size": 64,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+          "vocab_size": 64, "tie_word_embeddings": True}
+
+
+def _qwen2(**overrides: int) -> qwen2.Model:
+    return qwen2.Model(qwen2.ModelArgs.from_dict({**CONFIG, **overrides}))
+
+
+def _llama() -> llama.Model:
+    return llama.Model(llama.ModelArgs.from_dict({**CONFIG, "model_type": "llama"}))
+
+
+@dataclass
+class FakeGroup:
+    """What `PipelineMixin.pipeline` asks of a group: its rank and size."""
+
+    r: int
+    n: int
+
+    def rank(self) -> int:
+        return self.r
+
+    def size(self) -> int:
+        return self.n
+
+
+def _group(rank: int, size: int, split: str) -> DistributedGroup:
+    return DistributedGroup(FakeGroup(rank, size), rank, size, "ring", split)  # type: ignore[arg-type]
+
+
+def test_auto_takes_tensor_where_heads_divide_else_pipeline():
+    assert choose_split(_qwen2(), 2) == "tensor"
+    assert choose_split(_qwen2(num_key_value_heads=1), 2) == "pipeline"
+    assert choose_split(_qwen2(), 2, "pipeline") == "pipeline"
+    assert choose_split(_llama(), 2) == "tensor"
+
+
+def test_a_split_the_model_cannot_make_is_refused_with_the_reason():
+    with pytest.raises(ModelFormatError, match="num_key_value_heads=1 does not divide by the "
+                                               "group size 2"):
+        choose_split(_qwen2(num_key_value_heads=1), 2, "tensor")
+    with pytest.raises(ModelFormatError, match="pipeline parallel: the model file has no `pipeline`"):
+        choose_split(_llama(), 2, "pipeline")
+    with pytest.raises(ModelFormatError, match="3 layers cannot give each of 4 ranks one"):
+        choose_split(_qwen2(num_attention_heads=3, num_key_value_heads=3), 4)
+
+
+def test_a_model_allowing_neither_split_is_refused_naming_both_reasons():
+    neither = SimpleNamespace(args=SimpleNamespace(num_attention_heads=4))
+    with pytest.raises(ModelFormatError) as info:
+        choose_split(neither, 2)
+    assert "tensor parallel: the model file has no `shard`" in str(info.value)
+    assert "pipeline parallel: the model file has no `pipeline`" in str(info.value)
+
+
+def test_the_commit_round_tells_the_kinds_apart():
+    """serving/distributed.py rule 2: ranks that split differently load nothing."""
+    assert len({split_code("tensor"), split_code("pipeline"), split_code(None)}) == 3
+    assert split_code(None) == 0
+
+
+def test_the_setting_is_checked_and_reaches_the_group_config():
+    assert Settings(distributed_split="pipeline").group_config().split == "pipeline"
+    assert Settings().group_config().split == "auto"
+    with pytest.raises(ConfigError, match="distributed_split 'layers'"):
+        Settings(distributed_split="layers").group_config()
+
+
+@pytest.mark.parametrize(("rank", "kept"), [(0, 2), (1, 1)])
+def test_a_pipeline_stage_loads_and_prices_only_its_layers(tmp_path: Path, rank: int, kept: int):
+    """Rank 0 keeps the last two of three layers, rank 1 the first (mlx-lm's split); the
+    other layers are never read from disk (models/loader.py rule 9)."""
+    path = make_tiny_qwen2(tmp_path / "q", num_hidden_layers=3)
+    spec = ModelSpec(name="q", source=str(path))
+    backend = select_backend(Settings().backend_config())  # this machine's (backend/select.py)
+    config = Settings(cache_dir=str(tmp_path / "cache")).load_config()
+    whole = load_model(spec, config, backend)
+    shard = functools.partial(lambda group, model: (shard_model(model, group), group.size),
+                              _group(rank, 2, "pipeline"))
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    part = load_model(spec, config, backend, shard=shard)
+    loaded_bytes = mx.get_peak_memory() - before
+    assert (part.parallel, part.num_ranks) == ("pipeline", 2)
+    assert len(part.model.layers) == kept
+    per_layer = kv_bytes_per_token(whole.model, whole.dtype) // 3
+    assert kv_bytes_per_token(part.model, part.dtype) == kept * per_layer
+    layer_bytes = weights_nbytes(whole.model.layers[0])
+    assert weights_nbytes(part.model) == weights_nbytes(whole.model) - (3 - kept) * layer_bytes
+    assert loaded_bytes < weights_nbytes(part.model) + layer_bytes // 2
+
+
+def _address(pool: mx.array) -> int:
+    return int(np.asarray(pool).__array_interface__["data"][0])
+
+
+def test_a_layer_cache_takes_back_its_keys_plus_a_dependency_only():
+    """paged.py rule 6, and rule 1 still holds after it: the next write stays in place."""
+    store = PagedKVStore(num_layers=2, num_blocks=2, block_size=4, n_kv_heads=1, head_dim=4,
+                         dtype=mx.float32)
+    address = _address(store.keys[1])
+    for step in range(2):
+        layout = BatchLayout([RowSpan(step, 1, [0])], block_size=4, trash_slot=store.trash_slot)
+        cache = PagedLayerCache(store, 1, layout)
+        sent = mx.ones((1,)) * step  # stands for the hidden state sent to the next stage
+        cache.update_and_fetch(mx.full((1, 1, 1, 4), step + 1.0), mx.zeros((1, 1, 1, 4)))
+        cache.keys = mx.depends(cache.keys, sent)  # what a pipeline stage does
+        mx.eval(store.arrays())
+    assert store.keys[1][0, :2, 0].tolist() == [1.0, 2.0]
+    assert _address(store.keys[1]) == address
+    with pytest.raises(ValueError, match="rule 6"):
+        cache.keys = mx.zeros((1, 8, 4))
