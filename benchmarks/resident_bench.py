@@ -69,7 +69,8 @@ async def fairness(server: Server) -> dict[str, Any]:
         await stream_chat(client, b, chat_body(b, MSG, 2))  # both resident, warm
         await stream_chat(client, a, chat_body(a, MSG, 2))
         extra = {"ignore_eos": True}
-        streams = [asyncio.create_task(stream_chat(client, a, chat_body(a, MSG, 400, extra)))
+        # long enough to outlast the idle window and B's prefill on a fast machine too
+        streams = [asyncio.create_task(stream_chat(client, a, chat_body(a, MSG, 2000, extra)))
                    for _ in range(4)]
         await asyncio.sleep(6.0)                       # A alone: the idle window
         b_sent = time.perf_counter()

@@ -94,7 +94,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # a prompt reuses its shared prefix rounded down to it)
     prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
     idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
-    shared_prefill_tokens: int = 32              # ... while another model's engine runs
+    shared_prefill_tokens: int = 16              # ... while another model's engine runs
                                                  # (engine/gate.py rule 5: bounds its streams'
                                                  # inter-token gap to one such chunk)
     admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
