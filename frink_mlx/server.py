@@ -39,6 +39,11 @@ Rules:
    for `distributed_exit_after_lost_s`, then drains and exits 1: the
    supervisor restarts it, and every rank joins the new group (the followers
    exit by themselves once rank 0 is gone).
+8. A group started by `mlx.launch` ends with it. The launcher runs each rank
+   as its own child and, on SIGTERM, dies without stopping them: rank 0
+   would keep serving and the follower keep following, orphaned. So rank 0
+   of such a group watches its parent and, once it is gone (the process is
+   re-parented), drains and stops the group as on SIGTERM (rules 4, 6).
 """
 
 from __future__ import annotations
@@ -54,11 +59,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any, Iterator, NoReturn
 
 from . import __version__
 from .errors import ConfigError, ModelUnavailable
-from .settings import Settings, environ_snapshot
+from .settings import Settings, environ_snapshot, started_by_mlx_launch
 
 log = logging.getLogger("frink_mlx.server")
 
@@ -220,6 +226,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     registry = load_registry(settings)
     registry.source_check = source_checker(settings.load_config())  # Hub/Ollama entries too
     check_default_model(registry)
+    launched = started_by_mlx_launch()  # read before _join_group exports MLX_RANK itself
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
@@ -239,6 +246,8 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     server.refusal = None
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
+        if launched:
+            _stop_with_launcher()
     log.info("frink-mlx %s listening on %s (loading %s)", __version__, url, registry.default)
     try:
         asyncio.run(_serve(server, sock, url, host, port, app, settings.drain_timeout_s))
@@ -288,6 +297,20 @@ def _exit_when_lost(channel: Any, server: Any, after_s: float | None) -> None:
     channel.on_lost.append(lambda _reason: threading.Timer(after_s, stop).start())
 
 
+def _stop_with_launcher(poll_s: float = 0.5) -> None:
+    """Rule 8: SIGTERM ourselves (the drain of rule 4, then Stop to the followers) once
+    the parent process -- mlx.launch, or sshd for a remote rank -- is gone."""
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_s)
+        log.warning("the launcher (pid %d) is gone: stopping the group", launcher)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="frink-launcher-watch", daemon=True).start()
+
+
 def _exit_without_finalisation(code: int) -> NoReturn:
     """Leave after a clean shutdown without running interpreter finalisation.
 
@@ -301,6 +324,7 @@ def _exit_without_finalisation(code: int) -> NoReturn:
     remain to flush.
     """
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a pipe whose reader (mlx.launch) is gone
+            stream.flush()
     os._exit(code)

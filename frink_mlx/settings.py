@@ -367,3 +367,10 @@ def environ_snapshot() -> dict[str, str]:
     """A copy of the environment, for the one place that must re-exec the process
     (backend/cpu/blas.py, through backend/select.py)."""
     return dict(os.environ)
+
+
+def started_by_mlx_launch() -> bool:
+    """True for a rank that `mlx.launch` started (it sets MLX_RANK for each; frink-mlx's own
+    `--rank` exports it only later, in backend/distributed.py `init_group`). Such a rank's
+    parent process is the launcher, and the group ends with it (server.py rule 8)."""
+    return bool(os.environ.get("MLX_RANK"))

@@ -12,6 +12,7 @@ killed follower must turn into 503s within a bounded time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -282,3 +283,97 @@ def test_sigterm_on_rank_0_stops_the_whole_group_cleanly(registry_path, tmp_path
         assert group.procs[1].wait(30) == 0  # the follower got Stop
     finally:
         group.stop()
+
+
+def _launcher_ports() -> int:
+    """A first port for `mlx.launch -p P`: the ring listens on P and P+1 (one per rank)."""
+    for _ in range(50):
+        port = _free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True,
+                         check=True).stdout
+    return [int(p) for p, pp in (line.split() for line in out.splitlines()) if int(pp) == pid]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                           text=True).stdout.strip()
+    return bool(state) and not state.startswith("Z")  # an orphan nobody reaped yet is gone
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
+    import selectors
+
+    assert proc.stdout is not None
+    line, deadline = b"", time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while not line.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise AssertionError(f"no ready line from mlx.launch within {timeout_s:.0f} s")
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise AssertionError(f"mlx.launch ended (rc {proc.wait(5)}) without a ready line")
+            line += chunk
+    return line.split(b"\n", 1)[0]
+
+
+def test_a_group_started_by_mlx_launch_serves_and_ends_with_the_launcher(registry_path, tmp_path):
+    """README's `mlx.launch --backend ring ... -- frink-mlx serve` (ranks read MLX_RANK and
+    MLX_HOSTFILE), here with `-n 2`: both ranks on loopback. SIGTERM to the launcher must
+    end both ranks (server.py rule 8), which it does not stop by itself."""
+    launcher_bin = Path(sys.executable).with_name("mlx.launch")
+    if not launcher_bin.exists():
+        pytest.skip("no mlx.launch beside this interpreter")
+    single = start(registry_path, 1, tmp_path)
+    ranks: list[int] = []
+    launcher = None
+    try:
+        want = chat(single.url, "Hello there")
+        with open(tmp_path / "launch.err", "wb") as err:
+            launcher = subprocess.Popen(
+                [str(launcher_bin), "--backend", "ring", "-n", "2", "-p", str(_launcher_ports()),
+                 "--", sys.executable, "-m", "frink_mlx.cli", "serve", "--port", "0",
+                 "--models", str(registry_path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=_env(), cwd=ROOT)
+        ready = json.loads(_read_line(launcher, 60))
+        ranks = _children(launcher.pid)
+        assert ready["pid"] in ranks and len(ranks) == 2, (ready, ranks)
+        url = ready["url"]
+        health = httpx.get(url + "/health", timeout=10).json()
+        assert health["state"] == "ready" and health["ranks"] == 2
+        entry = httpx.get(url + "/v1/models/tiny-a", timeout=10).json()
+        assert entry["parallel"] == {"kind": "tensor", "ranks": 2}
+        got = chat(url, "Hello there")
+        assert tokens(got) == tokens(want) and len(tokens(got)) == 24
+        assert got["choices"][0]["message"] == want["choices"][0]["message"]
+
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(10) == -signal.SIGTERM
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in ranks):
+            assert time.monotonic() < deadline, \
+                f"ranks {[p for p in ranks if _alive(p)]} outlived mlx.launch by 20 s"
+            time.sleep(0.1)
+    finally:
+        if launcher is not None and launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        single.stop()
