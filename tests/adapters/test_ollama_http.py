@@ -173,10 +173,35 @@ def test_refusals_name_the_field(client: ollama.Client, call: Any, field: str) -
 
 
 def test_noop_fields_are_accepted(client: ollama.Client) -> None:
-    answer = client.chat(model="scripted:latest", messages=HI, keep_alive="5m",
+    answer = client.chat(model="scripted:latest", messages=HI,
                          options={"num_ctx": 8192, "num_thread": 2, "num_gpu": 1,
                                   "use_mmap": True, "tfs_z": 1.0, "mirostat": 0})
     assert answer.message.content == "Hello from the script."
+
+
+def _resident(live: Any, name: str) -> Any:
+    """The residency record of `name` (serving/residency.py), None when not resident."""
+    return next((r for r in live.state.hub.residency.residents.values()
+                 if r.gen.spec.name == name), None)
+
+
+def test_keep_alive_sets_how_long_the_model_stays_and_zero_unloads(
+        client: ollama.Client, live: Any) -> None:
+    answer = client.chat(model="scripted:latest", messages=HI, keep_alive="5m")
+    assert answer.message.content == "Hello from the script."
+    assert _resident(live, "scripted").keep_alive_s == 300.0
+    client.generate(model="scripted", prompt="hi", keep_alive=-1)  # pinned
+    assert _resident(live, "scripted").keep_alive_s == -1.0
+    client.chat(model="scripted", messages=[], keep_alive="1h30m")  # load only
+    assert _resident(live, "scripted").keep_alive_s == 5400.0
+    assert any(m.model == "scripted:latest" for m in client.ps().models)
+    gone = client.generate(model="scripted", keep_alive=0)  # Ollama's unload idiom
+    assert gone.done and gone.done_reason == "unload"
+    assert _resident(live, "scripted") is None
+    assert not any(m.model == "scripted:latest" for m in client.ps().models)
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="scripted", messages=HI, keep_alive="soon")
+    assert err.value.status_code == 400 and "keep_alive" in err.value.error
 
 
 def test_errors_use_ollamas_envelope(live: Any) -> None:

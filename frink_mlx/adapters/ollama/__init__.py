@@ -22,6 +22,11 @@ translate.py holds the field table and the frames. Quirks kept on purpose:
    (`truncate: false` makes them a 400); /api/embeddings is the legacy
    one-prompt form (`{"embedding": [...]}`; an empty prompt gets `[]`).
    Embedding `options` are checked like the others and change nothing.
+7. `keep_alive` (seconds or a Go duration) becomes the served model's
+   keep-alive in the resident set (serving/room.py): how long it stays loaded
+   once idle, 0 = evicted as soon as it is idle, negative = pinned. With
+   nothing to generate, `keep_alive: 0` unloads the model now (`done_reason:
+   "unload"`), as Ollama's unload idiom does.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from .translate import (
     Clock,
     chat_request,
     generate_request,
+    keep_alive_seconds,
     model_name,
     now_rfc3339,
     options_of,
@@ -67,10 +73,19 @@ async def _collect(run: Any, builder: AnswerBuilder) -> dict[str, Any]:
     return builder.result()
 
 
+def _keep_alive(request: Request, name: str, seconds: float | None) -> None:
+    """Rule 7: the request's keep_alive becomes the resident model's (serving/room.py)."""
+    hub = request.app.state.frink.hub
+    gen = hub.residency.find(name) if seconds is not None else None
+    if gen is not None:
+        hub.keep_alive(gen, seconds)
+
+
 async def _answer(request: Request, gen: GenRequest, num_ctx: int | None, clock: Clock,
-                  chat: bool) -> Answer:
+                  chat: bool, keep_alive_s: float | None) -> Answer:
     (run,) = await generate(request, [gen])
     clock.loaded()
+    _keep_alive(request, run.model, keep_alive_s)
     if num_ctx is not None and run.prompt_tokens > num_ctx:  # rule 4
         await run.abort()
         raise InvalidRequest(f"The prompt has {run.prompt_tokens} tokens, more than "
@@ -80,15 +95,22 @@ async def _answer(request: Request, gen: GenRequest, num_ctx: int | None, clock:
                   lambda: _collect(run, builder))
 
 
-async def _load_only(request: Request, name: str, stream: bool, chat: bool) -> Answer:
-    """Rule 3: lease (loading or swapping to) the model, generate nothing."""
+async def _load_only(request: Request, name: str, stream: bool, chat: bool,
+                     keep_alive_s: float | None) -> Answer:
+    """Rule 3: lease (loading or swapping to) the model, generate nothing; with
+    `keep_alive: 0`, unload it instead (rule 7)."""
     state = request.app.state.frink
-    async with state.hub.lease(name) as gen:
-        served = gen.spec.name
+    if keep_alive_s == 0:
+        gone = await state.hub.unload(name)
+        served, reason = (gone.spec.name if gone else name), "unload"
+    else:
+        async with state.hub.lease(name) as gen:
+            served, reason = gen.spec.name, "load"
+        _keep_alive(request, served, keep_alive_s)
     body: dict[str, Any] = {"model": served, "created_at": now_rfc3339(),
                             **({"message": {"role": "assistant", "content": ""}} if chat
                                else {"response": ""}),
-                            "done": True, "done_reason": "load"}
+                            "done": True, "done_reason": reason}
 
     async def frames() -> AsyncIterator[str]:
         yield ndjson_frame(body)
@@ -101,11 +123,12 @@ async def _load_only(request: Request, name: str, stream: bool, chat: bool) -> A
 
 async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
     clock = Clock.start()
+    keep_alive_s = keep_alive_seconds(body.keep_alive)
     if not body.messages:
         options_of(body.options)  # still refuse what cannot be honoured
-        return await _load_only(request, model_name(body.model), body.stream, chat=True)
+        return await _load_only(request, model_name(body.model), body.stream, True, keep_alive_s)
     return await _answer(request, chat_request(body), options_of(body.options).num_ctx, clock,
-                         chat=True)
+                         True, keep_alive_s)
 
 
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
@@ -123,14 +146,16 @@ async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
 async def start_generate(request: Request, body: wire.GenerateRequest) -> Answer:
     clock = Clock.start()
     num_ctx = options_of(body.options).num_ctx
+    keep_alive_s = keep_alive_seconds(body.keep_alive)
     if body.suffix:
         gen = generate_request(body, await _fim_prompt(request, body))
     elif not body.prompt:
         generate_request(body)  # still refuse what cannot be honoured
-        return await _load_only(request, model_name(body.model), body.stream, chat=False)
+        return await _load_only(request, model_name(body.model), body.stream, False,
+                                keep_alive_s)
     else:
         gen = generate_request(body)
-    return await _answer(request, gen, num_ctx, clock, chat=False)
+    return await _answer(request, gen, num_ctx, clock, False, keep_alive_s)
 
 
 chat = generating(OLLAMA, wire.ChatRequest, start_chat)
@@ -153,9 +178,11 @@ async def embed(request: Request) -> Response:
     started = time.perf_counter_ns()
     body = await decode_body(request, wire.EmbedRequest)
     options_of(body.options)
+    keep_alive_s = keep_alive_seconds(body.keep_alive)
     result = await request.app.state.frink.embed(
         model_name(body.model), _inputs(body.input), truncate=body.truncate,
         dimensions=body.dimensions)
+    _keep_alive(request, result.model, keep_alive_s)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
     return json_response({"model": result.model,
                           "embeddings": [v.tolist() for v in result.vectors],
@@ -168,10 +195,12 @@ async def embeddings(request: Request) -> Response:
     """Rule 6, legacy form."""
     body = await decode_body(request, wire.EmbeddingsRequest)
     options_of(body.options)
+    keep_alive_s = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
         return json_response({"embedding": []})
     result = await request.app.state.frink.embed(model_name(body.model), [body.prompt],
                                                  truncate=True)
+    _keep_alive(request, result.model, keep_alive_s)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
     return json_response({"embedding": result.vectors[0].tolist()})
 

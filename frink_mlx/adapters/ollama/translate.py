@@ -19,7 +19,9 @@ documented, cannot change the answer):
 | tools                     | offered to the template; calls come back as `tool_calls`       |
 | think                     | true/effort -> thinking on, false -> off; reasoning is always  |
 |                           | returned apart, as `thinking`                                  |
-| keep_alive                | no-op (the hub's idle unload, `keep_alive_s`, governs)         |
+| keep_alive                | seconds or a Go duration ("5m", "1h30m"): how long the model   |
+|                           | stays resident once idle; 0 = unload when idle (with nothing to|
+|                           | generate: unload now), negative = pinned (serving/room.py)     |
 | logprobs                  | false/absent only; true refused by name                        |
 | options.*                 | see OPTION_TREATMENT                                           |
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,6 +198,32 @@ def to_thinking(think: wire.Think) -> bool | None:
         return True
     raise InvalidRequest(f"'think' must be true, false, \"low\", \"medium\" or \"high\", "
                          f"got {think!r}.", param="think")
+
+
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                   "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
+
+
+def keep_alive_seconds(value: wire.KeepAlive) -> float | None:
+    """`keep_alive` as Ollama reads it: a number of seconds or a Go duration string
+    ("5m", "1h30m", "-1m"); any negative = pinned. None = not given."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    try:
+        return sign * float(body)  # "300", "-1": seconds
+    except ValueError:
+        pass
+    parts = _DURATION.findall(body)
+    if not body or "".join(n + u for n, u in parts) != body:
+        raise InvalidRequest(f"'keep_alive' must be seconds or a duration such as \"5m\", "
+                             f"got {value!r}.", param="keep_alive")
+    return sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
 def model_name(name: str) -> str:
