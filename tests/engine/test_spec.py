@@ -134,6 +134,17 @@ def test_drafter_proposes_what_followed_the_latest_match():
     assert RowDrafter(ngram_max=3).propose([1, 2, 3, 4], 3) == []  # no earlier match
 
 
+def test_drafter_picks_the_copy_up_again_after_the_model_departs_from_it():
+    """An edit copies its snippet with one name changed: after the change the n-gram
+    also matches a later repeat in the snippet, but the copy goes on right after it."""
+    prompt = [7, 8, 1, 50, 2, 3, 4, 9, 9, 1, 50, 2, 3, 6]  # "2 3" is followed by 4, later by 6
+    d = RowDrafter(ngram_max=3)
+    assert d.propose(prompt + [7, 8], 4) == [1, 50, 2, 3]
+    d.record(4, 1)  # "1" kept; the model writes 60 where the snippet has 50
+    assert d.propose(prompt + [7, 8, 1, 60, 2, 3], 3) == [4, 9, 9]  # not the later "2 3 -> 6"
+    assert RowDrafter(ngram_max=3).propose(prompt + [7, 8, 1, 60, 2, 3], 3) == [6, 7, 8]  # latest
+
+
 def test_acceptance_cools_a_row_and_probes_later():
     d = RowDrafter(ngram_max=3)
     for _ in range(6):

@@ -8,6 +8,7 @@ engine/spec/__init__.py). Integers and floats only: nothing here imports MLX.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -28,8 +29,10 @@ class RowDrafter:
 
     ngram_max: int
     ngram_min: int = 2
-    index: dict[tuple[int, ...], int] = field(default_factory=dict)
+    index: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # n-gram -> ends
     num_indexed: int = 0  # end positions < num_indexed are in `index`
+    cursor: int = -1      # where the last lookup draft's accepted run ended; -1: none yet
+    draft_from: int = 0   # where the draft in flight was copied from
     alpha: float = 0.6
     model_alpha: float = 0.6
     steps_since_draft: int = 0
@@ -40,26 +43,31 @@ class RowDrafter:
     last_source: str = ""  # "lookup" | "model": who drafted the step in flight
 
     def propose(self, tokens: Sequence[int], max_draft: int) -> list[int]:
-        """Up to `max_draft` tokens that followed the latest earlier match of the suffix."""
+        """Up to `max_draft` tokens that followed an earlier match of the longest suffix:
+        the first match at or after `cursor` (the text being copied: after the model
+        departs from it -- a renamed identifier -- the copy picks up again right after
+        the departure, not at a later repeat of the same words), else the latest."""
         if max_draft <= 0:
             return []
         self._extend(tokens)
         length = len(tokens)
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
-            end = self.index.get(tuple(tokens[length - n:]))
-            if end is not None:
+            ends = self.index.get(tuple(tokens[length - n:]))
+            if ends:
+                at = bisect.bisect_left(ends, self.cursor) if self.cursor >= 0 else len(ends)
+                self.draft_from = ends[at] if at < len(ends) else ends[-1]
                 self.num_misses = 0
-                return list(tokens[end:end + max_draft])
+                return list(tokens[self.draft_from:self.draft_from + max_draft])
         self.num_misses += 1
         return []
 
     def _extend(self, tokens: Sequence[int]) -> None:
         """Index the n-grams ending at positions num_indexed .. len - 1 (excluded: the
-        suffix itself, which has nothing after it yet)."""
+        suffix itself, which has nothing after it yet); each n-gram's ends ascend."""
         stop = len(tokens) - 1
         for end in range(max(self.num_indexed, 1), stop + 1):
             for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
-                self.index[tuple(tokens[end - n:end])] = end
+                self.index.setdefault(tuple(tokens[end - n:end]), []).append(end)
         self.num_indexed = max(self.num_indexed, stop + 1)
 
     @property
@@ -100,6 +108,7 @@ class RowDrafter:
             self.steps_since_draft = 0
             self.steps_since_model_draft += 1
             self.alpha = (1 - ALPHA_DECAY) * self.alpha + ALPHA_DECAY * rate
+            self.cursor = self.draft_from + num_accepted
 
     def expected_tokens(self, k: int, model: bool = False) -> float:
         """E(k) of rule 3: 1 + a + ... + a^k, a the source's acceptance average."""
