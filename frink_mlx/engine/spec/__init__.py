@@ -16,9 +16,13 @@ imported by the runner only, so the scheduler stays integers).
 Rules:
 1. Drafts come from prompt lookup (n-gram): the row's last n tokens (n from
    `ngram_max` down to 2) are looked up in the row's own prompt + output; the
-   most recent earlier occurrence proposes the tokens that followed it. An
-   index of every n-gram's latest end position is kept per row and grows
-   with the row, so a lookup is O(ngram_max), not a scan of the context.
+   first occurrence at or after the row's cursor (where its last accepted
+   lookup draft ended: the text it is copying) proposes the tokens that
+   followed it, else the most recent one. So after the model departs from the
+   copied text (an edit renames an identifier) the copy picks up right after
+   the departure, not at a later repeat of the same words. An index of every
+   n-gram's end positions (ascending) is kept per row and grows with the row,
+   so a lookup is O(ngram_max log n), not a scan of the context.
 2. Each row keeps an exponential average `alpha` of its acceptance rate
    (accepted / drafted), one per draft source. A row whose drafts keep
    failing (alpha below `COLD_ALPHA`) drafts nothing from that source, except
