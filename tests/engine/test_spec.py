@@ -17,74 +17,41 @@ from __future__ import annotations
 import math
 import random
 import time
-import types
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm import load
-from mlx_lm.generate import generate_step
+from spec_support import engines, greedy, loaded, random_prompt, tokens
 
-from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.engine import Engine, EngineConfig
-from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.sampling import RowSampler, draft_samplers, sample
 from frink_mlx.engine.scheduler import Scheduler
 from frink_mlx.engine.spec import RowDrafter, SpecConfig, StepCostModel
 from frink_mlx.engine.types import SeqRequest
-from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings().backend_config())
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpecConfig(max_draft=6, ngram_max=3)
 
 
-def _model(tiny_llama_dir, *, copying: bool = False):
-    model, _ = load(str(tiny_llama_dir))
-    if copying:
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 0.0
-    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+def _silence_attention_outputs(model) -> None:
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 0.0
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    return _model(tiny_llama_dir)
+    return loaded(tiny_llama_dir)
 
 
 @pytest.fixture(scope="module")
 def copying(tiny_llama_dir):
-    return _model(tiny_llama_dir, copying=True)
+    return loaded(tiny_llama_dir, _silence_attention_outputs)
 
 
 @pytest.fixture
 def make_engine():
-    engines: list[Engine] = []
-
-    def make(loaded, **overrides):
-        cfg = dict(block_size=4, num_blocks=256, max_batch=8, prefill_chunk_tokens=16,
-                   batching=True, context_ceiling=512, max_queue=64, queue_timeout_s=30.0,
-                   generation=1, spec=SPEC, pipeline=False)
-        cfg.update(overrides)
-        engine = Engine(loaded, EngineConfig(**cfg), DecodeGate(), BACKEND)
-        engine.start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.shutdown(1.0)
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 380) for _ in range(n)]
-
-
-def _greedy(loaded, prompt: list[int], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=n)]
+    yield from engines(SPEC)
 
 
 class Oracle:
@@ -112,14 +79,6 @@ def oracle(monkeypatch):
     board = Oracle({})
     monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: board.propose(self, t, k))
     return board
-
-
-def _tokens(stream) -> dict[int, list[int]]:
-    rows: dict[int, list[int]] = {}
-    for out in stream:
-        if out.token_id is not None:
-            rows.setdefault(out.index, []).append(out.token_id)
-    return rows
 
 
 # -- the policy --------------------------------------------------------------------
@@ -244,10 +203,10 @@ def test_new_rows_start_from_the_engines_recent_acceptance(monkeypatch):
 
 def test_prompt_lookup_on_a_copying_model_is_exact_and_accepted(copying, make_engine):
     engine = make_engine(copying)
-    p = _prompt(0, 10)
-    prompt = p + _greedy(copying, p, 30) + p
+    p = random_prompt(0, 10)
+    prompt = p + greedy(copying, p, 30) + p
     outs = list(engine.submit(SeqRequest("a", prompt, GREEDY, 24)))
-    assert [o.token_id for o in outs] == _greedy(copying, prompt, 24)
+    assert [o.token_id for o in outs] == greedy(copying, prompt, 24)
     stats = engine.stats()
     drafted = sum(o.num_drafted or 0 for o in outs)
     accepted = sum(o.num_draft_accepted or 0 for o in outs)
@@ -261,9 +220,9 @@ def test_greedy_with_drafts_equals_greedy_without(tiny, make_engine, oracle, pip
     """Mixed batch: drafting rows, an opted-out row, chunked prefill, a prefix hit,
     n = 2, a stop token; every row equals mlx-lm's greedy run token for token."""
     engine = make_engine(tiny, prefill_chunk_tokens=5, pipeline=pipeline)
-    prompts = [_prompt(i, n) for i, n in enumerate((7, 23, 13, 30))]
+    prompts = [random_prompt(i, n) for i, n in enumerate((7, 23, 13, 30))]
     prompts.append(prompts[1][:17] + [5, 6])  # shares 4 blocks with prompts[1]
-    refs = {tuple(p): _greedy(tiny, p, 16) for p in prompts}
+    refs = {tuple(p): greedy(tiny, p, 16) for p in prompts}
     oracle.references.update(refs)
     stop = refs[tuple(prompts[2])][9]
     requests = [SeqRequest("r0", prompts[0], GREEDY, 16),
@@ -271,8 +230,8 @@ def test_greedy_with_drafts_equals_greedy_without(tiny, make_engine, oracle, pip
                 SeqRequest("r2", prompts[2], GREEDY, 16, stop_token_ids=frozenset({stop})),
                 SeqRequest("r3", prompts[3], GREEDY, 16, speculative=False)]
     streams = [engine.submit(r) for r in requests]
-    results = [_tokens(s) for s in streams]
-    late = _tokens(engine.submit(SeqRequest("r4", prompts[4], GREEDY, 16)))
+    results = [tokens(s) for s in streams]
+    late = tokens(engine.submit(SeqRequest("r4", prompts[4], GREEDY, 16)))
     for req, rows in zip(requests, results):
         ref = refs[tuple(req.prompt_ids)]
         if req.stop_token_ids:
@@ -286,8 +245,8 @@ def test_greedy_with_drafts_equals_greedy_without(tiny, make_engine, oracle, pip
 
 def test_opted_out_rows_report_no_draft_usage(tiny, make_engine, oracle):
     engine = make_engine(tiny)
-    p = _prompt(3, 9)
-    oracle.references[tuple(p)] = _greedy(tiny, p, 8)
+    p = random_prompt(3, 9)
+    oracle.references[tuple(p)] = greedy(tiny, p, 8)
     off = list(engine.submit(SeqRequest("off", p, GREEDY, 8, speculative=False)))
     on = list(engine.submit(SeqRequest("on", p, GREEDY, 8)))
     assert all(o.num_drafted is None for o in off)
@@ -304,9 +263,9 @@ def test_grammar_rows_check_drafts_and_stay_exact(tiny, tiny_llama_dir, make_eng
     tok = load_tokenizer(tiny_llama_dir)
     compiler = GrammarCompiler.for_tokenizer(tok, vocab_size=len(tok._tokenizer))
     spec = GrammarSpec("regex", "[a-m ]{4,40}")
-    p = _prompt(5, 11)
+    p = random_prompt(5, 11)
     plain = make_engine(tiny, spec=None)
-    ref = _tokens(plain.submit(SeqRequest("ref", p, GREEDY, 20,
+    ref = tokens(plain.submit(SeqRequest("ref", p, GREEDY, 20,
                                           constraints=compiler.new_constraints(spec))))[0]
     # drafts: the reference, corrupted every third time (often into a forbidden token)
     oracle.references[tuple(p)] = ref + [2] * 8
@@ -321,7 +280,7 @@ def test_grammar_rows_check_drafts_and_stay_exact(tiny, tiny_llama_dir, make_eng
 def test_seeded_sampled_rows_are_the_same_with_speculation_on_or_off(tiny, make_engine, oracle):
     """A draw is keyed by the row's output position (sampling.py rule 4), so drafts
     never change a seeded row's tokens; logprobs come with the accepted ones."""
-    p = _prompt(6, 8)
+    p = random_prompt(6, 8)
     params = SamplingParams(temperature=0.7, seed=11, logprobs=True, top_logprobs=2)
     off = list(make_engine(tiny, spec=None).submit(SeqRequest("off", p, params, 16, n=2)))
     oracle.references[tuple(p)] = [o.token_id for o in off if o.index == 0]
@@ -357,7 +316,7 @@ def test_verified_draws_follow_the_target_distribution(tiny, rank):
     """Over 6,000 seeds, a verify position keeps draft d as often as p(d), and the
     token it emits (d, or the draw that rejected it) follows the model's next-token
     distribution (top-k 20, temperature 1.5): a chi-square test."""
-    logits = tiny.model(mx.array([_prompt(9, 12)]))[:, -1, :].astype(mx.float32)
+    logits = tiny.model(mx.array([random_prompt(9, 12)]))[:, -1, :].astype(mx.float32)
     params = SamplingParams(temperature=1.5, top_k=20)
     probs = np.array(mx.softmax(logits / params.temperature, axis=-1))[0]
     top = np.argsort(-probs)[:params.top_k]
@@ -377,8 +336,8 @@ def test_verified_draws_follow_the_target_distribution(tiny, rank):
 
 def test_an_aborted_verify_row_frees_every_block(tiny, make_engine, oracle):
     engine = make_engine(tiny)
-    p = _prompt(8, 14)
-    oracle.references[tuple(p)] = _greedy(tiny, p, 40)
+    p = random_prompt(8, 14)
+    oracle.references[tuple(p)] = greedy(tiny, p, 40)
     stream = engine.submit(SeqRequest("a", p, GREEDY, 40))
     seen = []
     for out in stream:

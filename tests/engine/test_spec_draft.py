@@ -9,90 +9,47 @@ step shape: mixed batches, chunked prefill, n > 1, grammars, stop tokens, aborts
 
 from __future__ import annotations
 
-import random
 import time
-import types
 
-import mlx.core as mx
 import pytest
-from mlx_lm import load
-from mlx_lm.generate import generate_step
+from spec_support import engines, greedy, loaded, random_prompt, tokens
 
-from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.engine import Engine, EngineConfig
-from frink_mlx.engine.gate import DecodeGate
+from frink_mlx.engine.engine import Engine
 from frink_mlx.engine.spec import SpecConfig
 from frink_mlx.engine.types import SeqRequest
-from frink_mlx.settings import Settings
 
-BACKEND = select_backend(Settings().backend_config())
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpecConfig(max_draft=4, max_rows=8, draft_step_cost=0.01)  # drafts look cheap
 
 
-def _loaded(path):
-    model, _ = load(str(path))
-    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+def _damp_mlps(model) -> None:
+    for layer in model.model.layers:
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 0.7
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    return _loaded(tiny_llama_dir)
+    return loaded(tiny_llama_dir)
 
 
 @pytest.fixture(scope="module")
 def small_draft(tmp_path_factory):
     from tests.conftest import make_tiny_llama
 
-    return _loaded(make_tiny_llama(tmp_path_factory.mktemp("draft"), seed=7,
-                                   num_hidden_layers=1))
+    return loaded(make_tiny_llama(tmp_path_factory.mktemp("draft"), seed=7,
+                                  num_hidden_layers=1))
 
 
 @pytest.fixture(scope="module")
 def near_draft(tiny_llama_dir):
     """The target with its MLPs damped: agrees with it often, not always."""
-    near = _loaded(tiny_llama_dir)
-    for layer in near.model.model.layers:
-        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 0.7
-    mx.eval(near.model.parameters())
-    return near
+    return loaded(tiny_llama_dir, _damp_mlps)
 
 
 @pytest.fixture
 def make_engine():
-    engines: list[Engine] = []
-
-    def make(loaded, draft=None, **overrides):
-        cfg = dict(block_size=4, num_blocks=256, max_batch=8, prefill_chunk_tokens=16,
-                   batching=True, context_ceiling=512, max_queue=64, queue_timeout_s=30.0,
-                   generation=1, spec=SPEC, pipeline=False)
-        cfg.update(overrides)
-        engine = Engine(loaded, EngineConfig(**cfg), DecodeGate(), BACKEND, draft=draft)
-        engine.start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.shutdown(1.0)
-
-
-def _prompt(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, 380) for _ in range(n)]
-
-
-def _greedy(loaded, prompt: list[int], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=n)]
-
-
-def _tokens(stream) -> dict[int, list[int]]:
-    rows: dict[int, list[int]] = {}
-    for out in stream:
-        if out.token_id is not None:
-            rows.setdefault(out.index, []).append(out.token_id)
-    return rows
+    yield from engines(SPEC)
 
 
 def _settled(engine: Engine) -> dict[str, float]:
@@ -106,9 +63,9 @@ def _settled(engine: Engine) -> dict[str, float]:
 
 def test_a_draft_equal_to_the_target_is_accepted(tiny, make_engine):
     engine = make_engine(tiny, draft=tiny)
-    p = _prompt(1, 9)
+    p = random_prompt(1, 9)
     outs = list(engine.submit(SeqRequest("a", p, GREEDY, 24)))
-    assert [o.token_id for o in outs] == _greedy(tiny, p, 24)
+    assert [o.token_id for o in outs] == greedy(tiny, p, 24)
     extra = engine.stats().extra
     drafted, accepted = extra["draft_model_tokens_total"], extra["draft_model_accepted_total"]
     assert drafted >= 12 and accepted / drafted > 0.95
@@ -127,14 +84,14 @@ def test_greedy_with_a_draft_model_equals_greedy_without(tiny, small_draft, near
     engine = make_engine(tiny, draft=draft, prefill_chunk_tokens=5, pipeline=pipeline,
                          spec=SpecConfig(max_draft=4, max_rows=8, draft_chunk_tokens=8,
                                          draft_step_cost=0.01))
-    prompts = [_prompt(i, n) for i, n in enumerate((7, 23, 13, 30))]
-    refs = {tuple(p): _greedy(tiny, p, 16) for p in prompts}
+    prompts = [random_prompt(i, n) for i, n in enumerate((7, 23, 13, 30))]
+    refs = {tuple(p): greedy(tiny, p, 16) for p in prompts}
     stop = refs[tuple(prompts[2])][9]
     requests = [SeqRequest("r0", prompts[0], GREEDY, 16),
                 SeqRequest("r1", prompts[1], GREEDY, 16, n=2),
                 SeqRequest("r2", prompts[2], GREEDY, 16, stop_token_ids=frozenset({stop})),
                 SeqRequest("r3", prompts[3], GREEDY, 16, speculative=False)]
-    results = [_tokens(s) for s in [engine.submit(r) for r in requests]]
+    results = [tokens(s) for s in [engine.submit(r) for r in requests]]
     for req, rows in zip(requests, results):
         ref = refs[tuple(req.prompt_ids)]
         if req.stop_token_ids:
@@ -157,9 +114,9 @@ def test_draft_model_rows_with_a_grammar_stay_exact(tiny, near_draft, tiny_llama
     tok = load_tokenizer(tiny_llama_dir)
     compiler = GrammarCompiler.for_tokenizer(tok, vocab_size=len(tok._tokenizer))
     spec = GrammarSpec("regex", "[a-m ]{4,40}")
-    p = _prompt(5, 11)
+    p = random_prompt(5, 11)
     plain = make_engine(tiny, spec=None)
-    ref = _tokens(plain.submit(SeqRequest("ref", p, GREEDY, 20,
+    ref = tokens(plain.submit(SeqRequest("ref", p, GREEDY, 20,
                                           constraints=compiler.new_constraints(spec))))[0]
     for draft in (tiny, near_draft):
         engine = make_engine(tiny, draft=draft)
@@ -175,8 +132,8 @@ def test_a_row_ended_mid_stream_frees_its_draft_kv(tiny, small_draft, make_engin
     """What a stop string does (the handle ends the row after the matching token) and
     what a client abort does: both KV pools go back to zero."""
     engine = make_engine(tiny, draft=small_draft)
-    p, q = _prompt(8, 14), _prompt(9, 10)
-    ref = _greedy(tiny, p, 40)
+    p, q = random_prompt(8, 14), random_prompt(9, 10)
+    ref = greedy(tiny, p, 40)
     stream = engine.submit(SeqRequest("a", p, GREEDY, 40, n=2))
     other = engine.submit(SeqRequest("b", q, GREEDY, 40))
     seen: list[int] = []
@@ -199,9 +156,9 @@ def test_a_short_draft_pool_falls_back_without_failing(tiny, make_engine):
     engine = make_engine(tiny, draft=tiny, spec=SpecConfig(max_draft=4, max_rows=8,
                                                            draft_num_blocks=6,
                                                            draft_step_cost=0.01))
-    prompts = [_prompt(11, 9), _prompt(12, 9)]
+    prompts = [random_prompt(11, 9), random_prompt(12, 9)]
     streams = [engine.submit(SeqRequest(f"r{i}", p, GREEDY, 12)) for i, p in enumerate(prompts)]
     for p, stream in zip(prompts, streams):
-        assert _tokens(stream)[0] == _greedy(tiny, p, 12)
+        assert tokens(stream)[0] == greedy(tiny, p, 12)
     assert engine.stats().extra["draft_model_tokens_total"] > 0
     assert _settled(engine) == {"target": 0, "draft": 0}

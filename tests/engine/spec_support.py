@@ -1,0 +1,72 @@
+"""What the speculation tests (test_spec.py, test_spec_draft.py) share: a tiny model
+loaded as the engine takes it, an engine factory with their common limits, prompts,
+mlx-lm's greedy reference, and a stream's tokens per row."""
+
+from __future__ import annotations
+
+import random
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+
+from frink_mlx.backend import select_backend
+from frink_mlx.engine.engine import Engine, EngineConfig
+from frink_mlx.engine.gate import DecodeGate
+from frink_mlx.engine.spec import SpecConfig
+from frink_mlx.settings import Settings
+
+BACKEND = select_backend(Settings().backend_config())
+
+
+def loaded(path: Path, edit: Callable[[Any], None] | None = None) -> types.SimpleNamespace:
+    """The checkpoint at `path` as the engine takes a loaded model; `edit` may change
+    its weights first."""
+    model, _ = load(str(path))
+    if edit is not None:
+        edit(model)
+        mx.eval(model.parameters())
+    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+
+
+def engines(spec: SpecConfig) -> Iterator[Callable[..., Engine]]:
+    """A fixture body: `make(loaded, draft=None, **overrides)` starts an engine with
+    speculation `spec`; every engine made is shut down after the test."""
+    made: list[Engine] = []
+
+    def make(model: Any, draft: Any = None, **overrides: Any) -> Engine:
+        cfg = dict(block_size=4, num_blocks=256, max_batch=8, prefill_chunk_tokens=16,
+                   batching=True, context_ceiling=512, max_queue=64, queue_timeout_s=30.0,
+                   generation=1, spec=spec, pipeline=False)
+        cfg.update(overrides)
+        engine = Engine(model, EngineConfig(**cfg), DecodeGate(), BACKEND, draft=draft)
+        engine.start()
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        engine.shutdown(1.0)
+
+
+def random_prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 380) for _ in range(n)]
+
+
+def greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    """mlx-lm's own greedy continuation of `ids`."""
+    return [int(t) for t, _ in generate_step(mx.array(ids), model.model, max_tokens=n)]
+
+
+def tokens(stream: Any) -> dict[int, list[int]]:
+    """The token ids a stream produced, per row index."""
+    rows: dict[int, list[int]] = {}
+    for out in stream:
+        if out.token_id is not None:
+            rows.setdefault(out.index, []).append(out.token_id)
+    return rows
