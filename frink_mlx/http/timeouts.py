@@ -23,6 +23,11 @@ Rules:
    protocol's envelope.
 4. Nothing here touches a request once its headers are in: long streams are
    never cut by these timers.
+5. A request answered before its body was all in (rule 3's 408) leaves the
+   connection unusable: whatever else of that body arrives is read and
+   dropped, and the connection is closed `header_timeout_s` after the answer.
+   (uvicorn's keep-alive timer does not cover it: any byte that arrives after
+   the answer cancels that timer for good, and such a connection stayed open.)
 """
 
 from __future__ import annotations
@@ -72,13 +77,18 @@ class GuardedH11Protocol(H11Protocol):
         if self._header_timer is not None:
             self._bytes_this_request += len(data)
         super().data_received(data)
-        if self._header_timer is not None and self.conn.their_state is not h11.IDLE:
+        if (self._header_timer is not None and self.conn.their_state is not h11.IDLE
+                and not self._answered()):
             self._disarm_header_timer()  # rule 4: the headers are in
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-            self._arm_header_timer()  # rule 1: the next request's headers
+        if not self.transport.is_closing():
+            self._arm_header_timer()  # rule 1: the next request's headers (or rule 5)
+
+    def _answered(self) -> bool:
+        """The current request got its response while its body was still coming (rule 5)."""
+        return self.cycle is not None and self.cycle.response_complete
 
     def _arm_header_timer(self) -> None:
         self._disarm_header_timer()
@@ -92,7 +102,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def _header_timeout(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        if self.transport.is_closing():
+            return
+        if self.conn.their_state is not h11.IDLE:
+            if self._answered():  # rule 5: the rest of an abandoned body never came
+                self.transport.close()
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a pipelined request waits behind a running response
