@@ -151,10 +151,12 @@ def _run_generate_noting_mlx(*args: str, **extra_env: str) -> subprocess.Complet
 
 def test_generate_talks_to_a_running_daemon(daemon):
     live, access = daemon
+    before = len(access.posts("/v1/chat/completions"))
     expected = greedy_reply(live.url, "tiny-b", [{"role": "user", "content": "Hello there"}])
+    before += 1     # greedy_reply's own line, which may be written a moment after its answer
     port = live.url.rsplit(":", 1)[1]
     for how in (["--url", live.url], []):   # named, then found at the configured port
-        before = len(access.posts("/v1/chat/completions"))
+        access.posts("/v1/chat/completions", at_least=before)
         proc = _run_generate_noting_mlx(*how, "--model", "tiny-b", "--prompt", "Hello there",
                                         "--max-tokens", "12", FRINK_MLX_PORT=port)
         assert proc.returncode == 0, proc.stderr
@@ -164,6 +166,7 @@ def test_generate_talks_to_a_running_daemon(daemon):
         assert "Prompt: " in proc.stderr and "Generation: 12 tokens" in proc.stderr
         served = access.posts("/v1/chat/completions", at_least=before + 1)[before:]
         assert len(served) == 1 and served[0]["model"] == "tiny-b" and served[0]["status"] == 200
+        before += 1
 
 
 def test_generate_local_loads_in_process_even_with_a_daemon_up(daemon, registry_file):
