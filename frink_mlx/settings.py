@@ -312,7 +312,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "idle_prefill_tokens": SettingDoc("prompt tokens prefilled in a step that decodes nobody"),
     "shared_prefill_tokens": SettingDoc("prompt tokens prefilled per step while another "
                                         "resident model's engine runs (bounds its streams' "
-                                        "inter-token gap)"),
+                                        "inter-token gap; the least a step that only "
+                                        "prefills takes, engine/turns.py)"),
     "admission_window_ms": SettingDoc("an idle engine gathers a burst of requests this long "
                                       "into one step"),
     "pipeline": SettingDoc("dispatch decode step t+1 before reading step t; unset: on Metal "

@@ -73,6 +73,7 @@ from .scheduler import Scheduler
 from .spec import SpecConfig
 from .spec.model import DraftModel
 from .stream import SeqStream
+from .turns import PrefillSlicer
 from .types import EngineStats, SeqRequest
 
 __all__ = ["Engine", "EngineConfig", "EngineModel", "SeqStream"]
@@ -140,6 +141,9 @@ class Engine:
             LoopConfig(bool(config.pipeline), config.queue_timeout_s, config.admission_window_s),
             gate, self.scheduler, self.runner, self.kv, self._new_store, self._inbox,
             self._depth, self._stats)
+        if channel is None and isinstance(gate, DecodeGate):  # turns.py (never across ranks)
+            self._loop.slicer = PrefillSlicer(gate, min_tokens=self.scheduler.shared_prefill_tokens,
+                                              max_tokens=config.prefill_chunk_tokens)
         self._thread: workers.Job | None = None
         self._stopping = False
 

@@ -23,6 +23,17 @@ Rules:
    `shared_prefill_tokens`, even in a step that decodes nothing of its own
    (scheduler rule 2), so a 2,000-token prompt on model B costs model A's
    streams one bounded chunk per step, not one long one.
+6. `yield_step(timeout_s)`: the holder lets go until another thread ends a
+   step (`note_step`, rule 7) or the timeout passes, then queues and holds
+   again at the same depth: a sliced prefill step between layers
+   (engine/turns.py) gets one turn per step of the engines it shares with,
+   even though each of their steps takes the gate twice (dispatch, read).
+7. Step cost: the gate times each thread's holds; `note_step()`, called once
+   per engine step, folds the time held since the last note into that
+   thread's running mean, and `peer_step_s()` is the cheapest such step of
+   the other threads asking within the window: what a sliced turn is sized
+   against (engine/turns.py rule 2). Holds, not waits, so it does not grow
+   with contention.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 CONTENDED_WINDOW_S = 0.25
+STEP_MEAN_WEIGHT = 0.2  # rule 7: the newest step's weight in a thread's running mean
 
 
 class DecodeGate:
@@ -43,6 +55,10 @@ class DecodeGate:
         self._next_ticket = 0
         self._serving = 0
         self._seen: dict[int, float] = {}  # thread id -> last time it asked (rule 5)
+        self._held_since = 0.0
+        self._held: dict[int, float] = {}      # thread id -> seconds held since its last note
+        self._step_s: dict[int, float] = {}    # thread id -> running mean step (rule 7)
+        self._steps: dict[int, int] = {}       # thread id -> steps noted (rules 6 and 7)
         self.acquisitions = 0
         self.wait_s_total = 0.0
 
@@ -55,8 +71,7 @@ class DecodeGate:
                 self._depth += 1
                 return self
             ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
-            while self._owner is not None or self._serving != ticket:  # rule 4
-                self._cond.wait()
+            self._wait_turn(ticket)
             self._owner, self._depth = me, 1
             self.acquisitions += 1
             self.wait_s_total += time.perf_counter() - start
@@ -66,9 +81,62 @@ class DecodeGate:
         with self._cond:
             self._depth -= 1
             if self._depth == 0:
-                self._owner = None
-                self._serving += 1
-                self._cond.notify_all()
+                self._let_go()
+
+    def _wait_turn(self, ticket: int) -> None:
+        while self._owner is not None or self._serving != ticket:  # rule 4
+            self._cond.wait()
+        self._held_since = time.perf_counter()
+
+    def _let_go(self) -> None:
+        me = self._owner
+        assert me is not None
+        self._held[me] = self._held.get(me, 0.0) + time.perf_counter() - self._held_since
+        self._owner = None
+        self._serving += 1
+        self._cond.notify_all()
+
+    def yield_step(self, timeout_s: float) -> None:
+        """Rule 6, called by the holder: let go until another thread ends a step."""
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                raise RuntimeError("yield_step() by a thread that does not hold the gate")
+            depth, steps = self._depth, self._steps_of_others(me)
+            self._let_go()
+            deadline = time.monotonic() + timeout_s
+            while self._steps_of_others(me) == steps:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._seen[me] = time.monotonic()
+            self._wait_turn(ticket)
+            self._owner, self._depth = me, depth
+
+    def _steps_of_others(self, me: int) -> int:
+        return sum(n for t, n in self._steps.items() if t != me)
+
+    def note_step(self) -> None:
+        """Rule 7: the calling thread ended a step; fold its held time into its mean."""
+        me = threading.get_ident()
+        with self._cond:
+            held = self._held.pop(me, 0.0)
+            self._steps[me] = self._steps.get(me, 0) + 1
+            self._cond.notify_all()
+            if held > 0.0:
+                mean = self._step_s.get(me)
+                self._step_s[me] = held if mean is None else (
+                    mean + STEP_MEAN_WEIGHT * (held - mean))
+
+    def peer_step_s(self, window_s: float = CONTENDED_WINDOW_S) -> float | None:
+        """Rule 7: the cheapest mean step of the other threads seen within the window."""
+        me, now = threading.get_ident(), time.monotonic()
+        with self._cond:
+            steps = [s for t, s in self._step_s.items()
+                     if t != me and now - self._seen.get(t, -1e9) <= window_s]
+            return min(steps) if steps else None
 
     def contended(self, window_s: float = CONTENDED_WINDOW_S) -> bool:
         """Rule 5, asked by the thread about to plan a step."""
@@ -80,6 +148,9 @@ class DecodeGate:
             stale = [t for t, at in self._seen.items() if now - at > 60.0]
             for t in stale:
                 del self._seen[t]
+                self._step_s.pop(t, None)
+                self._steps.pop(t, None)
+                self._held.pop(t, None)
             return any(t != me and now - at <= window_s for t, at in self._seen.items())
 
     @contextmanager

@@ -33,6 +33,7 @@ from .kv.paged import PagedKVStore
 from .runner import Runner, StepResult
 from .sampling import RowSampler
 from .scheduler import SchedulerOutput
+from .turns import PrefillSlicer
 
 
 class LeaderRunner(Runner):
@@ -42,7 +43,9 @@ class LeaderRunner(Runner):
         self.channel = channel
         self.generation = generation
 
-    def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
+    def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler],
+            sliced: PrefillSlicer | None = None) -> StepResult:
+        """`sliced` is never given here: the engine slices no distributed step (turns.py)."""
         if any(row.token_id is None for row in plan.decode):
             raise RuntimeError("a distributed step needs every input token on the host (rule 1)")
         with self.channel.exclusive():  # rule 2

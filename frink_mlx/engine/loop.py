@@ -46,6 +46,7 @@ from .runner import Runner, StepResult
 from .sampling import RowSampler
 from .scheduler import Finished, Scheduler, SchedulerOutput
 from .stream import SeqStream
+from .turns import PrefillSlicer
 from .types import EngineFinish, EngineStats, SeqRequest
 
 log = logging.getLogger("frink_mlx.engine.engine")
@@ -90,6 +91,8 @@ class StepLoop:
         self._new_store = new_store
         self._inbox, self._depth, self._stats = inbox, depth, stats
         self.router = OutputRouter(scheduler, stats)
+        self.slicer: PrefillSlicer | None = None  # engine/turns.py; set by the engine
+        self._note_step: Callable[[], None] | None = getattr(gate, "note_step", None)
 
     def run(self) -> None:
         """Step until a drain ends (see the module docstring); then end every request."""
@@ -210,7 +213,11 @@ class StepLoop:
         """Plan and dispatch one step, then read back the previous one."""
         contended = getattr(self.gate, "contended", None)
         self.scheduler.contended = bool(contended()) if contended is not None else False
+        slicer = self.slicer if self.scheduler.contended else None
+        self.scheduler.sliced_prefill_tokens = slicer.chunk_tokens() if slicer else None
         plan = self.scheduler.schedule()
+        if plan.decode or not plan.prefill:
+            slicer = None  # engine/turns.py rule 1
         self._recount_queue()
         self._mark_admitted(plan)
         if plan.is_empty:
@@ -222,8 +229,10 @@ class StepLoop:
         result: StepResult | None = None
         try:
             with self.gate:
-                result = self.runner.run(plan, self.router.samplers)
+                result = self.runner.run(plan, self.router.samplers, slicer)
         except Exception as exc:  # noqa: BLE001 - rule 3: this step's rows end, the engine goes on
+            if slicer is not None:  # its slices were evaluations: the pools are unknown
+                raise
             log.exception("engine step failed while building")
             ids = set(plan.sample_seq_ids) | {c.seq_id for c in plan.prefill}
             self.router.fail_rows(ids, exc)
@@ -253,6 +262,9 @@ class StepLoop:
             log.exception("engine step failed while evaluating")
             self._reset_after_eval_error(exc)
             return
+        finally:
+            if self._note_step is not None:
+                self._note_step()  # gate.py rules 6 and 7: this step is over
         speculator = self.scheduler.speculator
         if speculator is not None and step.num_positions:
             speculator.cost.observe(step.num_positions, step.elapsed_s,

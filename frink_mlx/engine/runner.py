@@ -51,6 +51,7 @@ from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_
 from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .spec.model import DraftModel
+from .turns import PrefillSlicer
 from .types import TopLogprob
 
 
@@ -153,11 +154,15 @@ class Runner:
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
 
-    def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler]) -> StepResult:
-        """Dispatch one step (asynchronously); see the module docstring."""
+    def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler],
+            sliced: PrefillSlicer | None = None) -> StepResult:
+        """Dispatch one step (asynchronously); see the module docstring. `sliced`: run
+        the forward's layers in gate turns first (engine/turns.py)."""
         self._fill_model_drafts(plan)
         started_s = time.perf_counter()  # the verify step alone is what rule 3 fits
         parts = self.forward(plan)
+        if sliced is not None:
+            sliced.run(self.store, sum(len(c.token_ids) for c in plan.prefill), started_s)
         seq_ids = plan.sample_seq_ids
         drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
         if not parts:

@@ -27,7 +27,9 @@ Rules:
    steps; each step streams every weight once, whatever its token count) --
    unless `contended` (another model's engine shares the gate, engine/gate.py
    rule 5): its streams wait one chunk per step, so chunks are cut to
-   `shared_prefill_tokens`.
+   `shared_prefill_tokens`, or to `sliced_prefill_tokens` (set by the loop)
+   in a step that decodes nothing and so runs a few layers per turn
+   (engine/turns.py).
 3. Decode needs one new slot per row per step; when the pool is out of
    blocks, the newest running seq is preempted (blocks freed, requeued at the
    head of the waiting queue, recomputed later from its prompt + outputs,
@@ -87,6 +89,7 @@ class Scheduler:
         self.contended = False  # rule 2: another engine shares the gate (engine/gate.py rule 5)
         self.shared_prefill_tokens = min(prefill_chunk_tokens,
                                          shared_prefill_tokens or prefill_chunk_tokens)
+        self.sliced_prefill_tokens: int | None = None  # rule 2, engine/turns.py rule 3
         self.generation = generation
         self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
@@ -198,6 +201,8 @@ class Scheduler:
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
                   self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
+        if self.contended and not out.decode and self.sliced_prefill_tokens:
+            budget = self.sliced_prefill_tokens
         for seq in list(self.running):
             if budget <= 0:
                 break

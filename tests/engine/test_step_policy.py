@@ -65,9 +65,9 @@ def _engine(tiny, **overrides) -> tuple[Engine, list]:
     plans: list = []
     run = engine.runner.run
 
-    def recording_run(plan, samplers):
+    def recording_run(plan, samplers, sliced=None):
         plans.append(plan)
-        return run(plan, samplers)
+        return run(plan, samplers, sliced)
 
     engine.runner.run = recording_run  # type: ignore[method-assign]
     engine.start()
@@ -137,9 +137,9 @@ def test_a_lone_follow_up_starts_without_the_window(tiny):
     started: list[float] = []
     run = engine.runner.run
 
-    def timed_run(plan, samplers):
+    def timed_run(plan, samplers, sliced=None):
         started.append(time.monotonic())
-        return run(plan, samplers)
+        return run(plan, samplers, sliced)
 
     engine.runner.run = timed_run  # type: ignore[method-assign]
     try:

@@ -1,0 +1,154 @@
+"""engine/turns.py and gate.py rules 6-7: a contended prefill runs a few layers per gate
+turn, gives the same tokens as an unsliced one, and lets the other engine step between."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from spec_support import BACKEND, greedy, random_prompt, tokens
+
+from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.engine import Engine, EngineConfig
+from frink_mlx.engine.gate import DecodeGate
+from frink_mlx.engine.turns import GROWTH, PrefillSlicer
+from frink_mlx.engine.types import SeqRequest
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_yield_step_lets_the_others_in_until_one_of_them_ends_a_step() -> None:
+    gate, order = DecodeGate(), []
+    holding, other_done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        holding.wait(10)
+        with gate:                 # queued behind the holder
+            order.append("other dispatch")
+        with gate:
+            order.append("other read")
+        gate.note_step()
+        other_done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with gate:
+        with gate:                 # depth 2: the yield keeps it
+            holding.set()
+            time.sleep(0.05)       # the other thread is queued by now
+            gate.yield_step(timeout_s=10.0)
+            order.append("back")
+            assert other_done.wait(10)
+    thread.join(10)
+    assert order == ["other dispatch", "other read", "back"]
+    assert not gate.contended(window_s=0.0)
+
+
+def test_yield_step_gives_up_waiting_after_its_timeout_and_needs_the_gate() -> None:
+    gate = DecodeGate()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        gate.yield_step(0.01)
+    with gate:
+        began = time.perf_counter()
+        gate.yield_step(0.05)      # nobody steps: back after the timeout
+        assert 0.04 < time.perf_counter() - began < 5.0
+
+
+def test_peer_step_is_the_other_threads_mean_held_time() -> None:
+    gate = DecodeGate()
+
+    def steps(n: int, hold_s: float) -> None:
+        for _ in range(n):
+            with gate:
+                time.sleep(hold_s)
+            gate.note_step()
+
+    thread = threading.Thread(target=steps, args=(3, 0.02))
+    thread.start()
+    thread.join(10)
+    steps(2, 0.0)
+    assert gate.peer_step_s() == pytest.approx(0.02, rel=0.5)
+    assert gate.peer_step_s(window_s=0.0) is None  # the other thread asked too long ago
+
+
+class FakeGate:
+    def __init__(self, peer: float | None) -> None:
+        self.peer, self.yields = peer, 0
+
+    def yield_step(self, timeout_s: float) -> None:
+        self.yields += 1
+
+    def peer_step_s(self) -> float | None:
+        return self.peer
+
+    def note_step(self) -> None:
+        pass
+
+
+def test_chunk_size_fits_the_budget_within_its_bounds() -> None:
+    slicer = PrefillSlicer(FakeGate(None), min_tokens=16, max_tokens=256)
+    assert slicer.chunk_tokens() == 16            # nothing measured, no peer
+    slicer.gate = FakeGate(0.1)
+    slicer.layer_token_s = 1e-3                   # 60 tokens per layer fit 0.6 of 0.05 s
+    assert slicer.chunk_tokens() == int(GROWTH * 16)  # grown at most 1.5x the last chunk
+    slicer._last_tokens = 200
+    assert slicer.chunk_tokens() == 30
+    slicer.layer_token_s = 1e-6
+    assert slicer.chunk_tokens() == 256
+    slicer.layer_token_s = 1.0
+    assert slicer.chunk_tokens() == 16
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    from conftest import make_tiny_llama
+
+    root = tmp_path_factory.mktemp("turns")
+    return tuple(_loaded(make_tiny_llama(root / name, seed=seed, num_hidden_layers=4))
+                 for seed, name in enumerate(["a", "b"]))
+
+
+def _loaded(path: Path) -> types.SimpleNamespace:
+    model, _ = load(str(path))
+    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+
+
+def _engine(model: Any, gate: DecodeGate) -> Engine:
+    cfg = EngineConfig(block_size=4, num_blocks=512, max_batch=8, prefill_chunk_tokens=64,
+                       batching=True, context_ceiling=1024, max_queue=64, queue_timeout_s=30.0,
+                       generation=1, shared_prefill_tokens=8, pipeline=False)
+    engine = Engine(model, cfg, gate, BACKEND)
+    engine.start()
+    return engine
+
+
+def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models) -> None:
+    """Model A decodes four streams while model B prefills a 600-token prompt on the same
+    gate: B's steps run a few layers per turn (the slicer yielded), A kept stepping in
+    between, and both answers equal each model's own greedy output."""
+    model_a, model_b = two_models
+    gate = DecodeGate()
+    a, b = _engine(model_a, gate), _engine(model_b, gate)
+    try:
+        prompts = [random_prompt(i, 12) for i in range(4)]
+        streams = [a.submit(SeqRequest(f"a{i}", p, GREEDY, 120)) for i, p in enumerate(prompts)]
+        first = next(iter(streams[0]))  # A is decoding
+        long_prompt = random_prompt(99, 600)
+        answer_b = tokens(b.submit(SeqRequest("b", long_prompt, GREEDY, 4)))
+        answers_a = [tokens(s) for s in streams[1:]]
+        rest_a0 = tokens(streams[0])
+    finally:
+        a.shutdown(5.0)
+        b.shutdown(5.0)
+    slicer = b._loop.slicer
+    assert slicer is not None and slicer.turns_total > 0 and slicer.layer_token_s is not None
+    assert answer_b == {0: greedy(model_b, long_prompt, 4)}
+    for prompt, answer in zip(prompts[1:], answers_a):
+        assert answer == {0: greedy(model_a, prompt, 120)}
+    assert [first.token_id] + rest_a0[0] == greedy(model_a, prompts[0], 120)
