@@ -23,17 +23,20 @@ Rules:
    `shared_prefill_tokens`, even in a step that decodes nothing of its own
    (scheduler rule 2), so a 2,000-token prompt on model B costs model A's
    streams one bounded chunk per step, not one long one.
-6. `yield_step(timeout_s)`: the holder lets go until another thread ends a
-   step (`note_step`, rule 7) or the timeout passes, then queues and holds
-   again at the same depth: a sliced prefill step between layers
-   (engine/turns.py) gets one turn per step of the engines it shares with,
-   even though each of their steps takes the gate twice (dispatch, read).
+6. `yield_step(timeout_s)`: if another thread is queued, the holder lets go
+   until another thread ends a step (`note_step`, rule 7) or the timeout
+   passes, then queues and holds again at the same depth; if nobody is
+   queued it keeps the gate. A sliced prefill step between layers
+   (engine/turns.py) so gets one turn per step of the engines it shares
+   with, even though each of their steps takes the gate twice (dispatch,
+   read), and never waits for an engine that has nothing to do.
 7. Step cost: the gate times each thread's holds; `note_step()`, called once
    per engine step, folds the time held since the last note into that
    thread's running mean, and `peer_step_s()` is the cheapest such step of
-   the other threads asking within the window: what a sliced turn is sized
-   against (engine/turns.py rule 2). Holds, not waits, so it does not grow
-   with contention.
+   the other threads still stepping (asked within `ACTIVE_STEPS` of their
+   steps): what a sliced turn is sized against (engine/turns.py rule 2).
+   Holds, not waits, so it does not grow with contention; an engine that
+   went idle stops counting within a few of its steps, not the window.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from typing import Iterator
 
 CONTENDED_WINDOW_S = 0.25
 STEP_MEAN_WEIGHT = 0.2  # rule 7: the newest step's weight in a thread's running mean
+ACTIVE_STEPS = 3.0      # rule 7: a thread that asked this many of its steps ago is stepping
+ACTIVE_SLACK_S = 0.01   # ... plus this (host work between its steps)
 
 
 class DecodeGate:
@@ -96,12 +101,15 @@ class DecodeGate:
         self._serving += 1
         self._cond.notify_all()
 
-    def yield_step(self, timeout_s: float) -> None:
-        """Rule 6, called by the holder: let go until another thread ends a step."""
+    def yield_step(self, timeout_s: float) -> bool:
+        """Rule 6, called by the holder: if anyone is queued, let go until another thread
+        ends a step; whether it let go."""
         me = threading.get_ident()
         with self._cond:
             if self._owner != me:
                 raise RuntimeError("yield_step() by a thread that does not hold the gate")
+            if self._next_ticket - self._serving <= 1:
+                return False
             depth, steps = self._depth, self._steps_of_others(me)
             self._let_go()
             deadline = time.monotonic() + timeout_s
@@ -114,6 +122,7 @@ class DecodeGate:
             self._seen[me] = time.monotonic()
             self._wait_turn(ticket)
             self._owner, self._depth = me, depth
+            return True
 
     def _steps_of_others(self, me: int) -> int:
         return sum(n for t, n in self._steps.items() if t != me)
@@ -130,12 +139,12 @@ class DecodeGate:
                 self._step_s[me] = held if mean is None else (
                     mean + STEP_MEAN_WEIGHT * (held - mean))
 
-    def peer_step_s(self, window_s: float = CONTENDED_WINDOW_S) -> float | None:
-        """Rule 7: the cheapest mean step of the other threads seen within the window."""
+    def peer_step_s(self) -> float | None:
+        """Rule 7: the cheapest mean step of the other threads still stepping."""
         me, now = threading.get_ident(), time.monotonic()
         with self._cond:
-            steps = [s for t, s in self._step_s.items()
-                     if t != me and now - self._seen.get(t, -1e9) <= window_s]
+            steps = [s for t, s in self._step_s.items() if t != me and now - self._seen.get(
+                t, -1e9) <= ACTIVE_STEPS * s + ACTIVE_SLACK_S]
             return min(steps) if steps else None
 
     def contended(self, window_s: float = CONTENDED_WINDOW_S) -> bool:

@@ -21,11 +21,14 @@ Rules:
 1. Only a step without decode rows, while the gate is contended, is sliced
    (the loop decides): a step with decode rows would make its own streams
    wait one of the other engine's steps per slice.
-2. Turn budget: `TURN_SHARE` of the cheapest other engine's mean step
-   (gate.py rule 7), so their gaps grow by about that share. A turn
-   evaluates at least one layer, and stops before the layer its last
-   layer's time says would cross the budget; it then waits at most
-   `YIELD_STEPS` of those steps for one of them to end.
+2. Turn budget: `TURN_SHARE` of the cheapest mean step of the other
+   engines still stepping (gate.py rule 7; none: the step runs unsliced, as
+   when the other model's streams have ended), so their gaps grow by about
+   that share. A turn
+   evaluates at least one layer; past the budget (by its last layer's time)
+   it lets go before the next layer once another engine is queued, and
+   waits at most `YIELD_STEPS` of their steps for one of them to end. While
+   nobody is queued (the other engines are between steps) it goes on.
 3. Chunk size (the scheduler's `sliced_prefill_tokens`): the tokens whose one
    layer fits `LAYER_FILL` of the budget at the cost per layer and token
    measured so far (a running mean), at least `shared_prefill_tokens`, at
@@ -54,7 +57,7 @@ GROWTH = 1.5       # rule 3
 
 
 class TurnGate(Protocol):
-    def yield_step(self, timeout_s: float) -> None: ...
+    def yield_step(self, timeout_s: float) -> bool: ...
 
     def peer_step_s(self) -> float | None: ...
 
@@ -89,10 +92,10 @@ class PrefillSlicer:
         budget = self.budget_s()
         last, total = 0.0, 0.0
         for i in range(store.num_layers):
-            if i and budget is not None and time.perf_counter() - turn_start + last > budget:
-                self.gate.yield_step(YIELD_STEPS * budget / TURN_SHARE)
+            if i and budget is not None and time.perf_counter() - turn_start + last > budget \
+                    and self.gate.yield_step(YIELD_STEPS * budget / TURN_SHARE):
                 self.turns_total += 1
-                turn_start = time.perf_counter()
+                turn_start, budget = time.perf_counter(), self.budget_s()
             began = time.perf_counter()
             mx.eval(store.keys[i], store.values[i])
             last = time.perf_counter() - began

@@ -16,7 +16,7 @@ from spec_support import BACKEND, greedy, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
-from frink_mlx.engine.gate import DecodeGate
+from frink_mlx.engine.gate import ACTIVE_SLACK_S, ACTIVE_STEPS, DecodeGate
 from frink_mlx.engine.turns import GROWTH, PrefillSlicer
 from frink_mlx.engine.types import SeqRequest
 
@@ -55,9 +55,21 @@ def test_yield_step_gives_up_waiting_after_its_timeout_and_needs_the_gate() -> N
     with pytest.raises(RuntimeError, match="does not hold"):
         gate.yield_step(0.01)
     with gate:
+        assert gate.yield_step(10.0) is False  # nobody queued: it keeps the gate
+    done = threading.Event()
+
+    def ask_once() -> None:
+        with gate:
+            done.set()
+
+    with gate:
+        thread = threading.Thread(target=ask_once)
+        thread.start()
+        time.sleep(0.05)
         began = time.perf_counter()
-        gate.yield_step(0.05)      # nobody steps: back after the timeout
-        assert 0.04 < time.perf_counter() - began < 5.0
+        assert gate.yield_step(0.1) is True   # it let the other in; nobody ended a step
+        assert done.is_set() and 0.09 < time.perf_counter() - began < 5.0
+    thread.join(10)
 
 
 def test_peer_step_is_the_other_threads_mean_held_time() -> None:
@@ -74,15 +86,17 @@ def test_peer_step_is_the_other_threads_mean_held_time() -> None:
     thread.join(10)
     steps(2, 0.0)
     assert gate.peer_step_s() == pytest.approx(0.02, rel=0.5)
-    assert gate.peer_step_s(window_s=0.0) is None  # the other thread asked too long ago
+    time.sleep(ACTIVE_STEPS * 0.04 + ACTIVE_SLACK_S)
+    assert gate.peer_step_s() is None  # it stopped stepping: no longer a peer to yield to
 
 
 class FakeGate:
     def __init__(self, peer: float | None) -> None:
         self.peer, self.yields = peer, 0
 
-    def yield_step(self, timeout_s: float) -> None:
+    def yield_step(self, timeout_s: float) -> bool:
         self.yields += 1
+        return True
 
     def peer_step_s(self) -> float | None:
         return self.peer
@@ -152,3 +166,22 @@ def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models
     for prompt, answer in zip(prompts[1:], answers_a):
         assert answer == {0: greedy(model_a, prompt, 120)}
     assert [first.token_id] + rest_a0[0] == greedy(model_a, prompts[0], 120)
+
+
+def test_a_prefill_right_after_another_models_request_ended_is_not_sliced(two_models) -> None:
+    """The editor's alternation: model A answered a moment ago and is idle now; B's prompt
+    must not wait on A's steps that never come (gate rule 7: A no longer steps)."""
+    model_a, model_b = two_models
+    gate = DecodeGate()
+    a, b = _engine(model_a, gate), _engine(model_b, gate)
+    try:
+        tokens(a.submit(SeqRequest("a", random_prompt(1, 12), GREEDY, 8)))
+        time.sleep(0.05)
+        prompt = random_prompt(2, 200)
+        assert tokens(b.submit(SeqRequest("b", prompt, GREEDY, 4))) == {
+            0: greedy(model_b, prompt, 4)}
+    finally:
+        a.shutdown(5.0)
+        b.shutdown(5.0)
+    slicer = b._loop.slicer
+    assert slicer is not None and slicer.turns_total == 0
