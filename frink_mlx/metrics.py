@@ -185,6 +185,8 @@ _COUNTERS: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
      _extra("draft_model_tokens_total")),
     ("frink_spec_draft_model_accepted_tokens", "Draft-model tokens accepted by verification.",
      _extra("draft_model_accepted_total")),
+    ("frink_sliced_prefill_turns", "Gate turns a prefill gave back between layers to another "
+     "resident model's engine (engine/turns.py).", _extra("sliced_prefill_turns_total")),
 ]
 
 

@@ -257,6 +257,8 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if self._loop.slicer is not None:
+            s.extra["sliced_prefill_turns_total"] = float(self._loop.slicer.turns_total)
         spec = sch.speculator
         if spec is not None:
             s.draft_tokens_total = spec.num_drafted_total

@@ -162,6 +162,7 @@ def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models
         b.shutdown(5.0)
     slicer = b._loop.slicer
     assert slicer is not None and slicer.turns_total > 0 and slicer.layer_token_s is not None
+    assert b.stats().extra["sliced_prefill_turns_total"] == slicer.turns_total  # /metrics
     assert answer_b == {0: greedy(model_b, long_prompt, 4)}
     for prompt, answer in zip(prompts[1:], answers_a):
         assert answer == {0: greedy(model_a, prompt, 120)}

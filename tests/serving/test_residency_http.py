@@ -101,6 +101,7 @@ def test_three_resident_models_interleaved_answer_as_alone(live: Any) -> None:
         blocks = states[name]["kv_blocks"]
         assert f'frink_kv_blocks_capacity{{model="{name}"}} {float(blocks)}' in metrics
         assert f'frink_running_sequences{{model="{name}"}} 0.0' in metrics
+        assert f'frink_sliced_prefill_turns_total{{model="{name}"}} ' in metrics
 
 
 def test_a_fourth_model_evicts_the_lru_idle_one_never_a_live_stream(live: Any) -> None:
