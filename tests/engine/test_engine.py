@@ -3,96 +3,66 @@
 from __future__ import annotations
 
 import asyncio
-import random
+import functools
 import threading
 import time
-import types
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm import load
+from engine_support import engine_factory, greedy, loaded, random_prompt
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
-from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.engine import Engine, EngineConfig
-from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.errors import ContextLengthExceeded, InvalidRequest, Overloaded
-from frink_mlx.settings import Settings
-
-BACKEND = select_backend(Settings().backend_config())  # what this machine serves with (backend/select.py)
 
 GREEDY = SamplingParams(temperature=0)
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    model, _ = load(str(tiny_llama_dir))
-    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+    return loaded(tiny_llama_dir)
 
 
 @pytest.fixture
 def make_engine(tiny):
-    engines: list[Engine] = []
-
-    def make(start=True, **overrides):
-        cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=8, batching=True,
-                   context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
-        cfg.update(overrides)
-        engine = Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
-        if start:
-            engine.start()
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.shutdown(1.0)
-
-
-def _prompt(seed, n):
-    rng = random.Random(seed)
-    return [rng.randrange(3, 380) for _ in range(n)]
-
-
-def _reference(tiny, prompt, n):
-    return [int(t) for t, _ in generate_step(mx.array(prompt), tiny.model, max_tokens=n)]
+    for make in engine_factory(num_blocks=64, prefill_chunk_tokens=8, context_ceiling=128):
+        yield functools.partial(make, tiny)
 
 
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_streams_match_generate_and_report_usage(tiny, make_engine, pipeline):
     engine = make_engine(pipeline=pipeline)
-    prompts = [_prompt(i, n) for i, n in enumerate((5, 17, 9))]
+    prompts = [random_prompt(i, n) for i, n in enumerate((5, 17, 9))]
     streams = [engine.submit(SeqRequest(f"r{i}", p, GREEDY, 8)) for i, p in enumerate(prompts)]
     for p, stream in zip(prompts, streams):
         outs = list(stream)
-        assert [o.token_id for o in outs] == _reference(tiny, p, 8)
+        assert [o.token_id for o in outs] == greedy(tiny, p, 8)
         assert outs[0].num_prompt_tokens == len(p) and outs[0].num_cached_tokens == 0
         assert outs[-1].finish == "length" and all(o.finish is None for o in outs[:-1])
     again = list(engine.submit(SeqRequest("again", prompts[1], GREEDY, 8)))
     assert again[0].num_cached_tokens == 16
-    assert [o.token_id for o in again] == _reference(tiny, prompts[1], 8)
+    assert [o.token_id for o in again] == greedy(tiny, prompts[1], 8)
     stats = engine.stats()
     assert stats.num_blocks_used == 0 and stats.prefix_hit_tokens_total == 16
 
 
 def test_async_iteration_on_the_event_loop(tiny, make_engine):
     engine = make_engine()
-    prompt = _prompt(7, 6)
+    prompt = random_prompt(7, 6)
 
     async def run():
         stream = engine.submit(SeqRequest("a", prompt, GREEDY, 6))
         return [o.token_id async for o in stream]
 
-    assert asyncio.run(run()) == _reference(tiny, prompt, 6)
+    assert asyncio.run(run()) == greedy(tiny, prompt, 6)
 
 
 def test_stop_token_ends_the_row_with_eos(tiny, make_engine):
-    prompt = _prompt(8, 6)
-    want = _reference(tiny, prompt, 6)
+    prompt = random_prompt(8, 6)
+    want = greedy(tiny, prompt, 6)
     engine = make_engine()
     outs = list(engine.submit(SeqRequest("s", prompt, GREEDY, 6, stop_token_ids=frozenset({want[2]}))))
     assert [o.token_id for o in outs] == want[:want.index(want[2]) + 1]
@@ -112,8 +82,8 @@ def test_submit_validates_synchronously(make_engine):
     assert len(clamped) == 32 - 27 and clamped[-1].finish == "length"
 
 
-def test_full_queue_is_overloaded(tiny):
-    engine = Engine(tiny, EngineConfig(4, 64, 8, 8, True, 128, 2, 30.0), DecodeGate(), BACKEND)  # not started
+def test_full_queue_is_overloaded(make_engine):
+    engine = make_engine(start=False, max_queue=2)
     engine.submit(SeqRequest("a", [5, 6], GREEDY, 2))
     engine.submit(SeqRequest("b", [5, 6], GREEDY, 2))
     with pytest.raises(Overloaded) as err:
@@ -123,7 +93,7 @@ def test_full_queue_is_overloaded(tiny):
 
 def test_abort_frees_blocks_within_a_step(make_engine):
     engine = make_engine()
-    stream = engine.submit(SeqRequest("long", _prompt(9, 10), GREEDY, 100))
+    stream = engine.submit(SeqRequest("long", random_prompt(9, 10), GREEDY, 100))
     it = iter(stream)
     next(it), next(it)
     assert engine.stats().num_blocks_used > 0
@@ -139,8 +109,8 @@ def test_queue_timeout_ends_the_stream_with_overloaded(make_engine):
     # The clock starts when the pool first refuses the waiter (hog running): 1 ms is
     # far less than the hog's 12 steps on any machine.
     engine = make_engine(start=False, num_blocks=28, queue_timeout_s=0.001)
-    hog = engine.submit(SeqRequest("hog", _prompt(10, 100), GREEDY, 12))   # 25, then 28 blocks
-    waiter = engine.submit(SeqRequest("waiter", _prompt(11, 20), GREEDY, 4))  # 5 blocks
+    hog = engine.submit(SeqRequest("hog", random_prompt(10, 100), GREEDY, 12))   # 25, then 28 blocks
+    waiter = engine.submit(SeqRequest("waiter", random_prompt(11, 20), GREEDY, 4))  # 5 blocks
     engine.start()  # both are queued before the first step, however slow this machine is
     with pytest.raises(Overloaded):
         list(waiter)
@@ -159,7 +129,7 @@ def test_many_concurrent_requests_against_a_small_pool(make_engine):
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    streams = [engine.submit(SeqRequest(f"c{i}", _prompt(100 + i, 20 + i % 7), GREEDY, 40))
+    streams = [engine.submit(SeqRequest(f"c{i}", random_prompt(100 + i, 20 + i % 7), GREEDY, 40))
                for i in range(32)]
     results = []
     for stream in streams:
@@ -200,24 +170,24 @@ class _OnlyToken:
 def test_row_constraints_mask_and_finish(make_engine):
     engine = make_engine()
     constraint = _OnlyToken(42)
-    outs = list(engine.submit(SeqRequest("c", _prompt(12, 5), GREEDY, 10, constraints=[constraint])))
+    outs = list(engine.submit(SeqRequest("c", random_prompt(12, 5), GREEDY, 10, constraints=[constraint])))
     assert [o.token_id for o in outs] == [42, 42, 42] and outs[-1].finish == "eos"
 
 
 def test_a_failing_step_errors_its_rows_and_the_engine_keeps_serving(tiny, make_engine):
     engine = make_engine()
-    outs = list(engine.submit(SeqRequest("bad", _prompt(13, 5), GREEDY, 5,
+    outs = list(engine.submit(SeqRequest("bad", random_prompt(13, 5), GREEDY, 5,
                                          constraints=[_OnlyToken(1, fail=True)])))
     assert outs[-1].finish == "error" and "matcher exploded" in outs[-1].error
-    prompt = _prompt(14, 5)
+    prompt = random_prompt(14, 5)
     assert [o.token_id for o in engine.submit(SeqRequest("ok", prompt, GREEDY, 4))] == \
-        _reference(tiny, prompt, 4)
+        greedy(tiny, prompt, 4)
     assert engine.stats().num_blocks_used == 0
 
 
 def test_logprobs_logit_bias_and_penalties(make_engine):
     engine = make_engine()
-    prompt = _prompt(15, 6)
+    prompt = random_prompt(15, 6)
     params = SamplingParams(temperature=0, logprobs=True, top_logprobs=3, logit_bias={77: 100.0})
     outs = list(engine.submit(SeqRequest("lp", prompt, params, 3)))
     assert [o.token_id for o in outs] == [77, 77, 77]
@@ -239,15 +209,15 @@ def test_logprobs_logit_bias_and_penalties(make_engine):
 
 def test_batching_off_still_serves_everyone(tiny, make_engine):
     engine = make_engine(batching=False)
-    prompts = [_prompt(20 + i, 4 + i) for i in range(3)]
+    prompts = [random_prompt(20 + i, 4 + i) for i in range(3)]
     streams = [engine.submit(SeqRequest(f"b{i}", p, GREEDY, 5)) for i, p in enumerate(prompts)]
     for p, stream in zip(prompts, streams):
-        assert [o.token_id for o in stream] == _reference(tiny, p, 5)
+        assert [o.token_id for o in stream] == greedy(tiny, p, 5)
 
 
 def test_shutdown_aborts_what_is_left(make_engine):
     engine = make_engine()
-    stream = engine.submit(SeqRequest("forever", _prompt(30, 5), GREEDY, 120))
+    stream = engine.submit(SeqRequest("forever", random_prompt(30, 5), GREEDY, 120))
     it = iter(stream)
     next(it)
     engine.shutdown(0.0)
@@ -258,18 +228,18 @@ def test_shutdown_aborts_what_is_left(make_engine):
 
 def test_second_turn_reuses_the_first_turns_prompt_and_answer(tiny, make_engine):
     engine = make_engine(block_size=4)
-    turn1 = _prompt(40, 11)
+    turn1 = random_prompt(40, 11)
     answer = [o.token_id for o in engine.submit(SeqRequest("t1", turn1, GREEDY, 9))]
-    turn2 = turn1 + answer + _prompt(41, 5)
+    turn2 = turn1 + answer + random_prompt(41, 5)
     outs = list(engine.submit(SeqRequest("t2", turn2, GREEDY, 4)))
     # every full block whose K/V exists: the last answer token was never fed back
     assert outs[0].num_cached_tokens == (len(turn1) + len(answer) - 1) // 4 * 4 == 16
-    assert [o.token_id for o in outs] == _reference(tiny, turn2, 4)
+    assert [o.token_id for o in outs] == greedy(tiny, turn2, 4)
 
 
 def test_n_sampled_rows_differ_and_repeat_with_the_seed(make_engine):
     engine = make_engine()
-    prompt = _prompt(50, 9)
+    prompt = random_prompt(50, 9)
     params = SamplingParams(temperature=1.0, seed=11)
 
     def rows():

@@ -21,7 +21,7 @@ import time
 import mlx.core as mx
 import numpy as np
 import pytest
-from spec_support import engines, greedy, loaded, random_prompt, tokens
+from engine_support import engines, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.kv.manager import KVCacheManager

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from spec_support import engines, greedy, loaded, random_prompt, tokens
+from engine_support import engines, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine

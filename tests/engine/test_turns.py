@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-import types
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import mlx.core as mx
 import pytest
-from mlx_lm import load
-from spec_support import BACKEND, greedy, random_prompt, tokens
+from engine_support import engine_factory, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.engine import Engine, EngineConfig
+from frink_mlx.engine.engine import Engine
 from frink_mlx.engine.gate import ACTIVE_SLACK_S, ACTIVE_STEPS, DecodeGate
 from frink_mlx.engine.turns import GROWTH, PrefillSlicer
 from frink_mlx.engine.types import SeqRequest
@@ -124,42 +121,31 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     from conftest import make_tiny_llama
 
     root = tmp_path_factory.mktemp("turns")
-    return tuple(_loaded(make_tiny_llama(root / name, seed=seed, num_hidden_layers=4))
+    return tuple(loaded(make_tiny_llama(root / name, seed=seed, num_hidden_layers=4))
                  for seed, name in enumerate(["a", "b"]))
 
 
-def _loaded(path: Path) -> types.SimpleNamespace:
-    model, _ = load(str(path))
-    return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Engine]]:
+    yield from engine_factory(num_blocks=512, prefill_chunk_tokens=64, context_ceiling=1024,
+                              shared_prefill_tokens=8, pipeline=False)
 
 
-def _engine(model: Any, gate: DecodeGate) -> Engine:
-    cfg = EngineConfig(block_size=4, num_blocks=512, max_batch=8, prefill_chunk_tokens=64,
-                       batching=True, context_ceiling=1024, max_queue=64, queue_timeout_s=30.0,
-                       generation=1, shared_prefill_tokens=8, pipeline=False)
-    engine = Engine(model, cfg, gate, BACKEND)
-    engine.start()
-    return engine
-
-
-def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models) -> None:
+def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models,
+                                                                      make_engine) -> None:
     """Model A decodes four streams while model B prefills a 600-token prompt on the same
     gate: B's steps run a few layers per turn (the slicer yielded), A kept stepping in
     between, and both answers equal each model's own greedy output."""
     model_a, model_b = two_models
     gate = DecodeGate()
-    a, b = _engine(model_a, gate), _engine(model_b, gate)
-    try:
-        prompts = [random_prompt(i, 12) for i in range(4)]
-        streams = [a.submit(SeqRequest(f"a{i}", p, GREEDY, 120)) for i, p in enumerate(prompts)]
-        first = next(iter(streams[0]))  # A is decoding
-        long_prompt = random_prompt(99, 600)
-        answer_b = tokens(b.submit(SeqRequest("b", long_prompt, GREEDY, 4)))
-        answers_a = [tokens(s) for s in streams[1:]]
-        rest_a0 = tokens(streams[0])
-    finally:
-        a.shutdown(5.0)
-        b.shutdown(5.0)
+    a, b = make_engine(model_a, gate=gate), make_engine(model_b, gate=gate)
+    prompts = [random_prompt(i, 12) for i in range(4)]
+    streams = [a.submit(SeqRequest(f"a{i}", p, GREEDY, 120)) for i, p in enumerate(prompts)]
+    first = next(iter(streams[0]))  # A is decoding
+    long_prompt = random_prompt(99, 600)
+    answer_b = tokens(b.submit(SeqRequest("b", long_prompt, GREEDY, 4)))
+    answers_a = [tokens(s) for s in streams[1:]]
+    rest_a0 = tokens(streams[0])
     slicer = b._loop.slicer
     assert slicer is not None and slicer.turns_total > 0 and slicer.layer_token_s is not None
     assert b.stats().extra["sliced_prefill_turns_total"] == slicer.turns_total  # /metrics
@@ -169,20 +155,16 @@ def test_a_prefill_next_to_another_models_streams_is_sliced_and_exact(two_models
     assert [first.token_id] + rest_a0[0] == greedy(model_a, prompts[0], 120)
 
 
-def test_a_prefill_right_after_another_models_request_ended_is_not_sliced(two_models) -> None:
+def test_a_prefill_right_after_another_models_request_ended_is_not_sliced(two_models,
+                                                                        make_engine) -> None:
     """The editor's alternation: model A answered a moment ago and is idle now; B's prompt
     must not wait on A's steps that never come (gate rule 7: A no longer steps)."""
     model_a, model_b = two_models
     gate = DecodeGate()
-    a, b = _engine(model_a, gate), _engine(model_b, gate)
-    try:
-        tokens(a.submit(SeqRequest("a", random_prompt(1, 12), GREEDY, 8)))
-        time.sleep(0.05)
-        prompt = random_prompt(2, 200)
-        assert tokens(b.submit(SeqRequest("b", prompt, GREEDY, 4))) == {
-            0: greedy(model_b, prompt, 4)}
-    finally:
-        a.shutdown(5.0)
-        b.shutdown(5.0)
+    a, b = make_engine(model_a, gate=gate), make_engine(model_b, gate=gate)
+    tokens(a.submit(SeqRequest("a", random_prompt(1, 12), GREEDY, 8)))
+    time.sleep(0.05)
+    prompt = random_prompt(2, 200)
+    assert tokens(b.submit(SeqRequest("b", prompt, GREEDY, 4))) == {0: greedy(model_b, prompt, 4)}
     slicer = b._loop.slicer
     assert slicer is not None and slicer.turns_total == 0

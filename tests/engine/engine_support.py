@@ -1,6 +1,6 @@
-"""What the speculation tests (test_spec.py, test_spec_draft.py) share: a tiny model
-loaded as the engine takes it, an engine factory with their common limits, prompts,
-mlx-lm's greedy reference, and a stream's tokens per row."""
+"""What the engine tests share (test_engine.py, test_spec.py, test_spec_draft.py,
+test_turns.py): a tiny model loaded as the engine takes it, an engine factory that shuts
+down what it made, random prompts, mlx-lm's greedy reference, a stream's tokens per row."""
 
 from __future__ import annotations
 
@@ -33,24 +33,33 @@ def loaded(path: Path, edit: Callable[[Any], None] | None = None) -> types.Simpl
     return types.SimpleNamespace(model=model, dtype=mx.float32, context_length=2048)
 
 
-def engines(spec: SpecConfig) -> Iterator[Callable[..., Engine]]:
-    """A fixture body: `make(loaded, draft=None, **overrides)` starts an engine with
-    speculation `spec`; every engine made is shut down after the test."""
+def engine_factory(**defaults: Any) -> Iterator[Callable[..., Engine]]:
+    """A fixture body: `make(loaded, draft=None, gate=None, start=True, **overrides)` makes
+    an engine with these limits, `defaults` and `overrides` on top; every engine made is
+    shut down after the test. Engines given one `gate` share it, as resident models do."""
     made: list[Engine] = []
 
-    def make(model: Any, draft: Any = None, **overrides: Any) -> Engine:
-        cfg = dict(block_size=4, num_blocks=256, max_batch=8, prefill_chunk_tokens=16,
-                   batching=True, context_ceiling=512, max_queue=64, queue_timeout_s=30.0,
-                   generation=1, spec=spec, pipeline=False)
+    def make(model: Any, draft: Any = None, *, gate: DecodeGate | None = None,
+             start: bool = True, **overrides: Any) -> Engine:
+        cfg = dict(block_size=4, max_batch=8, batching=True, max_queue=64, queue_timeout_s=30.0,
+                   generation=1)
+        cfg.update(defaults)
         cfg.update(overrides)
-        engine = Engine(model, EngineConfig(**cfg), DecodeGate(), BACKEND, draft=draft)
-        engine.start()
+        engine = Engine(model, EngineConfig(**cfg), gate or DecodeGate(), BACKEND, draft=draft)
+        if start:
+            engine.start()
         made.append(engine)
         return engine
 
     yield make
     for engine in made:
         engine.shutdown(1.0)
+
+
+def engines(spec: SpecConfig) -> Iterator[Callable[..., Engine]]:
+    """`engine_factory` with the speculation tests' limits and speculation `spec`."""
+    return engine_factory(num_blocks=256, prefill_chunk_tokens=16, context_ceiling=512,
+                          spec=spec, pipeline=False)
 
 
 def random_prompt(seed: int, n: int) -> list[int]:
