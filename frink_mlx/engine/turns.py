@@ -61,8 +61,6 @@ class TurnGate(Protocol):
 
     def peer_step_s(self) -> float | None: ...
 
-    def note_step(self) -> None: ...
-
 
 class PrefillSlicer:
     """Runs a contended prefill-only step a few layers per gate turn (module docstring)."""

@@ -98,9 +98,6 @@ class FakeGate:
     def peer_step_s(self) -> float | None:
         return self.peer
 
-    def note_step(self) -> None:
-        pass
-
 
 def test_chunk_size_fits_the_budget_within_its_bounds() -> None:
     slicer = PrefillSlicer(FakeGate(None), min_tokens=16, max_tokens=256)
