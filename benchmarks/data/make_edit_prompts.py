@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = "ee3a1af"  # the commit the snippets are cut from
 FILES = ["frink_mlx/engine/kv/block_pool.py", "frink_mlx/engine/kv/manager.py",
          "frink_mlx/engine/kv/hashing.py", "frink_mlx/engine/scheduler.py",
          "frink_mlx/engine/sampling.py", "frink_mlx/engine/stream.py",
@@ -26,9 +28,11 @@ FILES = ["frink_mlx/engine/kv/block_pool.py", "frink_mlx/engine/kv/manager.py",
 LENGTHS = [40, 55, 70, 85, 100, 120, 48, 62, 77, 93]
 
 
-def snippet(path: Path, num_lines: int) -> str:
-    """`num_lines` lines starting at the file's second top-level def or class."""
-    lines = path.read_text().splitlines()
+def snippet(rel: str, num_lines: int) -> str:
+    """`num_lines` lines of `rel` at `SNAPSHOT`, from its second top-level def or class."""
+    text = subprocess.run(["git", "show", f"{SNAPSHOT}:{rel}"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout
+    lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if re.match(r"(def|class|async def) ", line)]
     start = starts[1] if len(starts) > 1 else starts[0]
     start = max(0, min(start, len(lines) - num_lines))
@@ -46,15 +50,15 @@ def rename_target(code: str) -> tuple[str, str]:
 def main() -> None:
     prompts = []
     for i, rel in enumerate(FILES):
-        code = snippet(ROOT / rel, LENGTHS[i % len(LENGTHS)])
+        code = snippet(rel, LENGTHS[i % len(LENGTHS)])
         old, new = rename_target(code)
         prompts.append({
             "source": rel, "num_lines": code.count("\n") + 1, "rename": [old, new],
             "messages": [
                 {"role": "system", "content": "You are a careful coding assistant. When asked "
                  "to edit code, reply with the complete edited code and nothing else."},
-                {"role": "user", "content": f"Rename `{old}` to `{new}` everywhere in this "
-                 f"code and give me the whole code back.\n\n```python\n{code}\n```"}]})
+                {"role": "user", "content": f"```python\n{code}\n```\n\nRename `{old}` to "
+                 f"`{new}` everywhere in the code above and give me the whole code back."}]})
     out = Path(__file__).with_name("edit_prompts.json")
     out.write_text(json.dumps(prompts, indent=1) + "\n")
     print(f"wrote {len(prompts)} prompts to {out}")
