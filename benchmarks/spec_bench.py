@@ -18,7 +18,11 @@ conversion, reused with --fp32-dir):
 4. Greedy output is the same with speculation on or off (the engine's
    guarantee): the script counts replies whose texts differ and prints it.
 5. Acceptance: usage's `draft_tokens` / `draft_accepted` per workload.
-6. Draft-model mode (`--draft-layers N`): the bench entry names a draft
+6. Prefill bound (N clients): the workload's prompt tokens at the prefill
+   rate single stream measured (prompt tokens / time to first token) give
+   the seconds no decoding speed-up can save; wall / those seconds is the
+   ratio infinitely fast decoding would reach. Only decoding speeds up.
+7. Draft-model mode (`--draft-layers N`): the bench entry names a draft
    (registry rule 10), its own first N decoder layers (same embeddings, final
    norm and tokenizer), built next to the fp32 checkpoint. No second model
    with SmolLM2's tokenizer is installed on this machine, and a truncation
@@ -107,6 +111,22 @@ def decode_rate(replies: list[Reply]) -> float:
     return tokens / seconds if seconds > 0 else float("nan")
 
 
+def prefill_rate(replies: list[Reply]) -> float | None:
+    """Prompt tokens per second of time to first token, one request at a time."""
+    tokens = sum(r.prompt_tokens or 0 for r in replies if r.first is not None)
+    seconds = sum(r.ttft_s for r in replies if r.first is not None)
+    return tokens / seconds if tokens and seconds > 0 else None
+
+
+def prefill_bound(say: Any, replies: list[Reply], wall: float, rate: float | None) -> None:
+    """Rule 6: how much of the off side's wall time its prompts alone would take."""
+    if rate is None:
+        return
+    seconds = sum(r.prompt_tokens or 0 for r in replies) / rate
+    say(f"    prefill alone (at the single-stream {rate:.0f} tok/s): {seconds:.0f} s of the off"
+        f" side's {wall:.0f} s wall: infinitely fast decoding would give x{wall / seconds:.2f}")
+
+
 def acceptance(replies: list[Reply]) -> str:
     drafted = sum(r.draft_tokens or 0 for r in replies)
     accepted = sum(r.draft_accepted or 0 for r in replies)
@@ -117,7 +137,7 @@ def acceptance(replies: list[Reply]) -> str:
 
 
 def draft_model_counts(server: Server) -> tuple[float, float] | None:
-    """(drafted, accepted) by the draft model so far, from /metrics (rule 6)."""
+    """(drafted, accepted) by the draft model so far, from /metrics (rule 7)."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
     found = [[float(v) for v in re.findall(rf"^{name}_total(?:{{[^}}]*}})? (\S+)$", text, re.M)]
              for name in ("frink_spec_draft_model_tokens", "frink_spec_draft_model_accepted_tokens")]
@@ -127,7 +147,7 @@ def draft_model_counts(server: Server) -> tuple[float, float] | None:
 
 
 def truncate(fp32_dir: str, num_layers: int) -> str:
-    """Rule 6: the checkpoint's first `num_layers` layers, next to it (in a subprocess:
+    """Rule 7: the checkpoint's first `num_layers` layers, next to it (in a subprocess:
     MLX stays out of this client process)."""
     dst = f"{fp32_dir}-draft{num_layers}"
     code = ("import json, shutil, sys, mlx.core as mx\n"
@@ -201,6 +221,7 @@ async def run_all(server: Server, args: argparse.Namespace, report: list[str]) -
         say(f"    per-stream decode rate (first to last token): off {streams[False]:.1f}, "
             f"on {streams[True]:.1f} tok/s (x{streams[True] / streams[False]:.2f})")
         say(f"    on: {acceptance(groups[True])}")
+        prefill_bound(say, groups[False], walls[False], prefill_rate(one[False]))
         say(f"    replies whose text differs off vs on: {differing(groups[False], groups[True])}"
             f" of {len(workload)}")
         after = draft_model_counts(server)
@@ -237,7 +258,7 @@ def main() -> int:
     models = write_models_toml(prep["dir"])
     if args.draft_layers:
         models = write_draft_models_toml(prep["dir"], truncate(prep["dir"], args.draft_layers))
-        report.append(f"draft model: the checkpoint's first {args.draft_layers} layers (rule 6)")
+        report.append(f"draft model: the checkpoint's first {args.draft_layers} layers (rule 7)")
     flags = ["--spec-max-rows", str(args.spec_max_rows)] if args.spec_max_rows else []
     if flags:
         report.append(f"spec_max_rows {args.spec_max_rows}")
@@ -273,7 +294,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--edit-tokens", type=int, default=None, help="max_tokens (128)")
     ap.add_argument("--chat-tokens", type=int, default=None, help="max_tokens (96)")
     ap.add_argument("--draft-layers", type=int, default=0,
-                    help="rule 6: a draft model of the checkpoint's first N layers (0: none)")
+                    help="rule 7: a draft model of the checkpoint's first N layers (0: none)")
     ap.add_argument("--spec-max-rows", type=int, default=None, help="the daemon's setting")
     ap.add_argument("--no-save", dest="save", action="store_false",
                     help="do not write benchmarks/results/spec_bench-DATE.txt")
