@@ -71,7 +71,8 @@ class EngineLimits(_Slice, frozen=True):
     speculative: bool = True       # prompt-lookup speculation (engine/spec/)
     spec_max_draft: int = 8        # most tokens a row drafts per step
     spec_ngram: int = 4            # longest suffix n-gram looked up
-    spec_max_rows: int = 2         # steps decoding more rows than this do not speculate
+    spec_max_rows: int = 8         # steps decoding more rows than this do not speculate
+    spec_draft_rows: int = 2       # full contexts the draft model's KV pool holds
 
 
 class HubConfig(_Slice, frozen=True):

@@ -108,7 +108,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # request `speculative: false`
     spec_max_draft: int = 8                      # most tokens a row drafts per step
     spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
-    spec_max_rows: int = 2                       # a step decoding more rows does not speculate
+    spec_max_rows: int = 8                       # a step decoding more rows does not speculate
+    spec_draft_rows: int = 2                     # full contexts the draft model's KV pool holds
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
@@ -179,11 +180,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
 
     def engine_limits(self) -> EngineLimits:
-        if self.spec_max_draft < 1 or self.spec_ngram < 2:
-            raise ConfigError("invalid setting: spec_max_draft must be >= 1 and spec_ngram >= 2")
+        if self.spec_max_draft < 1 or self.spec_ngram < 2 or self.spec_draft_rows < 1:
+            raise ConfigError("invalid setting: spec_max_draft and spec_draft_rows must be >= 1"
+                              " and spec_ngram >= 2")
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
                             speculative=self.speculative, spec_max_draft=self.spec_max_draft,
                             spec_ngram=self.spec_ngram, spec_max_rows=self.spec_max_rows,
+                            spec_draft_rows=self.spec_draft_rows,
                             prefill_chunk_tokens=self.prefill_chunk_tokens,
                             idle_prefill_tokens=self.idle_prefill_tokens,
                             shared_prefill_tokens=self.shared_prefill_tokens,
@@ -334,6 +337,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
     "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
     "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),
+    "spec_draft_rows": SettingDoc("rows the draft model keeps KV for: its pool holds this many"
+                                  " full contexts"),
     # --- several machines (README "Several Macs") ---
     "distributed_hostfile": SettingDoc("serve one model over a group of machines: the MLX hostfile "
                                        "(env also MLX_HOSTFILE under mlx.launch)", ("--distributed",)),

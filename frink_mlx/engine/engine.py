@@ -311,8 +311,8 @@ class Engine:
 
 def draft_pool_blocks(spec: SpecConfig, num_blocks: int, block_size: int,
                       context_ceiling: int) -> int:
-    """The draft KV pool (rule 7): `max_rows` full contexts, never more than the target's."""
-    return max(1, min(num_blocks, spec.max_rows * -(-context_ceiling // block_size)))
+    """The draft KV pool (rule 7): `draft_rows` full contexts, never more than the target's."""
+    return max(1, min(num_blocks, spec.draft_rows * -(-context_ceiling // block_size)))
 
 
 def _nbytes(model: Any) -> int:

@@ -75,7 +75,7 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
     helper = load_draft(loaded, draft, config.load, backend) \
         if draft is not None and config.engine.speculative else None
     plan = plan_kv(loaded, config.budget, backend.memory_budget(), draft=helper,
-                   draft_rows=config.engine.spec_max_rows)
+                   draft_rows=config.engine.spec_draft_rows)
     engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
                     draft=helper)
     engine.start()
@@ -95,7 +95,8 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         admission_window_s=limits.admission_window_ms / 1000,
         pipeline=limits.pipeline,
         spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
-                        max_rows=limits.spec_max_rows, draft_num_blocks=plan.draft_num_blocks)
+                        max_rows=limits.spec_max_rows, draft_rows=limits.spec_draft_rows,
+                        draft_num_blocks=plan.draft_num_blocks)
         if limits.speculative else None)
 
 

@@ -24,6 +24,7 @@ import pytest
 from engine_support import engines, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.engine import draft_pool_blocks
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.sampling import RowSampler, draft_samplers, sample
 from frink_mlx.engine.scheduler import Scheduler
@@ -196,6 +197,31 @@ def test_new_rows_start_from_the_engines_recent_acceptance(monkeypatch):
     sched.schedule()
     (seq,) = sched.seqs.values()
     assert seq.drafter is not None and seq.drafter.alpha == prior and seq.drafter.is_cold
+
+
+
+@pytest.mark.parametrize("max_rows, drafting", [(None, True), (3, False)])
+def test_steps_of_many_rows_speculate_up_to_max_rows(monkeypatch, max_rows, drafting):
+    """Rule 5: by default a step of 4 decoding rows drafts (rule 3 decides);
+    above `max_rows` none does."""
+    monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: [7] * k)
+    monkeypatch.setattr(StepCostModel, "choose_width", lambda self, *a, **kw: 3)
+    spec = SpecConfig(max_draft=4) if max_rows is None else SpecConfig(max_draft=4, max_rows=max_rows)
+    sched = Scheduler(KVCacheManager(64, 4), max_batch=4, prefill_chunk_tokens=64, spec=spec)
+    for i in range(4):
+        sched.add(SeqRequest(f"r{i}", list(range(10, 16)), GREEDY, 12))
+    plan = sched.schedule()  # the four prompts, each sampling its first token
+    sched.update_rows(plan.sample_seq_ids, [[99]] * len(plan.sample_seq_ids))
+    plan = sched.schedule()
+    assert len(plan.decode) == 4
+    assert all(row.draft == ([7, 7] if drafting else []) for row in plan.decode)
+
+
+def test_the_draft_pool_holds_draft_rows_contexts_whatever_max_rows():
+    """Rule 7: the draft model's KV pool is `draft_rows` full contexts, not `max_rows`."""
+    spec = SpecConfig(max_rows=8, draft_rows=2)
+    assert draft_pool_blocks(spec, num_blocks=1000, block_size=16, context_ceiling=160) == 20
+    assert draft_pool_blocks(spec, num_blocks=12, block_size=16, context_ceiling=160) == 12
 
 
 # -- exactness ----------------------------------------------------------------------

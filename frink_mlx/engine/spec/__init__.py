@@ -49,12 +49,13 @@ Rules:
    rows `expects_draft` (warm, and its recent lookups found matches, or a
    warm draft model); rows that keep missing let the pipeline run, probing
    now and then.
-5. Only small batches speculate: a step decoding more than `max_rows` rows
-   (setting `spec_max_rows`, 2) drafts nothing and never forces a read-back.
+5. A step decoding more than `max_rows` rows (setting `spec_max_rows`, 8)
+   drafts nothing and never forces a read-back; up to there rule 3 decides.
    With many rows the forward is no longer bound by streaming the weights,
-   so extra verify positions cost nearly what they earn, and the fit of
-   rule 3 is noisiest there (benchmarks/results/spec-notes.md has the
-   measurements); a larger `spec_max_rows` leaves the choice to rule 3.
+   so extra verify positions cost more of what they earn: rule 3 prices
+   that, and speculates only where the rows' recent acceptance pays for it
+   (benchmarks/results/spec-notes.md). The draft model keeps KV for fewer
+   rows (`spec_draft_rows`, rule 7): its pool is full contexts.
 6. Verification is the same whoever drafted: the drafts are a point mass
    (prompt lookup copies, the draft model takes its argmax), so sampling.py
    rule 4 keeps the target distribution, and greedy rows give exactly the

@@ -28,11 +28,12 @@ class SpecConfig:
     """The engine's speculation settings (settings.py `speculative`, `spec_*`)."""
 
     max_draft: int = 8   # most tokens drafted per row per step
-    max_rows: int = 2    # a step decoding more rows than this does not speculate (rule 5)
+    max_rows: int = 8    # a step decoding more rows than this does not speculate (rule 5)
     ngram_max: int = 4   # longest suffix looked up (rule 1)
     ngram_min: int = 2
     # rule 7, set by the engine when its generation has a draft model (0: none)
     draft_num_blocks: int = 0
+    draft_rows: int = 2            # full contexts the draft KV pool holds (when not given)
     draft_step_cost: float = 0.0   # one draft-model step / a target step's fixed part
     draft_chunk_tokens: int = 512  # most tokens a row's draft KV catches up per step
 
