@@ -75,9 +75,7 @@ class DecodeGate:
             if self._owner == me:  # rule 3
                 self._depth += 1
                 return self
-            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
-            self._wait_turn(ticket)
-            self._owner, self._depth = me, 1
+            self._hold(me, 1)
             self.acquisitions += 1
             self.wait_s_total += time.perf_counter() - start
         return self
@@ -88,10 +86,13 @@ class DecodeGate:
             if self._depth == 0:
                 self._let_go()
 
-    def _wait_turn(self, ticket: int) -> None:
-        while self._owner is not None or self._serving != ticket:  # rule 4
+    def _hold(self, me: int, depth: int) -> None:
+        """Queue (rule 4: FIFO tickets), wait for this ticket's turn, hold at `depth`."""
+        ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+        while self._owner is not None or self._serving != ticket:
             self._cond.wait()
         self._held_since = time.perf_counter()
+        self._owner, self._depth = me, depth
 
     def _let_go(self) -> None:
         me = self._owner
@@ -118,10 +119,8 @@ class DecodeGate:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             self._seen[me] = time.monotonic()
-            self._wait_turn(ticket)
-            self._owner, self._depth = me, depth
+            self._hold(me, depth)
             return True
 
     def _steps_of_others(self, me: int) -> int:
