@@ -199,7 +199,6 @@ def test_new_rows_start_from_the_engines_recent_acceptance(monkeypatch):
     assert seq.drafter is not None and seq.drafter.alpha == prior and seq.drafter.is_cold
 
 
-
 @pytest.mark.parametrize("max_rows, drafting", [(None, True), (3, False)])
 def test_steps_of_many_rows_speculate_up_to_max_rows(monkeypatch, max_rows, drafting):
     """Rule 5: by default a step of 4 decoding rows drafts (rule 3 decides);
