@@ -58,7 +58,9 @@ def env_name(name: str) -> str:
 
 
 def _base_type(tp: Any) -> Any:
-    """`int | None` -> int; `tuple[str, ...]` -> tuple; `str` -> str."""
+    """`int | None` -> int; `tuple[str, ...]` -> tuple; `str` -> str; `Annotated[int, ...]` -> int."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
         return arms[0] if len(arms) == 1 else str

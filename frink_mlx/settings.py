@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -36,6 +36,10 @@ from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, Hu
 from .errors import ConfigError
 
 DEFAULT_PORT = 8177
+# Bounds msgspec checks while loading, so a bad value is refused naming its setting
+# before anything starts (`Settings.load`).
+AtLeast1 = Annotated[int, msgspec.Meta(ge=1)]
+AtLeast2 = Annotated[int, msgspec.Meta(ge=2)]
 ENV_PREFIX = "FRINK_MLX_"
 
 
@@ -106,10 +110,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     speculative: bool = True                     # speculative decoding in the batch: prompt lookup,
                                                  # and an entry's `draft` model (engine/spec/); per
                                                  # request `speculative: false`
-    spec_max_draft: int = 8                      # most tokens a row drafts per step
-    spec_ngram: int = 4                          # longest suffix n-gram looked up in the context
+    spec_max_draft: AtLeast1 = 8                 # most tokens a row drafts per step
+    spec_ngram: AtLeast2 = 4                     # longest suffix n-gram looked up in the context
     spec_max_rows: int = 8                       # a step decoding more rows does not speculate
-    spec_draft_rows: int = 2                     # full contexts the draft model's KV pool holds
+    spec_draft_rows: AtLeast1 = 2                # full contexts the draft model's KV pool holds
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
@@ -180,9 +184,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                             max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
 
     def engine_limits(self) -> EngineLimits:
-        if self.spec_max_draft < 1 or self.spec_ngram < 2 or self.spec_draft_rows < 1:
-            raise ConfigError("invalid setting: spec_max_draft and spec_draft_rows must be >= 1"
-                              " and spec_ngram >= 2")
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,
                             speculative=self.speculative, spec_max_draft=self.spec_max_draft,
                             spec_ngram=self.spec_ngram, spec_max_rows=self.spec_max_rows,

@@ -85,6 +85,15 @@ def test_a_bad_flag_value_is_one_argparse_error(capsys):
     assert "argument --block-size: invalid int value: 'four'" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("argv, named", [(["--spec-draft-rows", "0"], "spec_draft_rows"),
+                                         (["--spec-ngram", "1"], "spec_ngram")])
+def test_a_value_out_of_its_bounds_is_one_error_naming_the_setting(capsys, argv, named):
+    assert main(["serve", *argv]) == 2  # refused while loading: nothing started
+    err = capsys.readouterr().err
+    assert err.startswith("frink-mlx: error: invalid setting") and f"$.{named}" in err
+    assert "Traceback" not in err
+
 def test_readme_settings_section_is_generated_from_the_table():
     section = readme_section((ROOT / "README.md").read_text())
     assert section is not None, "README.md lost its settings markers"
