@@ -7,6 +7,7 @@ models.toml, so greedy outputs differ between them and a swap is observable.
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -280,6 +281,12 @@ def test_template_error_is_400_before_stream_starts(live):
     err = r.json()["error"]
     assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
     assert err["code"] == "context_length_exceeded" and err["n_ctx"] == 2048
+    # Anthropic's own words, which Claude Code reads to compact its context (issue 28)
+    r = post(live, "/v1/messages", json={"model": "tiny-a", "max_tokens": 8, "messages": long,
+                                         "stream": True})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["type"] == "invalid_request_error"
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 2048 maximum", err["message"])
 
 
 def test_max_tokens_beyond_the_ceiling_is_clamped(live):

@@ -130,14 +130,17 @@ EMBEDDINGS: dict[str, Rule] = {
 
 MESSAGES: dict[str, Rule] = {
     "model": (H, "unknown names (claude-...) fall back"), "max_tokens": (H, ""),
-    "messages": (H, "text, tool_use, tool_result, thinking blocks; images/documents refused"),
-    "system": (H, "string or text blocks"), "stop_sequences": (H, ""), "stream": (H, ""),
+    "messages": (H, "text, tool_use, tool_result, thinking blocks; role system where it "
+                 "stands; images/documents refused"),
+    "system": (H, "string or text blocks; Claude Code's billing-header line dropped"), "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
     "tools": (H, "client tools; server tools refused by name"), "tool_choice": (H, ""),
-    "thinking": (H, "enabled (budget enforced), adaptive, disabled"),
+    "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"
+                 "updates a no-op, omitted refused"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "metadata": (N, "user_id is an end-user id"),
-    "output_config": (H, "format json_schema enforced; effort refused"),
+    "output_config": (H, "format json_schema enforced; effort low/medium bound the "
+                      "thinking (1,024 / 4,096 tokens)"),
     "cache_control": (N, "every prefix is cached automatically"),
     "service_tier": (N, "one local tier"),
     "container": (R, "no server-side code execution"),

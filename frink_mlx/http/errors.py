@@ -18,7 +18,9 @@ Envelopes:
                `n_prompt_tokens` and `n_ctx`, and on llama-server's un-prefixed alias
                (`/chat/completions`) its type is llama-server's `exceed_context_size_error`
                (the code stays OpenAI's `context_length_exceeded`)
-    Anthropic  {"type": "error", "error": {"type", "message"}}
+    Anthropic  {"type": "error", "error": {"type", "message"}}; a context overflow's message
+               is Anthropic's own words, `prompt is too long: N tokens > M maximum` (Claude
+               Code compacts its context only when it reads that)
     llama.cpp  {"error": {"code": <status>, "message", "type"}} with llama-server's types by
                status (invalid_request_error, authentication_error, permission_error,
                not_found_error, not_supported_error, unavailable_error, server_error); a
@@ -72,7 +74,10 @@ def llama_server_openai_error(exc: FrinkError) -> JSONResponse:
 
 def anthropic_error(exc: FrinkError) -> JSONResponse:
     kind = _ANTHROPIC_TYPES.get(exc.status, "api_error")
-    body = {"type": "error", "error": {"type": kind, "message": exc.message}}
+    message = exc.message
+    if isinstance(exc, ContextLengthExceeded):
+        message = f"prompt is too long: {exc.num_tokens} tokens > {exc.limit} maximum"
+    body = {"type": "error", "error": {"type": kind, "message": message}}
     return JSONResponse(body, status_code=exc.status, headers=_headers(exc))
 
 

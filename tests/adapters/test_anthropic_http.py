@@ -148,3 +148,21 @@ def test_assistant_prefill_is_continued(client: anthropic.Anthropic, adapter_eng
     assert message.content[0].text == "Hello from the script."
     _, prompt = adapter_engines["scripted"].seen[-1]
     assert prompt.endswith("<|im_start|>assistantWell,")  # open: no <|im_end|> after it
+
+
+def test_claude_code_sessions_share_their_system_prompt_in_the_prefix_cache(
+        client: anthropic.Anthropic) -> None:
+    """Issue 28: the billing-header line differs per session; the rest of the system
+    prompt is the same and must be read from the prefix cache by the next session."""
+    policy = "You are an interactive CLI tool that helps users with software tasks. " * 12
+
+    def session(cch: str, prompt: str) -> Any:
+        return client.messages.create(model="tiny", max_tokens=1, messages=[
+            {"role": "user", "content": prompt}], system=[
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332.{cch[:3]}; "
+                                     f"cc_entrypoint=sdk-cli; cch={cch};"},
+            {"type": "text", "text": policy}], extra_body={"temperature": 0})
+    session("0a1b2", "List the files.")
+    usage = session("f3e4d", "Explain this repository in one line.").usage
+    total = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert (usage.cache_read_input_tokens or 0) >= 0.5 * total

@@ -110,7 +110,6 @@ def test_count_tokens_request() -> None:
     ({"thinking": {"type": "between_tools"}}, "thinking.type"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
      "thinking.display"),
-    ({"output_config": {"effort": "high"}}, "output_config.effort"),
     ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
 ])
 def test_unsupported_fields_refused_by_name(patch: dict, param: str) -> None:
@@ -219,3 +218,65 @@ def test_wire_structs_round_trip_through_msgspec() -> None:
     req = decode(TOOL_ROUND_TRIP)
     again = msgspec.json.decode(msgspec.json.encode(req), type=wire.MessagesRequest)
     assert again == req
+
+
+def test_system_messages_inside_messages_stand_where_they_are() -> None:
+    """Issue 28: Claude Code 2.1 puts `role: "system"` entries in `messages` (rule 1)."""
+    gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "system": "first", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+        {"role": "user", "content": "again"}]}))
+    assert [(m.role, m.content) for m in gen.messages or []] == [
+        ("system", "first"), ("user", "hi"), ("system", "reminder"), ("user", "again")]
+
+
+def test_a_system_message_with_an_image_is_refused_naming_it() -> None:
+    with pytest.raises(UnsupportedField) as err:
+        to_gen_request(decode({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "system", "content": [{"type": "image", "source": {}}]},
+            {"role": "user", "content": "hi"}]}))
+    assert err.value.param == "messages[0].content[0]"
+
+
+def test_claude_codes_billing_header_block_never_reaches_the_prompt() -> None:
+    """Rule 1: the per-session hash line would defeat the prefix cache."""
+    def system_of(cch: str) -> str:
+        gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332.{cch}; "
+                                     f"cc_entrypoint=sdk-cli; cch={cch};"},
+            {"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": "hi"}]}))
+        assert gen.messages and gen.messages[0].role == "system"
+        return gen.messages[0].content or ""
+    assert system_of("a1b2c") == system_of("f9e8d") == "You are Claude Code."
+
+
+@pytest.mark.parametrize("display", ["summarized", "updates"])
+def test_thinking_display_that_shows_the_thinking_is_a_no_op(display: str) -> None:
+    gen = to_gen_request(decode({**TOOL_ROUND_TRIP, "thinking": {
+        "type": "adaptive", "display": display}}))
+    assert gen.thinking is True and gen.thinking_budget_tokens is None
+
+
+@pytest.mark.parametrize("thinking,effort,budget", [
+    ({"type": "adaptive"}, "low", 1024),
+    ({"type": "adaptive"}, "medium", 4096),
+    ({"type": "adaptive"}, "high", None),
+    (None, "max", None),
+    ({"type": "enabled", "budget_tokens": 300}, "low", 300),   # an explicit budget wins
+    ({"type": "disabled"}, "low", None),                        # nothing to bound
+])
+def test_output_config_effort_bounds_the_thinking(thinking: dict | None, effort: str,
+                                                  budget: int | None) -> None:
+    """Rule 5: Claude Code 2.1 sends `output_config.effort`; it maps to a thinking budget."""
+    body = {**TOOL_ROUND_TRIP, "output_config": {"effort": effort}}
+    body.pop("thinking", None)
+    if thinking:
+        body["thinking"] = thinking
+    assert to_gen_request(decode(body)).thinking_budget_tokens == budget
+
+
+def test_an_unknown_effort_is_a_400_naming_it() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        decode({**TOOL_ROUND_TRIP, "output_config": {"effort": "extreme"}})
+    assert err.value.param == "output_config.effort"

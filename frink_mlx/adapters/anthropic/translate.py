@@ -1,7 +1,14 @@
 """Anthropic Messages <-> the neutral GenRequest / event stream. Pure functions, no I/O.
 
 Request rules:
-1. `system` (string or text blocks) becomes one leading system message.
+1. `system` (string or text blocks) becomes one leading system message; a
+   `role: "system"` entry inside `messages` (Claude Code 2.1 sends them) becomes a
+   system message where it stands. A system text block that is Claude Code's
+   `x-anthropic-billing-header: cc_version=...; cch=<hash>;` line is dropped: it is
+   client metadata for Anthropic's billing, not instructions, and its hash of the
+   first prompt makes every session's prompt differ at its 47th character, so no
+   session could reuse another's cached system prompt. The model never sees it
+   (the prompt rendered, counted and cached is the one without it).
 2. A user turn's `tool_result` blocks become `tool` messages (in order, before
    the turn's text), carrying `tool_call_id` and the tool's name looked up from
    the assistant `tool_use` that asked for it; `is_error` prefixes "Error: ".
@@ -12,8 +19,13 @@ Request rules:
    keeps only the model's first call (the parser drops the rest).
 5. `thinking: enabled` -> GenRequest.thinking True + budget; `adaptive` -> True
    (the model decides how long); `disabled` -> False; absent -> None (the
-   template's default). `output_config.format` (JSON schema) becomes the
-   structured-output constraint.
+   template's default). `thinking.display` "summarized" / "updates" is a no-op
+   (the whole thinking is returned); "omitted" is refused by name.
+   `output_config.effort` bounds the thinking: `low` -> 1,024 tokens, `medium` ->
+   4,096, `high` / `xhigh` / `max` -> unbounded (the model decides), unless
+   `thinking.budget_tokens` is given, which wins; with thinking disabled it is a
+   no-op (there is no thinking to bound). `output_config.format` (JSON schema)
+   becomes the structured-output constraint.
 6. A conversation ending in an assistant turn is a prefill: the reply continues
    that text (the template renders it open, without its end-of-turn marker).
 
@@ -54,6 +66,18 @@ Frame = tuple[str, dict[str, Any]]   # (SSE event name, payload)
 
 
 # -- request -------------------------------------------------------------------
+BILLING_HEADER = "x-anthropic-billing-header:"      # rule 1
+EFFORT_BUDGET_TOKENS = {"low": 1024, "medium": 4096}    # rule 5; others: unbounded
+
+
+def _system_text(blocks: str | list[Any], where: str) -> str:
+    """A system prompt's text without Claude Code's billing-header block (rule 1)."""
+    if isinstance(blocks, str):
+        return "" if blocks.startswith(BILLING_HEADER) else blocks
+    return _text_of([b for b in blocks if not (isinstance(b, wire.TextBlock)
+                                               and b.text.startswith(BILLING_HEADER))], where)
+
+
 def _text_of(blocks: str | list[Any], where: str) -> str:
     if isinstance(blocks, str):
         return blocks
@@ -115,11 +139,14 @@ def _assistant_message(blocks: list[wire.ContentBlock], i: int,
 def to_messages(system: str | list[wire.TextBlock] | None,
                 messages: list[wire.MessageParam]) -> list[Message]:
     out: list[Message] = []
-    if system:
-        out.append(Message("system", _text_of(system, "system")))
+    if system and (text := _system_text(system, "system")):
+        out.append(Message("system", text))
     tool_names: dict[str, str] = {}
     for i, param in enumerate(messages):
-        if isinstance(param.content, str):
+        if param.role == "system":      # rule 1: where it stands
+            if text := _system_text(param.content, f"messages[{i}].content"):
+                out.append(Message("system", text))
+        elif isinstance(param.content, str):
             out.append(Message(param.role, param.content))
         elif param.role == "user":
             out.extend(_user_messages(param.content, i, tool_names))
@@ -164,19 +191,17 @@ def _thinking(req: wire.MessagesRequest | wire.CountTokensRequest) -> tuple[bool
             raise InvalidRequest("'thinking.budget_tokens' must be at least 1.",
                                  param="thinking.budget_tokens")
         return True, thinking.budget_tokens
-    if isinstance(thinking, wire.ThinkingAdaptive):
-        return True, None
     if isinstance(thinking, wire.ThinkingDisabled):
         return False, None
-    return None, None
+    effort = req.output_config.effort if req.output_config else None
+    budget = EFFORT_BUDGET_TOKENS.get(effort or "")
+    return (True if isinstance(thinking, wire.ThinkingAdaptive) else None), budget
 
 
 def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> ResponseFormat | None:
     config = req.output_config
     if config is None:
         return None
-    if config.effort is not None:
-        raise UnsupportedField("output_config.effort", "cannot be honoured by a local model")
     if config.format is None:
         return None
     return ResponseFormat("json_schema", schema=config.format.schema,

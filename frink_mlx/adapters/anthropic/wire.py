@@ -83,7 +83,7 @@ ContentBlock = Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
 
 
 class MessageParam(msgspec.Struct, forbid_unknown_fields=False):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]   # "system": Claude Code 2.1 (translate rule 1)
     content: Union[str, list[ContentBlock]]
 
 
@@ -121,13 +121,18 @@ class ToolChoiceNone(_Choice, tag="none"):
 ToolChoice = Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone]
 
 
+# `display`: "summarized" and "updates" (Claude Code 2.1) are no-ops -- a local model's
+# thinking is returned whole, which is what both ask to see; "omitted" is refused (translate rule 5).
+ThinkingDisplay = Literal["summarized", "updates", "omitted"]
+
+
 class ThinkingEnabled(_Choice, tag="enabled"):
     budget_tokens: int
-    display: Literal["summarized", "omitted"] | None = None
+    display: ThinkingDisplay | None = None
 
 
 class ThinkingAdaptive(_Choice, tag="adaptive"):
-    display: Literal["summarized", "omitted"] | None = None
+    display: ThinkingDisplay | None = None
 
 
 class ThinkingBetweenTools(_Choice, tag="between_tools"):
@@ -148,7 +153,7 @@ class JSONOutputFormat(msgspec.Struct, forbid_unknown_fields=False):
 
 class OutputConfig(msgspec.Struct, forbid_unknown_fields=False):
     format: JSONOutputFormat | None = None
-    effort: str | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None   # translate rule 5
 
 
 class Metadata(msgspec.Struct, forbid_unknown_fields=False):
