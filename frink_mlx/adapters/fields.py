@@ -132,7 +132,8 @@ MESSAGES: dict[str, Rule] = {
     "model": (H, "unknown names (claude-...) fall back"), "max_tokens": (H, ""),
     "messages": (H, "text, tool_use, tool_result, thinking blocks; role system where it "
                  "stands; images/documents refused"),
-    "system": (H, "string or text blocks; Claude Code's billing-header line dropped"), "stop_sequences": (H, ""), "stream": (H, ""),
+    "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
+    "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
     "tools": (H, "client tools; server tools refused by name"), "tool_choice": (H, ""),
     "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"

@@ -19,6 +19,7 @@ import ollama
 import pytest
 
 from adapters.test_embeddings import LiveServer, registry, settings
+from frink_mlx import __version__
 from frink_mlx.app import create_app
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -46,7 +47,11 @@ def test_list_show_ps_version(client: ollama.Client) -> None:
     running = client.ps().models
     assert running[0].model == "tiny:latest"
     assert running[0].context_length and running[0].size and running[0].size > 0
-    assert client._client.get("/api/version").json()["version"]
+    version = client._client.get("/api/version")
+    # Codex --oss gates on >= 0.13.4 (issue 28); frink-mlx's own version rides beside it
+    major, minor, patch = (int(x) for x in version.json()["version"].split("."))
+    assert (major, minor, patch) >= (0, 13, 4)
+    assert version.json()["frink_version"] == version.headers["x-frink-version"] == __version__
     with pytest.raises(ollama.ResponseError) as err:
         client.show("nope")
     assert err.value.status_code == 404 and "nope" in err.value.error

@@ -20,6 +20,10 @@ Rules:
 4. /api/pull downloads nothing (frink-mlx serves what models.toml names): a
    registry entry answers `{"status": "success"}` (one NDJSON line when
    streaming); any other name is a 404 naming models.toml.
+5. /api/version answers `OLLAMA_API_VERSION`, the Ollama release whose API these
+   routes speak, because clients gate on it (Codex's `--oss` mode refuses any
+   Ollama older than 0.13.4); frink-mlx's own version is in `frink_version` and
+   the `x-frink-version` header.
 """
 
 from __future__ import annotations
@@ -156,9 +160,14 @@ async def ps(request: Request) -> Response:
     return json_response({"models": [ps_entry(state, g) for g in gens]})
 
 
+OLLAMA_API_VERSION = "0.13.5"   # rule 5
+
+
 @endpoint(ollama_error)
 async def version(request: Request) -> Response:
-    return json_response({"version": __version__})
+    response = json_response({"version": OLLAMA_API_VERSION, "frink_version": __version__})
+    response.headers["x-frink-version"] = __version__
+    return response
 
 
 @endpoint(ollama_error)
