@@ -68,6 +68,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_body_bytes: int = 8 * 1024 * 1024
     strict_fields: bool = False                  # unknown request fields: 400 instead of
                                                  # a x-frink-ignored-fields header (http/fields.py)
+    refuse_images: bool = False                  # image parts: 400 instead of a placeholder
+                                                 # text (core/images.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
     body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
@@ -271,6 +273,8 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
     "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
                                 "accepting and reporting them (x-frink-ignored-fields)"),
+    "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
+                                "with a short placeholder text (x-frink-images-omitted)"),
     # --- models ---
     "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
                               "~/.config/frink-mlx/models.toml, then the packaged one",

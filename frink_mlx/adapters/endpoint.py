@@ -32,6 +32,7 @@ collected body -- and gets, identically:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -41,10 +42,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..core.events import Event
+from ..core.images import OMITTED_HEADER
 from ..core.request import GenRequest
+from ..errors import UnsupportedField
 from ..http.body import decode_body
 from ..http.errors import Envelope, endpoint
 from ..http.sse import StreamResponse, run_until_disconnect
+
+log = logging.getLogger("frink_mlx.adapters")
 
 if TYPE_CHECKING:
     from ..serving.handles import Run
@@ -97,6 +102,7 @@ Start = Callable[[Request, W], Awaitable[Answer]]
 async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     """Submit every request (rule 2); if one is refused, abort those already started."""
     state = request.app.state.frink
+    _note_omitted_images(request, reqs, refuse=state.settings.refuse_images)
     runs: list[Run] = []
     try:
         for req in reqs:
@@ -106,6 +112,19 @@ async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
             await run.abort()
         raise
     return runs
+
+
+def _note_omitted_images(request: Request, reqs: list[GenRequest], *, refuse: bool) -> None:
+    """core/images.py rules 2-3: refuse the first image part, or log them for the header."""
+    paths = reqs[0].omitted_images if reqs else []
+    if not paths:
+        return
+    if refuse:
+        raise UnsupportedField(paths[0], "is an image; the model reads text only "
+                               "(refuse_images is set)")
+    request.state.omitted_images = len(paths)
+    log.info("%d image part(s) replaced by a placeholder (text-only model): %s",
+             len(paths), ", ".join(paths[:8]))
 
 
 def generating(protocol: Protocol, wire: type[W], start: Start[W]
@@ -118,6 +137,8 @@ def generating(protocol: Protocol, wire: type[W], start: Start[W]
     async def serve(request: Request) -> Response:
         body = await decode_body(request, wire)                    # rule 1
         answer = await start(request, body)                        # rule 2
+        if omitted := getattr(request.state, "omitted_images", 0):
+            answer.headers[OMITTED_HEADER] = str(omitted)            # core/images.py rule 2
         if answer.stream:                                          # rule 3
             return StreamResponse(answer.frames(), on_close=answer.abort,
                                   keepalive_s=protocol.keepalive_s,

@@ -72,7 +72,8 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
 
 CHAT: dict[str, Rule] = {
     **_OPENAI_SAMPLING,
-    "messages": (H, "text content parts; image/audio parts refused by name"),
+    "messages": (H, "text content parts; image parts become a placeholder text (text-only "
+                 "models; refuse_images refuses them); audio refused by name"),
     "max_completion_tokens": (H, "-1 = no limit"),
     "top_logprobs": (H, ""),
     "tools": (H, "function tools; strict schemas enforced"),
@@ -131,7 +132,7 @@ EMBEDDINGS: dict[str, Rule] = {
 MESSAGES: dict[str, Rule] = {
     "model": (H, "unknown names (claude-...) fall back"), "max_tokens": (H, ""),
     "messages": (H, "text, tool_use, tool_result, thinking blocks; role system where it "
-                 "stands; images/documents refused"),
+                 "stands; images become a placeholder text; documents refused"),
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
     "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),

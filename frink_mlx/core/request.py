@@ -126,6 +126,8 @@ class GenRequest:
     request_id: str = ""
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific, documented per adapter
+    # Paths of image parts replaced by a placeholder text (core/images.py rule 1).
+    omitted_images: list[str] = field(default_factory=list)
     # Names of the `sampling` fields the client actually sent (None = unknown:
     # a field still at its SamplingParams default counts as unsent). Lets the
     # daemon apply models.toml [sampling] defaults only where the client was silent.

@@ -119,9 +119,38 @@ def test_errors_in_anthropic_envelope(client: anthropic.Anthropic, live: Any) ->
 
     with pytest.raises(anthropic.BadRequestError) as err:
         client.messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": "iVBORw0KGgo="}}]}])
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                            "data": "x"}}]}])
     assert "messages[0].content[0]" in err.value.body["error"]["message"]
+
+
+PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                   "data": "iVBORw0KGgo="}}
+
+
+def test_a_claude_code_session_with_a_screenshot_goes_on_answering(live: Any) -> None:
+    """Issue 28 / core/images.py: Claude Code's Read of a PNG comes back as an image
+    inside a tool_result; on a text-only model every later turn must still answer."""
+    read = {"name": "Read", "description": "Read a file",
+            "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}}}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "What does shot.png show?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Read",
+                                           "input": {"file_path": "shot.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [PNG]}]}]
+    for turn in range(4):
+        r = httpx.post(live.url + "/v1/messages", timeout=60, json={
+            "model": "tiny", "max_tokens": 3, "tools": [read], "messages": messages,
+            "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-frink-images-omitted"] == "1"
+        text = "".join(b.get("text", "") for b in r.json()["content"])
+        messages += [{"role": "assistant", "content": text or "ok"},
+                     {"role": "user", "content": f"And turn {turn + 2}?"}]
+    counted = httpx.post(live.url + "/v1/messages/count_tokens", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": [PNG]}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 5
 
 
 def test_thinking_opened_by_the_prompt(client: anthropic.Anthropic,

@@ -21,6 +21,7 @@ from frink_mlx.core.events import (
     ToolCallStart,
     Usage,
 )
+from frink_mlx.core.images import IMAGE_PLACEHOLDER
 from frink_mlx.core.request import Message, ToolCall
 from frink_mlx.errors import InvalidRequest, UnsupportedField
 from frink_mlx.http.body import decode_struct
@@ -104,7 +105,7 @@ def test_count_tokens_request() -> None:
 
 @pytest.mark.parametrize("patch,param", [
     ({"messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": ""}}]}]},
      "messages[0].content[0]"),
     ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "tools[0].type"),
     ({"thinking": {"type": "between_tools"}}, "thinking.type"),
@@ -280,3 +281,18 @@ def test_an_unknown_effort_is_a_400_naming_it() -> None:
     with pytest.raises(InvalidRequest) as err:
         decode({**TOOL_ROUND_TRIP, "output_config": {"effort": "extreme"}})
     assert err.value.param == "output_config.effort"
+
+
+def test_image_blocks_become_placeholders_where_they_stood() -> None:
+    """core/images.py rule 1: a user turn's image and one inside a tool_result."""
+    png = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "look:"}, png]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": [png]}]}]}))
+    assert gen.omitted_images == ["messages[0].content[1]", "messages[2].content[0].content[0]"]
+    messages = gen.messages or []
+    assert messages[0].content == "look:\n" + IMAGE_PLACEHOLDER
+    assert messages[2].role == "tool" and messages[2].content == IMAGE_PLACEHOLDER

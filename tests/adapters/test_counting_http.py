@@ -35,9 +35,20 @@ def test_responses_input_tokens_equal_the_input_tokens_of_a_response(live: Any, 
 
 
 def test_counts_refuse_what_the_route_refuses(live: Any) -> None:
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    r = post(live, "/v1/chat/completions/input_tokens", model="tiny", messages=image)
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}]
+    r = post(live, "/v1/chat/completions/input_tokens", model="tiny", messages=audio)
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages[0]")
+
+
+def test_an_image_part_counts_as_its_placeholder_as_the_route_serves_it(live: Any) -> None:
+    """core/images.py: on a text-only model an image part becomes a placeholder text."""
+    image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "image_url", "image_url": {"url": "x"}}]}]
+    counted = post(live, "/v1/chat/completions/input_tokens", model="tiny", messages=image)
+    assert counted.status_code == 200, counted.text
+    r = post(live, "/v1/chat/completions", model="tiny", messages=image, max_tokens=1)
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+    assert r.json()["usage"]["prompt_tokens"] == counted.json()["input_tokens"]
 
 
 def test_apply_template_renders_what_the_model_is_prompted_with(live: Any) -> None:

@@ -14,7 +14,8 @@ Request rules:
    the assistant `tool_use` that asked for it; `is_error` prefixes "Error: ".
 3. An assistant turn's `thinking` goes back as `Message.reasoning`, `tool_use`
    as `ToolCall`s with the input re-serialised as JSON text.
-4. Image/document blocks and server tools are refused by name
+4. Image blocks in user turns and tool results become a placeholder text
+   (core/images.py). Document blocks and server tools are refused by name
    (`messages[2].content[0]`, `tools[1].type`, ...). `disable_parallel_tool_use`
    keeps only the model's first call (the parser drops the rest).
 5. `thinking: enabled` -> GenRequest.thinking True + budget; `adaptive` -> True
@@ -58,6 +59,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
+from ...core.images import omit_image
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
@@ -78,11 +80,16 @@ def _system_text(blocks: str | list[Any], where: str) -> str:
                                                and b.text.startswith(BILLING_HEADER))], where)
 
 
-def _text_of(blocks: str | list[Any], where: str) -> str:
+def _text_of(blocks: str | list[Any], where: str, omitted: list[str] | None = None) -> str:
+    """Blocks' text; with `omitted`, an image block becomes the placeholder text
+    (core/images.py rule 1), else it is refused naming it."""
     if isinstance(blocks, str):
         return blocks
     parts = []
     for j, block in enumerate(blocks):
+        if omitted is not None and isinstance(block, wire.ImageBlock):
+            parts.append(omit_image(f"{where}[{j}]", omitted))
+            continue
         if not isinstance(block, wire.TextBlock):
             raise UnsupportedField(f"{where}[{j}]", f"is a '{_tag(block)}' block; this server "
                                    "serves text-only models")
@@ -95,18 +102,20 @@ def _tag(block: Any) -> str:
 
 
 def _user_messages(blocks: list[wire.ContentBlock], i: int,
-                   tool_names: dict[str, str]) -> list[Message]:
+                   tool_names: dict[str, str], omitted: list[str]) -> list[Message]:
     tools: list[Message] = []
     texts: list[str] = []
     for j, block in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         if isinstance(block, wire.ToolResultBlock):
-            content = _text_of(block.content, f"{where}.content")
+            content = _text_of(block.content, f"{where}.content", omitted)
             tools.append(Message("tool", ("Error: " + content) if block.is_error else content,
                                  tool_call_id=block.tool_use_id,
                                  name=tool_names.get(block.tool_use_id)))
         elif isinstance(block, wire.TextBlock):
             texts.append(block.text)
+        elif isinstance(block, wire.ImageBlock):
+            texts.append(omit_image(where, omitted))
         else:
             raise UnsupportedField(where, f"is a '{_tag(block)}' block, which a user turn "
                                    "cannot carry here")
@@ -137,7 +146,7 @@ def _assistant_message(blocks: list[wire.ContentBlock], i: int,
 
 
 def to_messages(system: str | list[wire.TextBlock] | None,
-                messages: list[wire.MessageParam]) -> list[Message]:
+                messages: list[wire.MessageParam], omitted: list[str]) -> list[Message]:
     out: list[Message] = []
     if system and (text := _system_text(system, "system")):
         out.append(Message("system", text))
@@ -149,7 +158,7 @@ def to_messages(system: str | list[wire.TextBlock] | None,
         elif isinstance(param.content, str):
             out.append(Message(param.role, param.content))
         elif param.role == "user":
-            out.extend(_user_messages(param.content, i, tool_names))
+            out.extend(_user_messages(param.content, i, tool_names, omitted))
         else:
             out.append(_assistant_message(param.content, i, tool_names))
     if not messages:
@@ -210,7 +219,9 @@ def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> Res
 
 def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRequest:
     thinking, budget = _thinking(req)
-    gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages),
+    omitted: list[str] = []
+    gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages, omitted),
+                     omitted_images=omitted,
                      tools=to_tools(req.tools), tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=not getattr(req.tool_choice, "disable_parallel_tool_use",
                                                      False),

@@ -46,6 +46,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
+from ...core.images import omit_image
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, llama_server_openai_error, openai_error
@@ -75,11 +76,14 @@ def sampling_of(body: wire.SamplingWire, *, logprobs: bool, top_logprobs: int
     return params, frozenset(sent)
 
 
-def _content(content: str | list[wire.ContentPart] | None, i: int) -> str:
+def _content(content: str | list[wire.ContentPart] | None, i: int, omitted: list[str]) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for j, part in enumerate(content):
+        if part.type == "image_url":                       # core/images.py rule 1
+            texts.append(omit_image(f"messages[{i}].content[{j}]", omitted))
+            continue
         if part.type != "text" or part.text is None:
             raise UnsupportedField(f"messages[{i}].content[{j}].type",
                                    f"'{part.type}' content is not supported (text only)")
@@ -87,7 +91,7 @@ def _content(content: str | list[wire.ContentPart] | None, i: int) -> str:
     return "".join(texts)
 
 
-def _message(m: wire.ChatMessage, i: int) -> Message:
+def _message(m: wire.ChatMessage, i: int, omitted: list[str]) -> Message:
     if m.role == "function" or m.function_call is not None:
         raise UnsupportedField(f"messages[{i}].role" if m.role == "function"
                                else f"messages[{i}].function_call",
@@ -97,7 +101,7 @@ def _message(m: wire.ChatMessage, i: int) -> Message:
     calls = [ToolCall(c.id or f"call_{i}_{k}", c.function.name, c.function.arguments or "{}")
              for k, c in enumerate(m.tool_calls or [])]
     role = "system" if m.role == "developer" else m.role
-    return Message(role, _content(m.content, i), tool_calls=calls,  # type: ignore[arg-type]
+    return Message(role, _content(m.content, i, omitted), tool_calls=calls,  # type: ignore[arg-type]
                    tool_call_id=m.tool_call_id, name=m.name,
                    reasoning=m.reasoning_content or m.reasoning)
 
@@ -168,9 +172,10 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
     sampling, sent = sampling_of(body, logprobs=bool(body.logprobs),
                                  top_logprobs=body.top_logprobs or 0)
     tools, tool_choice = _tools(body)
+    omitted: list[str] = []
     return GenRequest(
-        model=body.model or "default",
-        messages=[_message(m, i) for i, m in enumerate(body.messages)],
+        model=body.model or "default", omitted_images=omitted,
+        messages=[_message(m, i, omitted) for i, m in enumerate(body.messages)],
         tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls
         is not False, cache_prompt=body.cache_prompt,
         max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),
