@@ -159,9 +159,7 @@ def test_structured_format(client: ollama.Client) -> None:
 
 
 @pytest.mark.parametrize("call,field", [
-    (lambda c: c.chat(model="tiny", messages=[{"role": "user", "content": "x",
-                                               "images": ["aGk="]}]), "messages[0].images"),
-    (lambda c: c.generate(model="tiny", prompt="x", images=["aGk="]), "images"),
+    (lambda c: c.generate(model="tiny", prompt="x", raw=True, images=["aGk="]), "images"),
     (lambda c: c.generate(model="tiny", prompt="x", template="{{ .Prompt }}"), "template"),
     (lambda c: c.generate(model="tiny", prompt="x", context=[1, 2]), "context"),
     (lambda c: c.chat(model="tiny", messages=HI, options={"mirostat": 2}), "options.mirostat"),
@@ -247,3 +245,18 @@ def test_embed_and_legacy_embeddings(embed_server: LiveServer) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.embed(model="chat", input="word " * 600, truncate=False)
     assert err.value.status_code == 400
+
+
+def test_images_on_a_text_only_model_become_placeholders(live: Any) -> None:
+    """core/images.py: Open WebUI and other Ollama clients send pasted screenshots."""
+    r = httpx.post(live.url + "/api/chat", timeout=60, json={
+        "model": "tiny", "stream": False, "options": {"num_predict": 2},
+        "messages": [{"role": "user", "content": "What is this?", "images": ["iVBORw0KGgo="]}]})
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+    r = httpx.post(live.url + "/api/generate", timeout=60, json={
+        "model": "tiny", "stream": False, "prompt": "Describe", "options": {"num_predict": 2},
+        "images": ["iVBORw0KGgo=", "iVBORw0KGgo="]})
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "2"
+    r = httpx.post(live.url + "/api/generate", timeout=60, json={
+        "model": "tiny", "stream": False, "prompt": "x", "raw": True, "images": ["AA=="]})
+    assert r.status_code == 400 and "images" in r.json()["error"]

@@ -8,12 +8,13 @@ documented, cannot change the answer):
 | model                     | registry name or alias; a trailing `:latest` tag is dropped    |
 | messages (chat)           | system/user/assistant/tool; `thinking` -> earlier reasoning;   |
 |                           | `tool_calls` (arguments objects) -> calls; `tool_name` names a |
-|                           | tool result; `images` refused by name                          |
+|                           | tool result; `images` -> placeholder texts (core/images.py)    |
 | prompt, system (gen)      | rendered with the chat template as [system, user]              |
 | raw (gen)                 | true: the prompt is continued as is, no template               |
 | suffix (gen)              | fill-in-the-middle with the model's FIM tokens; 400 without    |
 | template, context (gen)   | refused by name (no Go templates; no token-context replay)     |
-| images                    | refused by name (text-only models)                             |
+| images                    | placeholder texts (text-only models; core/images.py); refused  |
+|                           | by name with a raw or FIM prompt, or with `refuse_images`      |
 | stream                    | default true: NDJSON, final frame `done: true`                 |
 | format                    | "json" -> any JSON object; a schema -> that schema (llguidance)|
 | tools                     | offered to the template; calls come back as `tool_calls`       |
@@ -58,6 +59,7 @@ from ...core.events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from ...core.images import omit_image
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
@@ -154,17 +156,18 @@ def _tool_call(call: wire.ToolCall, i: int, k: int) -> ToolCall:
                     json.dumps(call.function.arguments, ensure_ascii=False))
 
 
-def to_messages(messages: list[wire.ChatMessage]) -> list[Message]:
+def to_messages(messages: list[wire.ChatMessage], omitted: list[str]) -> list[Message]:
     out = []
     for i, m in enumerate(messages):
-        if m.images:
-            raise UnsupportedField(f"messages[{i}].images", "cannot be read: this server "
-                                   "serves text-only models")
+        content = m.content or ""
+        for k in range(len(m.images or [])):          # core/images.py rule 1
+            content += ("\n" if content else "") + omit_image(f"messages[{i}].images[{k}]",
+                                                              omitted)
         if m.role not in ("system", "user", "assistant", "tool"):
             raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or "
                                  f"tool, got {m.role!r}.", param=f"messages[{i}].role")
         calls = [_tool_call(c, i, k) for k, c in enumerate(m.tool_calls or [])]
-        out.append(Message(m.role, m.content or "", tool_calls=calls,  # type: ignore[arg-type]
+        out.append(Message(m.role, content, tool_calls=calls,  # type: ignore[arg-type]
                            tool_call_id=m.tool_call_id, name=m.tool_name,
                            reasoning=m.thinking))
     return out
@@ -246,27 +249,33 @@ def chat_request(body: wire.ChatRequest) -> GenRequest:
     knobs = options_of(body.options)
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    return GenRequest(messages=to_messages(body.messages), tools=to_tools(body.tools),
-                      **_common(body, knobs))
+    omitted: list[str] = []
+    return GenRequest(messages=to_messages(body.messages, omitted), tools=to_tools(body.tools),
+                      omitted_images=omitted, **_common(body, knobs))
 
 
 def generate_request(body: wire.GenerateRequest, prompt: str | None = None) -> GenRequest:
     """`prompt`: the fill-in-the-middle prompt the route built from `suffix`, if any."""
     knobs = options_of(body.options)
-    for name in ("template", "context", "images"):
+    for name in ("template", "context"):
         if getattr(body, name):
             raise UnsupportedField(name, {"template": "cannot be applied: Ollama's Go templates "
                                           "are not supported (the model's chat template is used)",
                                           "context": "cannot be replayed; send the conversation "
-                                          "to /api/chat instead",
-                                          "images": "cannot be read: this server serves "
-                                          "text-only models"}[name])
+                                          "to /api/chat instead"}[name])
     if prompt is not None or body.raw:
+        if body.images:
+            raise UnsupportedField("images", "cannot be read with a raw or fill-in-the-middle "
+                                   "prompt on a text-only model")
         return GenRequest(prompt=prompt if prompt is not None else body.prompt or "",
                           **_common(body, knobs))
+    omitted: list[str] = []
+    text = body.prompt or ""
+    for k in range(len(body.images or [])):          # core/images.py rule 1
+        text += ("\n" if text else "") + omit_image(f"images[{k}]", omitted)
     messages = ([Message("system", body.system)] if body.system else []) + \
-        [Message("user", body.prompt or "")]
-    return GenRequest(messages=messages, **_common(body, knobs))
+        [Message("user", text)]
+    return GenRequest(messages=messages, omitted_images=omitted, **_common(body, knobs))
 
 
 # -- response ------------------------------------------------------------------
