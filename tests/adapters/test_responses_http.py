@@ -100,7 +100,7 @@ def test_errors(client: openai.OpenAI, live: Any) -> None:
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_missing")
     assert "resp_missing" in str(err.value)
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model="tiny", input="hi", tools=[{"type": "web_search"}])
+        client.responses.create(model="tiny", input="hi", tools=[{"type": "frobnicator"}])
     assert "tools[0].type" in str(err.value)
     bad = httpx.post(live.url + "/v1/responses", content=b"[", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
