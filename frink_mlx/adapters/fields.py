@@ -95,8 +95,13 @@ COMPLETIONS: dict[str, Rule] = {
 
 RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
-    "input": (H, "message, function_call, function_call_output, reasoning items"),
-    "instructions": (H, ""), "tools": (H, "function tools"), "tool_choice": (H, ""),
+    "input": (H, "message, function_call, function_call_output, custom_tool_call, "
+              "custom_tool_call_output, reasoning items"),
+    "instructions": (H, ""),
+    "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
+              "input, grammar not enforced); tool_search; hosted tools dropped, listed in "
+              "x-frink-ignored-fields"),
+    "tool_choice": (H, ""),
     "max_output_tokens": (H, ""), "temperature": (H, ""), "top_p": (H, ""),
     "reasoning": (H, "effort on/off; summary other than auto/none refused (raw reasoning "
                   "text is returned)"),
@@ -112,6 +117,7 @@ RESPONSES: dict[str, Rule] = {
     "prompt_cache_retention": (N, "cached prefixes live until evicted"),
     "safety_identifier": (N, "an end-user id"), "service_tier": (N, "one local tier"),
     "stream_options": (N, "obfuscation padding is never added"),
+    "client_metadata": (N, "Codex's client tags; nothing reads them"),
     "background": (R, "when true"), "conversation": (R, "use previous_response_id"),
     "prompt": (R, "stored prompt templates"), "top_logprobs": (R, "when > 0"),
     "max_tool_calls": (R, ""),

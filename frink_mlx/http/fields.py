@@ -17,6 +17,9 @@ policy (the per-route table in adapters/fields.py documents every known field):
    and refuse them by name where ignoring them would change the answer.
 5. Values typed `Any` or `dict[str, Any]` (JSON Schemas, tool arguments,
    `metadata`) are opaque: nothing under them is reported.
+6. Parts of a request an adapter knows and drops on purpose (a Responses
+   hosted tool it cannot run: `tools[4]`) go into the same header and a log
+   line (`note_dropped`); --strict-fields does not refuse them.
 """
 
 from __future__ import annotations
@@ -116,11 +119,21 @@ def report(request: Request | None, names: list[str]) -> None:
     if state is not None and state.settings.strict_fields:
         raise UnsupportedField(names[0], "is not a field this server knows (--strict-fields "
                                "refuses unknown fields)")
-    if request is None:
+    _note(request, names, "ignored unknown fields")
+
+
+def note_dropped(request: Request | None, names: list[str], why: str) -> None:
+    """Rule 6: known parts of a request dropped on purpose, noted in the header (never
+    refused, not even under --strict-fields)."""
+    _note(request, names, f"dropped ({why})")
+
+
+def _note(request: Request | None, names: list[str], what: str) -> None:
+    if request is None or not names:
         return
     noted: list[str] = request.scope.setdefault("state", {}).setdefault(_STATE_KEY, [])
     noted.extend(n for n in names if n not in noted)
-    log.info("%s %s: ignored unknown fields %s", request.method, request.url.path,
+    log.info("%s %s: %s %s", request.method, request.url.path, what,
              header_value(names).decode())
 
 

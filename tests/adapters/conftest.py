@@ -40,6 +40,8 @@ def SCRIPT(prompt: str) -> str:
     last_user = prompt.rsplit("<|im_start|>user\n", 1)[-1]
     if "<tool_response>" in last_user:
         return "The weather in Paris is 18C."
+    if "please patch" in last_user:  # a custom tool (Responses): its one string input
+        return '<tool_call>{"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}</tool_call>'
     if "forbidden" in last_user:
         return 'Sure.<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
     if "<tools>" in prompt:

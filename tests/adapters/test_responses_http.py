@@ -100,7 +100,7 @@ def test_errors(client: openai.OpenAI, live: Any) -> None:
         client.responses.create(model="tiny", input="hi", previous_response_id="resp_missing")
     assert "resp_missing" in str(err.value)
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model="tiny", input="hi", tools=[{"type": "web_search"}])
+        client.responses.create(model="tiny", input="hi", tools=[{"type": "frobnicator"}])
     assert "tools[0].type" in str(err.value)
     bad = httpx.post(live.url + "/v1/responses", content=b"[", headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
@@ -123,3 +123,70 @@ def test_delete_stored_response(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.retrieve(response.id)
     assert response.id in str(err.value)
+
+
+NAMESPACE_TOOL = {"type": "namespace", "name": "geo", "description": "Geography tools",
+                  "tools": [{**WEATHER_TOOL, "name": "weather"}]}
+PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+
+
+def test_codex_tools_namespace_hosted_and_tool_search(live: Any, adapter_engines: dict) -> None:
+    body = {"model": "structured", "input": "Weather?", "client_metadata": {"x": "y"},
+            "tools": [NAMESPACE_TOOL, {"type": "web_search", "search_context_size": "low"},
+                      {"type": "tool_search", "execution": "client", "description": "Find"}]}
+    r = httpx.post(live.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-frink-ignored-fields"] == "tools[1]"
+    (call,) = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    assert call["name"] == "weather" and call["namespace"] == "geo"
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    _, prompt = adapter_engines["structured"].seen[-1]
+    assert '"name": "geo__weather"' in prompt and '"name": "tool_search"' in prompt
+    assert "web_search" not in prompt
+    # the call echoed back in history renders under the flat name again
+    body = {"model": "scripted", "tools": [NAMESPACE_TOOL], "input": [
+        {"role": "user", "content": "Weather?"}, call,
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "18C"}]}
+    r = httpx.post(live.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    _, prompt = adapter_engines["scripted"].seen[-1]
+    assert '<tool_call>{"name": "geo__weather", "arguments": {"city": "Paris"}}' in prompt
+
+
+def test_custom_tool_call(client: openai.OpenAI, live: Any) -> None:
+    response = client.responses.create(model="scripted", input="please patch", tools=[PATCH_TOOL])
+    (call,) = response.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert call.input == "*** Begin Patch" and call.call_id
+    body = {"model": "scripted", "input": "please patch", "tools": [PATCH_TOOL], "stream": True}
+    with httpx.stream("POST", live.url + "/v1/responses", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    deltas = [e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta"]
+    assert "".join(deltas) == "*** Begin Patch"
+    done = next(e for e in events if e["type"] == "response.custom_tool_call_input.done")
+    assert done["input"] == "*** Begin Patch"
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    assert added["item"]["type"] == "custom_tool_call"
+    final = events[-1]["response"]["output"]
+    assert [(i["type"], i["input"], i["status"]) for i in final] == [
+        ("custom_tool_call", "*** Begin Patch", "completed")]
+
+
+def test_custom_tool_call_history(client: openai.OpenAI, adapter_engines: dict) -> None:
+    first = client.responses.create(model="scripted", input="please patch", tools=[PATCH_TOOL])
+    history: list[Any] = [{"role": "user", "content": "please patch"}]
+    history += [item.model_dump(exclude_none=True, by_alias=True) for item in first.output]
+    history.append({"type": "custom_tool_call_output", "call_id": first.output[0].call_id,
+                    "output": "Done!"})
+    second = client.responses.create(model="scripted", input=history, tools=[PATCH_TOOL])
+    assert second.output_text == "The weather in Paris is 18C."
+    _, prompt = adapter_engines["scripted"].seen[-1]
+    assert '{"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}}' in prompt
+    assert "<tool_response>Done!</tool_response>" in prompt
+    # the stored response's custom call carries on through previous_response_id
+    third = client.responses.create(model="scripted", previous_response_id=first.id, input=[
+        {"type": "custom_tool_call_output", "call_id": first.output[0].call_id, "output": "ok"}])
+    assert third.output_text == "The weather in Paris is 18C."

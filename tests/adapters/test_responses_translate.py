@@ -84,7 +84,7 @@ def test_string_input_history_and_formats() -> None:
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0]"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "frobnicator"}]}, "tools[0].type"),
     ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
     ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
 ])

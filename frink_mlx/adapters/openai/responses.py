@@ -4,7 +4,8 @@ The daemon helper's adapters/openai/__init__.py includes `routes` from here.
 Request rules (responses_wire.py has the decoding rules):
 1. `input` as a string is one user message. As items: `message` (roles
    developer/system -> system), `function_call`, `function_call_output`,
-   `reasoning`. Consecutive assistant-side items (reasoning, message,
+   `reasoning`, `custom_tool_call`, `custom_tool_call_output` (tools:
+   responses_tools.py). Consecutive assistant-side items (reasoning, message,
    function_call) merge into one assistant turn, which is how chat templates
    expect tool calls; `function_call_output` becomes a `tool` message naming
    the call and its tool.
@@ -21,7 +22,7 @@ Request rules (responses_wire.py has the decoding rules):
    bounded in-memory store (responses_store.py) for follow-ups and GET.
 7. No-ops, accepted because ignoring them cannot change the answer:
    `prompt_cache_key` (the prefix cache needs no key), `safety_identifier`,
-   `service_tier`, `text.verbosity` (a hint a local model has no knob for),
+   `service_tier`, `client_metadata`, `text.verbosity` (a hint a local model has no knob for),
    and `include` items naming things this server never produces (encrypted
    reasoning, tool-call results of hosted tools, image URLs). Refused by name:
    `include: ["message.output_text.logprobs"]`, `top_logprobs`,
@@ -39,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, choice_events, drain_choice
-from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
+from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
@@ -50,6 +51,7 @@ from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_store import ResponseStore, StoredResponse
+from .responses_tools import Offered, custom_arguments, flat_name, offer_tools
 
 
 # -- request -------------------------------------------------------------------
@@ -106,31 +108,20 @@ def input_messages(items: str | list[dict[str, Any]] | None,
                 turn.content += text
             else:
                 out.append(Message("system" if item.role == "developer" else item.role, text))
-        elif isinstance(item, w.FunctionCallItem):
-            tool_names[item.call_id] = item.name
-            _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, item.name, item.arguments))
-        elif isinstance(item, w.FunctionCallOutputItem):
+        elif isinstance(item, (w.FunctionCallItem, w.CustomToolCallItem)):
+            name = tool_names[item.call_id] = flat_name(item.namespace, item.name)
+            arguments = (item.arguments if isinstance(item, w.FunctionCallItem)
+                         else custom_arguments(item.input))
+            _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, name, arguments))
+        elif isinstance(item, (w.FunctionCallOutputItem, w.CustomToolCallOutputItem)):
             out.append(Message("tool", _part_text(item.output, f"input[{i}].output"),
                                tool_call_id=item.call_id,
-                               name=item.name or tool_names.get(item.call_id)))
+                               name=flat_name(item.namespace, item.name) if item.name
+                               else tool_names.get(item.call_id)))
         elif isinstance(item, w.ReasoningItem):
             text = "".join(p.text for p in (item.content or item.summary))
             turn = _assistant_turn(out)
             turn.reasoning = (turn.reasoning or "") + text
-    return out
-
-
-def to_tools(tools: list[w.FunctionTool] | None) -> list[Tool]:
-    out = []
-    for i, tool in enumerate(tools or []):
-        if tool.type != "function":
-            raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' tools are not supported; "
-                                   "only 'function'")
-        if not tool.name:
-            raise InvalidRequest(f"'tools[{i}].name' is required.", param=f"tools[{i}].name")
-        out.append(Tool(tool.name, tool.description or "",
-                        tool.parameters or {"type": "object", "properties": {}},
-                        strict=tool.strict is not False))  # the Responses API's default: true
     return out
 
 
@@ -139,9 +130,9 @@ def to_tool_choice(choice: str | w.FunctionChoice | None) -> str:
         return "auto"
     if isinstance(choice, str):
         return choice
-    if choice.type != "function" or not choice.name:
+    if choice.type not in ("function", "custom") or not choice.name:
         raise UnsupportedField("tool_choice.type", f"'{choice.type}' is not supported; use "
-                               "'auto', 'none', 'required' or a function")
+                               "'auto', 'none', 'required', a function or a custom tool")
     return choice.name
 
 
@@ -187,14 +178,17 @@ def to_sampling(req: w.ResponsesRequest) -> SamplingParams:
 
 
 def to_gen_request(req: w.ResponsesRequest, history: list[Message],
-                   request: Request | None = None) -> tuple[GenRequest, list[Message]]:
+                   request: Request | None = None, offered: Offered | None = None
+                   ) -> tuple[GenRequest, list[Message]]:
     """The GenRequest, and the conversation (without instructions) to store with the answer."""
+    if offered is None:
+        offered = offer_tools(req.tools, request)
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
     conversation = history + input_messages(req.input, tool_names, request)
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
-    gen = GenRequest(model=req.model or "default", messages=messages, tools=to_tools(req.tools),
+    gen = GenRequest(model=req.model or "default", messages=messages, tools=offered.tools,
                      tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
@@ -221,7 +215,7 @@ def response_base(req: w.ResponsesRequest, model: str) -> dict[str, Any]:
             "temperature": req.temperature, "top_p": req.top_p, "truncation": "disabled",
             "tool_choice": tool_choice if isinstance(tool_choice, str)
             else msgspec.to_builtins(tool_choice),
-            "tools": [msgspec.to_builtins(t) for t in req.tools or []],
+            "tools": list(req.tools or []),
             "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
                           "summary": None},
             "text": {"format": text_format}, "metadata": req.metadata or {}, "user": req.user,
@@ -238,7 +232,12 @@ def output_message(output: list[dict[str, Any]]) -> Message:
             message.reasoning = (message.reasoning or "") + "".join(
                 p["text"] for p in item["content"])
         elif item["type"] == "function_call":
-            message.tool_calls.append(ToolCall(item["call_id"], item["name"], item["arguments"]))
+            message.tool_calls.append(ToolCall(
+                item["call_id"], flat_name(item.get("namespace"), item["name"]),
+                item["arguments"]))
+        elif item["type"] == "custom_tool_call":
+            message.tool_calls.append(ToolCall(item["call_id"], item["name"],
+                                               custom_arguments(item["input"])))
     return message
 
 
@@ -280,9 +279,10 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     history: list[Message] = []
     if req.previous_response_id is not None:
         history = list(store.get(req.previous_response_id, param="previous_response_id").messages)
-    gen, conversation = to_gen_request(req, history, request)
+    offered = offer_tools(req.tools, request)
+    gen, conversation = to_gen_request(req, history, request, offered)
     (run,) = await generate(request, [gen])
-    builder = ResponseBuilder(base=response_base(req, run.model))
+    builder = ResponseBuilder(base=response_base(req, run.model), tools=offered)
 
     def keep() -> None:
         _keep(req, store, builder, conversation)

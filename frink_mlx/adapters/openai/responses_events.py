@@ -10,8 +10,12 @@ so the streamed events always add up to the object a GET returns. Rules:
 3. Output items open in event order; a change of kind closes the open one:
    reasoning -> a `reasoning` item with one `reasoning_text` part; text -> a
    `message` item with one `output_text` part; each tool call -> its own
-   `function_call` item. Opening: `output_item.added` (+ `content_part.added`);
-   closing: `*.done` events, `content_part.done`, `output_item.done`.
+   `function_call` item (with `namespace` for a namespace member), or a
+   `custom_tool_call` item for a custom tool (responses_tools.py). Opening:
+   `output_item.added` (+ `content_part.added`); closing: `*.done` events,
+   `content_part.done`, `output_item.done`.
+   A custom call's `input` is streamed as one `custom_tool_call_input.delta`
+   when the call ends (the model writes it JSON-escaped), then `.done`.
 4. Usage: `input_tokens` is the whole prompt with `cached_tokens` as a detail
    (OpenAI's split, unlike Anthropic's).
 """
@@ -34,6 +38,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
+from .responses_tools import Offered, custom_input
 
 
 def new_id(prefix: str) -> str:
@@ -60,7 +65,8 @@ class ResponseBuilder:
     incomplete_reason: str | None = None
     saw_tool_call: bool = False
     _seq: int = 0
-    _open: str | None = None        # "message" | "reasoning" | "function_call"
+    tools: Offered = field(default_factory=Offered)  # how calls are named (responses_tools)
+    _open: str | None = None        # "message" | "reasoning" | "function_call" | "custom_tool_call"
     _calls: dict[int, int] = field(default_factory=dict)   # call_index -> output index
 
     def response(self) -> dict[str, Any]:
@@ -81,19 +87,26 @@ class ResponseBuilder:
                               event.text)
         if isinstance(event, ToolCallStart):
             out = self._close()
-            item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
-                    "call_id": event.id, "name": event.name, "arguments": ""}
+            item = self.tools.output_item({
+                "id": new_id("fc"), "type": "function_call", "status": "in_progress",
+                "call_id": event.id, "name": event.name, "arguments": ""})
             self._calls[event.call_index] = len(self.output)
             self.saw_tool_call = True
-            return out + self._add_item("function_call", item)
+            return out + self._add_item(item["type"], item)
         if isinstance(event, ToolCallDelta):
             index = self._calls[event.call_index]
+            if self.output[index]["type"] == "custom_tool_call":
+                return []   # rule 3: the input string is known once the call ends
             self.output[index]["arguments"] += event.arguments
             return [self._event("response.function_call_arguments.delta",
                                 item_id=self.output[index]["id"], output_index=index,
                                 delta=event.arguments)]
         if isinstance(event, ToolCallEnd):
-            self.output[self._calls[event.call_index]]["arguments"] = event.arguments
+            item = self.output[self._calls[event.call_index]]
+            if item["type"] == "custom_tool_call":
+                item["input"] = custom_input(event.arguments)
+            else:
+                item["arguments"] = event.arguments
             return self._close()
         if isinstance(event, Done):
             return self._finish(event)
@@ -155,6 +168,11 @@ class ResponseBuilder:
             out.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                    output_index=index, name=item["name"],
                                    arguments=item["arguments"]))
+        elif self._open == "custom_tool_call":
+            out.append(self._event("response.custom_tool_call_input.delta", item_id=item["id"],
+                                   output_index=index, delta=item["input"]))
+            out.append(self._event("response.custom_tool_call_input.done", item_id=item["id"],
+                                   output_index=index, input=item["input"]))
         else:
             part = item["content"][0]
             done_type = ("response.output_text.done" if self._open == "message"

@@ -13,8 +13,10 @@ Rules:
    an unsupported item (`item_reference`, `file_search_call`, ...) is refused
    naming its position, `input[3].type`.
 3. Items echoed back from an earlier response (output messages, reasoning,
-   function calls) carry `id`/`status`/`phase`/`caller`/`namespace`; those are
-   bookkeeping of the earlier turn, accepted and not used.
+   function calls) carry `id`/`status`/`phase`/`caller`; those are
+   bookkeeping of the earlier turn, accepted and not used. A call's
+   `namespace` names the tool together with `name` (responses_tools.py rule 2).
+4. `client_metadata` (Codex sends it) is a declared no-op.
 """
 
 from __future__ import annotations
@@ -114,12 +116,46 @@ INPUT_ITEM_TYPES: dict[str, type[_Item]] = {
 }
 
 
+class CustomToolCallItem(_Item):
+    call_id: str
+    name: str
+    input: str
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str | None = None
+    status: str | None = None
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
+    is_async: bool | None = msgspec.field(default=None, name="async")
+
+
+class CustomToolCallOutputItem(_Item):
+    call_id: str
+    output: Union[str, list[ContentPart]]
+    type: Literal["custom_tool_call_output"] = "custom_tool_call_output"
+    id: str | None = None
+    status: str | None = None
+    caller: dict[str, Any] | None = None
+    name: str | None = None
+    namespace: str | None = None
+
+
+INPUT_ITEM_TYPES.update({"custom_tool_call": CustomToolCallItem,
+                         "custom_tool_call_output": CustomToolCallOutputItem})
+
+
 class FunctionTool(msgspec.Struct, forbid_unknown_fields=False):
+    """One `tools` entry the server offers (responses_tools.py); hosted tools never
+    decode as this (`ResponsesRequest.tools` stays raw so their fields are not
+    reported as unknown)."""
+
     type: str
     name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[FunctionTool] | None = None    # namespace: its member function tools
+    format: dict[str, Any] | None = None       # custom: text or grammar (not enforced)
+    execution: str | None = None               # tool_search: "client" in Codex
 
 
 class FunctionChoice(msgspec.Struct, forbid_unknown_fields=False):
@@ -150,7 +186,7 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=False):
     model: str | None = None
     input: Union[str, list[dict[str, Any]], None] = None
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[dict[str, Any]] | None = None    # decoded per type by responses_tools.py
     tool_choice: Union[Literal["auto", "none", "required"], FunctionChoice, None] = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -170,6 +206,7 @@ class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=False):
     safety_identifier: str | None = None
     service_tier: str | None = None
     stream_options: dict[str, Any] | None = None
+    client_metadata: dict[str, Any] | None = None   # Codex's: a no-op
     # known but not honoured: refused by name in responses.py when set
     background: bool | None = None
     conversation: Any = None
