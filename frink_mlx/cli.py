@@ -8,6 +8,7 @@
     frink-mlx pull      ORG/NAME[@REVISION]
     frink-mlx service   install|uninstall|start|stop|status|logs
     frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
+    frink-mlx launch    claude|codex|opencode [--model NAME] [--print]
 
 Each command's implementation lives in its own module and is imported lazily,
 so `frink-mlx models` does not pay for importing MLX. A `ConfigError` (bad
@@ -59,6 +60,17 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
+def _launch_parser(sub: Any) -> None:
+    launch = sub.add_parser("launch", help="point a coding agent (Claude Code, Codex, OpenCode) "
+                                           "at this daemon: write its config file")
+    launch.add_argument("agent", choices=["claude", "codex", "opencode"])
+    launch.add_argument("--model", "-m", default=None,
+                        help="registry name or alias [default: the registry's default]")
+    launch.add_argument("--print", dest="print_only", action="store_true",
+                        help="print the config instead of writing it")
+    add_setting_flags(launch, COMMON + ("config_dir", "host", "port", "api_key_file"))
+
+
 def _model_store_parsers(sub: Any) -> None:
     """models, import, pull: the registry and the model stores (registry_cli.py)."""
     models = sub.add_parser("models", help="list the registry and each entry's status")
@@ -103,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _model_store_parsers(sub)
     _open_parser(sub)
+    _launch_parser(sub)
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     add_setting_flags(svc, COMMON + ("host", "port", "api_key_file", "distributed_hostfile",
                                      "distributed_rank", "distributed_backend",
@@ -131,6 +144,9 @@ def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     elif name == "open":
         from .page_cli import open_command
         fn = open_command
+    elif name == "launch":
+        from .launch import launch_command
+        fn = launch_command
     elif name == "service":
         from .service import service_command
         fn = service_command

@@ -374,6 +374,13 @@ def user_config_home() -> str:
     return os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
 
 
+def agent_homes() -> tuple[str, str, str]:
+    """($HOME, $XDG_CONFIG_HOME or ~/.config, $CODEX_HOME or ~/.codex): where the coding agents
+    `frink-mlx launch` configures keep their files (launch.py)."""
+    home = str(Path.home())
+    return home, user_config_home(), os.environ.get("CODEX_HOME") or str(Path(home) / ".codex")
+
+
 def environ_snapshot() -> dict[str, str]:
     """A copy of the environment, for the one place that must re-exec the process
     (backend/cpu/blas.py, through backend/select.py)."""

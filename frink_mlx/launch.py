@@ -1,0 +1,51 @@
+"""`frink-mlx launch claude|codex|opencode [--model NAME] [--print]`.
+
+Rules:
+1. The target (agents.py rule 1) comes from the settings and the registry:
+   the base URL as `chat` reaches the daemon (local_daemon rule 1), the key
+   `chat` sends (http/security `resolve_api_key`), the entry `--model` names
+   (else the registry's default) with its `context_length` and `max_tokens`
+   (else the context length) as the window and the output cap.
+2. `--print` writes the agent's config to stdout and touches no file;
+   otherwise it is merged into the agent's own file (agents.py rule 3) and
+   the path (and the backup) are printed. Nothing here needs a running daemon.
+3. The homes are $HOME, $XDG_CONFIG_HOME and $CODEX_HOME as settings.py reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from . import agents
+from .local_daemon import daemon_url
+from .registry import load_registry
+from .settings import Settings, agent_homes
+
+
+def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
+    """Rule 1."""
+    from .http.security import resolve_api_key
+
+    spec = load_registry(settings).resolve(args.model)
+    url = daemon_url(settings, argparse.Namespace(url=None))
+    return agents.Target(model=spec.name, base_url=url, api_key=resolve_api_key(settings),
+                         context=spec.context_length, output=spec.max_tokens or spec.context_length)
+
+
+def launch_command(settings: Settings, args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    t = target(settings, args)
+    config = agents.BUILDERS[args.agent](t)
+    path = agents.config_path(args.agent, *agent_homes())
+    if args.print_only:
+        out.write(agents.render(path, config))
+        return 0
+    backup = agents.merge_file(path, config)
+    kept = f" (the previous file kept as {backup})" if backup else ""
+    print(f"wrote {path}{kept}", file=out)
+    if args.agent == "codex" and t.api_key:
+        print(f"codex reads the daemon's key from ${agents.KEY_ENV}: export it before "
+              "starting codex", file=out)
+    return 0
