@@ -122,6 +122,13 @@ class AppState:
         await run.admitted()  # a queue timeout is a real 503 + Retry-After (handles rule 8)
         return run
 
+    def refuses_images(self, model: str | None) -> bool:
+        """core/images.py rule 3: the entry's `refuse_images` (registry rule 11), else the setting."""
+        routed = self.registry.route(model)
+        own = self.registry.resolve(routed).refuse_images if self.registry.knows(routed or "default") \
+            else None
+        return self.settings.refuse_images if own is None else own
+
     def _memory(self, gen: Generation) -> TurnMemory:
         """The turn memory of `gen` (one live generation's kept; rule 7 of handles.py)."""
         memory = self._memories.get(gen.number)

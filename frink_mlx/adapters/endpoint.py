@@ -102,7 +102,7 @@ Start = Callable[[Request, W], Awaitable[Answer]]
 async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     """Submit every request (rule 2); if one is refused, abort those already started."""
     state = request.app.state.frink
-    _note_omitted_images(request, reqs, refuse=state.settings.refuse_images)
+    _note_omitted_images(request, reqs, refuse=bool(reqs) and state.refuses_images(reqs[0].model))
     runs: list[Run] = []
     try:
         for req in reqs:
@@ -121,7 +121,7 @@ def _note_omitted_images(request: Request, reqs: list[GenRequest], *, refuse: bo
         return
     if refuse:
         raise UnsupportedField(paths[0], "is an image; the model reads text only "
-                               "(refuse_images is set)")
+                               "(refuse_images is set for it)")
     request.state.omitted_images = len(paths)
     log.info("%d image part(s) replaced by a placeholder (text-only model): %s",
              len(paths), ", ".join(paths[:8]))

@@ -17,7 +17,7 @@ Fields that no wire struct declares are *unknown*: accepted, listed in the
 `--strict-fields` (http/fields.py). tests/adapters/test_field_policy.py holds
 this table to the wire structs (every declared top-level field has a row,
 every row names a real field) and the README's table to `markdown()`
-(regenerate it with `python -m frink_mlx.adapters.fields`).
+(regenerate it with `python scripts/regen_field_table.py`).
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ COMPLETIONS: dict[str, Rule] = {
 RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
     "input": (H, "message, function_call, function_call_output, custom_tool_call, "
-              "custom_tool_call_output, reasoning items"),
+              "custom_tool_call_output, reasoning items; input_image parts become a "
+              "placeholder text (text-only models; refuse_images refuses them)"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
               "input, grammar not enforced); tool_search; hosted tools dropped, listed in "

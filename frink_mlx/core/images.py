@@ -11,8 +11,9 @@ models served today read text only, so, by default:
    path (`messages[3].content[0]`) on `GenRequest.omitted_images`.
 2. The response carries `x-frink-images-omitted: N` and the log one line naming
    the parts (adapters/endpoint.py), so the client and the user can tell.
-3. `refuse_images` (a setting) refuses the first such part by name instead (400),
-   as before this policy existed.
+3. `refuse_images` (a setting, and per registry entry: registry rule 11, which
+   wins) refuses the first such part by name instead (400), as before this
+   policy existed.
 """
 
 from __future__ import annotations

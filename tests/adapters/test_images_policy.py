@@ -35,3 +35,19 @@ def test_a_request_without_images_is_untouched() -> None:
     request = _request()
     _note_omitted_images(request, [GenRequest(model="m")], refuse=True)  # type: ignore[arg-type]
     assert not hasattr(request.state, "omitted_images")
+
+
+def test_an_entry_setting_wins_over_the_daemon_wide_one() -> None:
+    """registry rule 11: `refuse_images` per entry; unset entries follow the setting."""
+    from frink_mlx.app import AppState
+    from frink_mlx.registry import ModelSpec, Registry
+    from frink_mlx.settings import Settings
+
+    registry = Registry(entries={"strict": ModelSpec("strict", "x", refuse_images=True),
+                                 "lenient": ModelSpec("lenient", "y", refuse_images=False),
+                                 "plain": ModelSpec("plain", "z")}, default="plain", path="-")
+    for everywhere in (False, True):
+        state = AppState(Settings.load(refuse_images=everywhere), registry, hub=None)  # type: ignore[arg-type]
+        assert state.refuses_images("strict") and not state.refuses_images("lenient")
+        assert state.refuses_images("plain") is everywhere
+        assert state.refuses_images(None) is everywhere
