@@ -138,3 +138,36 @@ def test_unknown_agent(homes: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["launch", "vim"])
     assert exc.value.code == 2
+
+
+def test_a_running_daemon_lends_the_window_it_serves(homes: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """launch rule 1: an entry with no `context_length` gets the served ceiling, and an
+    entry's own smaller cap wins over it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    listed = {"object": "list", "data": [{"id": "small", "context_length": 8192},
+                                         {"id": "big", "context_length": 32768}]}
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(listed).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = str(server.server_address[1])
+        small = tomllib.loads(_print("codex", capsys, "--model", "small", "--port", port))
+        big = tomllib.loads(_print("codex", capsys, "--port", port))
+    finally:
+        server.shutdown()
+    assert small["model_context_window"] == 8192 and small["model_max_output_tokens"] == 8192
+    assert big["model_context_window"] == 8192 and big["model_max_output_tokens"] == 1024
