@@ -13,7 +13,10 @@ Rules:
    "arguments": <dict when the JSON parses>}}`, tool results with
    `tool_call_id`/`name`, earlier reasoning as `reasoning_content`.
 3. `thinking` None leaves the template's default; True/False is passed as
-   `enable_thinking` (mlx-lm's wrapper renames it for templates that differ).
+   `enable_thinking` (mlx-lm's wrapper renames it for templates that differ),
+   or as `thinking` to a template that reads only that (template_kwargs.py
+   rule 4). The client's `chat_template_kwargs` and reasoning effort reach
+   the template where it reads them (template_kwargs.py rules 1-5).
 4. Raw text prompts are encoded as the tokenizer does, adding BOS unless the
    text already starts with it (mlx_lm's rule); token-id prompts are checked
    against the vocabulary.
@@ -39,6 +42,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from .request import GenRequest, Message, Tool
+from .template_kwargs import client_kwargs, effort_kwargs, template_source, thinking_kwarg
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,10 +95,8 @@ HERMES_TOOLS_TAIL = (
 
 def template_reads_tools(tokenizer: Any, template: str | None) -> bool:
     """Rule 6: whether the chat template in use ever mentions `tools`."""
-    source = template if template is not None else getattr(tokenizer, "chat_template", None)
-    if isinstance(source, dict):   # HF's named templates ("default", "tool_use")
-        source = "\n".join(str(v) for v in source.values())
-    return not isinstance(source, str) or bool(_TOOLS_VAR.search(source))
+    source = template_source(tokenizer, template)
+    return source is None or bool(_TOOLS_VAR.search(source))
 
 
 def hermes_tools_block(tools: list[Tool]) -> str:
@@ -123,13 +125,16 @@ def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dic
     return out
 
 
-def _template_kwargs(request: GenRequest, template: str | None) -> dict[str, Any]:
+def _template_kwargs(request: GenRequest, template: str | None, source: str | None
+                     ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"add_generation_prompt": request.add_generation_prompt}
     if request.continue_final_message:
         kwargs["continue_final_message"] = True
         kwargs["add_generation_prompt"] = False
     if request.thinking is not None:
-        kwargs["enable_thinking"] = request.thinking
+        kwargs[thinking_kwarg(source)] = request.thinking
+    kwargs.update(effort_kwargs(request.reasoning_effort, source))
+    kwargs.update(client_kwargs(request.template_kwargs, source))
     if request.tools and request.tool_choice != "none":
         kwargs["tools"] = [tool_dict(t) for t in request.tools]
     if template is not None:
@@ -159,7 +164,7 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
             "This model has no chat template; send a raw prompt to /v1/completions "
             "or set chat_template for it in models.toml.", param="messages")
     messages = [message_dict(m) for m in request.messages]
-    kwargs = _template_kwargs(request, template)
+    kwargs = _template_kwargs(request, template, template_source(tokenizer, template))
     inject = "tools" in kwargs and not template_reads_tools(tokenizer, template)
     if inject:
         messages = _inject_tools(messages, request.tools)

@@ -97,3 +97,19 @@ def test_responses_and_ollama(oai: openai.OpenAI, live: Any) -> None:
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
         ("get_weather", {"city": "Paris"})]
     assert not message.get("content")
+
+
+def test_chat_template_kwargs_the_template_reads(oai: openai.OpenAI, adapter_engines: dict) -> None:
+    oai.chat.completions.create(model="gptoss", messages=ASK,
+                                extra_body={"chat_template_kwargs": {"reasoning_effort": "high"}})
+    assert "Reasoning: high" in adapter_engines["gptoss"].seen[-1][1]
+    oai.chat.completions.create(model="gptoss", messages=ASK, reasoning_effort="low")
+    assert "Reasoning: low" in adapter_engines["gptoss"].seen[-1][1]
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model="gptoss", messages=ASK,
+                                    extra_body={"chat_template_kwargs": {"preserve_thinking": True}})
+    body = err.value.body
+    assert isinstance(body, dict) and body.get("param") == "chat_template_kwargs.preserve_thinking"
+    with pytest.raises(openai.BadRequestError):   # streaming: refused before the first byte
+        oai.chat.completions.create(model="gptoss", messages=ASK, stream=True,
+                                    extra_body={"chat_template_kwargs": {"messages": []}})
