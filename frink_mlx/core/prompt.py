@@ -27,7 +27,9 @@ Rules:
    is absent a Hermes tools block (`<tools>` signatures + `<tool_call>`
    instructions, as Qwen2.5 writes it) is added to the system message, earlier
    assistant calls are written into their content as `<tool_call>` markup, and
-   `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls.
+   `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls --
+   unless the model's family has a tools block of its own
+   (family_prompts.py rule 2), which is used instead, its calls left native.
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
+from .family_prompts import FAMILY_TOOL_BLOCKS, arguments_as_text
 from .request import GenRequest, Message, Tool
 from .template_kwargs import client_kwargs, effort_kwargs, template_source, thinking_kwarg
 
@@ -60,12 +63,13 @@ def _arguments(raw: str) -> Any:
         return raw
 
 
-def message_dict(message: Message) -> dict[str, Any]:
+def message_dict(message: Message, *, arguments_text: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+             "function": {"name": c.name, "arguments": c.arguments if arguments_text
+                          else _arguments(c.arguments)}}
             for c in message.tool_calls
         ]
     if message.tool_call_id is not None:
@@ -104,11 +108,14 @@ def hermes_tools_block(tools: list[Tool]) -> str:
     return f"{HERMES_TOOLS_HEAD}{lines}\n{HERMES_TOOLS_TAIL}"
 
 
-def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
-    """Rule 6: the tools block in the system message; earlier calls as markup in content."""
+def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool],
+                  tool_format: str | None = None) -> list[dict[str, Any]]:
+    """Rule 6: the tools block in the system message; earlier calls as markup in content
+    (a family block leaves them to the template: family_prompts.py rule 2)."""
+    family_block = FAMILY_TOOL_BLOCKS.get(tool_format or "")
     out = []
     for m in messages:
-        calls = m.pop("tool_calls", None)
+        calls = None if family_block else m.pop("tool_calls", None)
         if calls:
             markup = "".join(
                 "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
@@ -117,7 +124,7 @@ def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dic
                 for c in calls)
             m = {**m, "content": (m["content"] + "\n" if m["content"] else "") + markup}
         out.append(m)
-    block = hermes_tools_block(tools)
+    block = family_block(tools) if family_block else hermes_tools_block(tools)
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}".lstrip()}
     else:
@@ -154,21 +161,24 @@ def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None =
     return _render_chat_text(tokenizer, request, template)[0]
 
 
-def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
-                      ) -> tuple[str, bool]:
-    """(text, whether rule 6 injected the tools block)."""
+def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None,
+                      tool_format: str | None = None) -> tuple[str, bool]:
+    """(text, whether rule 6 injected the Hermes tools block)."""
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
     if template is None and not has_chat_template(tokenizer):
         raise InvalidRequest(
             "This model has no chat template; send a raw prompt to /v1/completions "
             "or set chat_template for it in models.toml.", param="messages")
-    messages = [message_dict(m) for m in request.messages]
-    kwargs = _template_kwargs(request, template, template_source(tokenizer, template))
+    source = template_source(tokenizer, template)
+    as_text = arguments_as_text(source)   # family_prompts.py rule 1
+    messages = [message_dict(m, arguments_text=as_text) for m in request.messages]
+    kwargs = _template_kwargs(request, template, source)
     inject = "tools" in kwargs and not template_reads_tools(tokenizer, template)
     if inject:
-        messages = _inject_tools(messages, request.tools)
+        messages = _inject_tools(messages, request.tools, tool_format)
         del kwargs["tools"]
+        inject = tool_format not in FAMILY_TOOL_BLOCKS
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as exc:  # Jinja raises many types; all are the request's problem
@@ -180,8 +190,8 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
 
 
 def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                think_start: str | None = None) -> RenderedPrompt:
-    text, injected = _render_chat_text(tokenizer, request, template)
+                think_start: str | None = None, tool_format: str | None = None) -> RenderedPrompt:
+    text, injected = _render_chat_text(tokenizer, request, template, tool_format)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
     return RenderedPrompt(ids, text, opens_thinking=opens, injected_tools=injected)
@@ -221,12 +231,14 @@ def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
 
 
 def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                  think_start: str | None = None) -> RenderedPrompt:
+                  think_start: str | None = None, tool_format: str | None = None
+                  ) -> RenderedPrompt:
     """The ids to prefill for `request` (chat or raw)."""
     if request.messages is not None:
         if request.prompt is not None:
             raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")
-        return render_chat(tokenizer, request, template=template, think_start=think_start)
+        return render_chat(tokenizer, request, template=template, think_start=think_start,
+                           tool_format=tool_format)
     if request.prompt is None:
         raise InvalidRequest("The request has neither 'messages' nor 'prompt'.", param="messages")
     rendered = render_raw(tokenizer, request)
