@@ -80,8 +80,10 @@ CHAT: dict[str, Rule] = {
     "tool_choice": (H, "auto / none / required / a function (forced calls are grammar-bound)"),
     "parallel_tool_calls": (H, "false: the turn ends after the first complete call"),
     "response_format": (H, "json_object, json_schema; llama-server's `schema` too"),
-    "reasoning_effort": (H, "none/minimal turn thinking off, others on"),
-    "chat_template_kwargs": (E, "enable_thinking only; other keys refused by name"),
+    "reasoning_effort": (H, "none/minimal turn thinking off, others on; low/medium/high "
+                         "reach a template reading reasoning_effort (gpt-oss)"),
+    "chat_template_kwargs": (E, "keys the model's chat template reads (e.g. preserve_thinking, "
+                             "reasoning_effort); other keys refused by name"),
     "add_generation_prompt": (E, "true together with continue_final_message = 400"),
     "continue_final_message": (E, ""),
 }

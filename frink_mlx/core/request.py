@@ -113,6 +113,10 @@ class GenRequest:
     cache_salt: str | None = None
     speculative: bool = True               # False: no speculative drafts (engine/spec/)
     thinking: bool | None = None           # None = the template's default
+    reasoning_effort: str | None = None    # the client's effort word (core/template_kwargs.py rule 5)
+    # chat_template_kwargs other than enable_thinking: passed where the template
+    # reads them, refused by name where it does not (core/template_kwargs.py rule 1)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     thinking_budget_tokens: int | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True

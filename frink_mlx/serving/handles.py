@@ -212,7 +212,8 @@ class DecodeHandles:
 
     def render(self, request: GenRequest) -> RenderedPrompt:
         return render_prompt(self.tokenizer, request, template=self.template,
-                             think_start=self.markup.think_start)
+                             think_start=self.markup.think_start,
+                             tool_format=self.markup.tool_format)
 
     def max_tokens_for(self, request: GenRequest, num_prompt: int) -> int:
         """Rule 3."""

@@ -144,12 +144,14 @@ def _response_format(body: wire.ChatCompletionRequest) -> ResponseFormat | None:
     return ResponseFormat("json_schema", schema=js.schema, strict=bool(js.strict), name=js.name)
 
 
+def _template_kwargs(body: wire.ChatCompletionRequest) -> dict[str, Any]:
+    """chat_template_kwargs but enable_thinking: checked against the model's template
+    when the prompt is rendered (core/template_kwargs.py rule 1)."""
+    return {k: v for k, v in (body.chat_template_kwargs or {}).items() if k != "enable_thinking"}
+
+
 def _thinking(body: wire.ChatCompletionRequest) -> bool | None:
-    kwargs = dict(body.chat_template_kwargs or {})
-    thinking = kwargs.pop("enable_thinking", None)
-    for key in kwargs:
-        raise UnsupportedField(f"chat_template_kwargs.{key}", "is not supported "
-                               "(only enable_thinking is passed to templates)")
+    thinking = (body.chat_template_kwargs or {}).get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise InvalidRequest("'chat_template_kwargs.enable_thinking' must be a boolean.",
                              param="chat_template_kwargs.enable_thinking")
@@ -182,7 +184,8 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
                                    ("max_tokens", body.max_tokens), ("n_predict", body.n_predict)),
         stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent, n=body.n,
         stream=body.stream, cache_salt=body.cache_salt, speculative=body.speculative,
-        thinking=_thinking(body),
+        thinking=_thinking(body), reasoning_effort=body.reasoning_effort,
+        template_kwargs=_template_kwargs(body),
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,

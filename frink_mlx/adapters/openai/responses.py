@@ -12,7 +12,8 @@ Request rules (responses_wire.py has the decoding rules):
 2. `instructions` becomes the leading system message for this request only.
 3. `previous_response_id` prepends the stored conversation of that response
    (its input and output); an unknown id is a 404 naming it.
-4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on;
+4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on
+   (and low/medium/high reach a template that reads `reasoning_effort`, gpt-oss's);
    reasoning comes back as raw `reasoning_text`, never as a summary, so
    `summary` other than "auto"/"none" is refused by name.
 5. `text.format` json_object/json_schema becomes the structured-output
@@ -201,6 +202,7 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message],
                      parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
                      stream=req.stream, thinking=to_thinking(req.reasoning),
+                     reasoning_effort=req.reasoning.effort if req.reasoning else None,
                      response_format=to_response_format(req.text), user=req.user,
                      sampling_sent=frozenset(name for name in ("temperature", "top_p")
                                              if getattr(req, name) is not None),
