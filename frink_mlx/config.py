@@ -75,6 +75,14 @@ class EngineLimits(_Slice, frozen=True):
     spec_draft_rows: int = 2       # full contexts the draft model's KV pool holds
 
 
+class ImageLimits(_Slice, frozen=True):
+    """What one request's images may be (serving/vision.py rule 2)."""
+
+    max_images: int                # image parts per request
+    max_image_bytes: int           # decoded bytes of one image
+    max_image_pixels: int          # width x height of one image
+
+
 class HubConfig(_Slice, frozen=True):
     """Generations, leases and swaps (serving/hub.py), with the slices it hands down."""
 

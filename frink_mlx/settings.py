@@ -32,7 +32,15 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 
 from .backend.distributed import SPLIT_CHOICES, GroupConfig
-from .config import BackendConfig, BudgetConfig, EncoderConfig, EngineLimits, HubConfig, LoadConfig
+from .config import (
+    BackendConfig,
+    BudgetConfig,
+    EncoderConfig,
+    EngineLimits,
+    HubConfig,
+    ImageLimits,
+    LoadConfig,
+)
 from .errors import ConfigError
 
 DEFAULT_PORT = 8177
@@ -69,6 +77,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     strict_fields: bool = False                  # unknown request fields: 400 instead of
                                                  # a x-frink-ignored-fields header (http/fields.py)
     refuse_images: bool = False                  # image parts: 400 instead of a placeholder
+    max_images: int = 32                         # image parts per request (vision models)
+    max_image_bytes: int = 20 * 1024 * 1024      # one image's decoded bytes
+    max_image_pixels: int = 50_000_000           # one image's width x height
                                                  # text (core/images.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
@@ -220,6 +231,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                            backend=self.distributed_backend,  # type: ignore[arg-type]
                            split=self.distributed_split)
 
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,
+                           max_image_pixels=self.max_image_pixels)
+
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
                          keep_alive_s=self.keep_alive_s, drain_timeout_s=self.drain_timeout_s,
@@ -273,6 +288,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
     "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
                                 "accepting and reporting them (x-frink-ignored-fields)"),
+    "max_images": SettingDoc("most image parts one request may carry to a vision model (400 "
+                             "naming the part beyond it)"),
+    "max_image_bytes": SettingDoc("most decoded bytes of one image (400 naming the part)"),
+    "max_image_pixels": SettingDoc("most pixels (width x height) of one image, checked before "
+                                   "it is decoded (400 naming the part)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
                                 "with a short placeholder text (x-frink-images-omitted)"),
     # --- models ---

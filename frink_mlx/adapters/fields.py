@@ -72,8 +72,8 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
 
 CHAT: dict[str, Rule] = {
     **_OPENAI_SAMPLING,
-    "messages": (H, "text content parts; image parts become a placeholder text (text-only "
-                 "models; refuse_images refuses them); audio refused by name"),
+    "messages": (H, "text and image_url parts (data: URLs; read by vision models, a "
+                 "placeholder text on text-only ones unless refuse_images); audio refused"),
     "max_completion_tokens": (H, "-1 = no limit"),
     "top_logprobs": (H, ""),
     "tools": (H, "function tools; strict schemas enforced"),
@@ -98,8 +98,8 @@ COMPLETIONS: dict[str, Rule] = {
 RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
     "input": (H, "message, function_call, function_call_output, custom_tool_call, "
-              "custom_tool_call_output, reasoning items; input_image parts become a "
-              "placeholder text (text-only models; refuse_images refuses them)"),
+              "custom_tool_call_output, reasoning items; input_image parts read by vision "
+              "models, a placeholder text on text-only ones (refuse_images refuses)"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
               "input, grammar not enforced); tool_search; hosted tools dropped, listed in "
@@ -141,7 +141,8 @@ EMBEDDINGS: dict[str, Rule] = {
 MESSAGES: dict[str, Rule] = {
     "model": (H, "unknown names (claude-...) fall back"), "max_tokens": (H, ""),
     "messages": (H, "text, tool_use, tool_result, thinking blocks; role system where it "
-                 "stands; images become a placeholder text; documents refused"),
+                 "stands; images read by vision models, a placeholder text on text-only ones; "
+                 "documents refused"),
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
     "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),

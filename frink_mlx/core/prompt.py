@@ -30,6 +30,10 @@ Rules:
    `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls --
    unless the model's family has a tools block of its own
    (family_prompts.py rule 2), which is used instead, its calls left native.
+7. With `image_parts`, a message that holds images (core/images.py rule 4)
+   goes to the template as HF content parts: `{"type": "text"}` pieces and one
+   `{"type": "image"}` where each of its placeholders stands, in order; the
+   vision processor expands the template's image markers (serving/vision.py).
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -44,6 +48,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from .family_prompts import FAMILY_TOOL_BLOCKS, arguments_as_text
+from .images import IMAGE_PLACEHOLDER
 from .request import GenRequest, Message, Tool
 from .template_kwargs import client_kwargs, effort_kwargs, template_source, thinking_kwarg
 
@@ -63,8 +68,23 @@ def _arguments(raw: str) -> Any:
         return raw
 
 
-def message_dict(message: Message, *, arguments_text: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+def content_parts(message: Message) -> list[dict[str, Any]]:
+    """Rule 7: the message's text split at its first len(images) placeholders."""
+    pieces = message.content.split(IMAGE_PLACEHOLDER, len(message.images))
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(pieces):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def message_dict(message: Message, *, arguments_text: bool = False,
+                 image_parts: bool = False) -> dict[str, Any]:
+    content: Any = content_parts(message) if image_parts and message.images \
+        else message.content
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function",
@@ -122,7 +142,9 @@ def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool],
                                               "arguments": c["function"]["arguments"]},
                                              ensure_ascii=False) + "\n</tool_call>"
                 for c in calls)
-            m = {**m, "content": (m["content"] + "\n" if m["content"] else "") + markup}
+            m = {**m, "content": [*m["content"], {"type": "text", "text": markup}]
+                 if isinstance(m["content"], list)      # rule 7's parts
+                 else (m["content"] + "\n" if m["content"] else "") + markup}
         out.append(m)
     block = family_block(tools) if family_block else hermes_tools_block(tools)
     if out and out[0]["role"] == "system":
@@ -156,13 +178,15 @@ def has_chat_template(tokenizer: Any) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None
 
 
-def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None) -> str:
-    """The chat template applied to `request.messages` (rules 1-3, 5, 6)."""
-    return _render_chat_text(tokenizer, request, template)[0]
+def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None,
+                     *, image_parts: bool = False, tool_format: str | None = None) -> str:
+    """The chat template applied to `request.messages` (rules 1-3, 5-7)."""
+    return _render_chat_text(tokenizer, request, template, tool_format, image_parts)[0]
 
 
 def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None,
-                      tool_format: str | None = None) -> tuple[str, bool]:
+                      tool_format: str | None = None, image_parts: bool = False
+                      ) -> tuple[str, bool]:
     """(text, whether rule 6 injected the Hermes tools block)."""
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
@@ -172,7 +196,8 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None,
             "or set chat_template for it in models.toml.", param="messages")
     source = template_source(tokenizer, template)
     as_text = arguments_as_text(source)   # family_prompts.py rule 1
-    messages = [message_dict(m, arguments_text=as_text) for m in request.messages]
+    messages = [message_dict(m, arguments_text=as_text, image_parts=image_parts)
+                for m in request.messages]
     kwargs = _template_kwargs(request, template, source)
     inject = "tools" in kwargs and not template_reads_tools(tokenizer, template)
     if inject:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .images import ImageRef
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -59,6 +61,7 @@ class Message:
     tool_call_id: str | None = None   # role == "tool": which call this answers
     name: str | None = None           # role == "tool": the tool's name, when known
     reasoning: str | None = None      # assistant's earlier reasoning, if the client sent it back
+    images: list[ImageRef] = field(default_factory=list)  # core/images.py rule 1
 
 
 @dataclass(slots=True)
@@ -130,8 +133,8 @@ class GenRequest:
     request_id: str = ""
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific, documented per adapter
-    # Paths of image parts replaced by a placeholder text (core/images.py rule 1).
-    omitted_images: list[str] = field(default_factory=list)
+    # The image parts of this request's own messages, in order (core/images.py rule 1).
+    images: list[ImageRef] = field(default_factory=list)
     # Names of the `sampling` fields the client actually sent (None = unknown:
     # a field still at its SamplingParams default counts as unsent). Lets the
     # daemon apply models.toml [sampling] defaults only where the client was silent.

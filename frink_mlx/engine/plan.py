@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .spec.lookup import RowDrafter
 from .spec.speculator import DraftJob
-from .types import EngineFinish, SeqRequest
+from .types import EngineFinish, ImageInputs, SeqRequest
 
 
 @dataclass(slots=True)
@@ -48,6 +48,13 @@ class Seq:
     drafter: RowDrafter | None = None  # engine/spec/, made at the row's first draft
     num_drafted: int = 0               # tokens drafted by the step in flight (verify row)
     draft_computed: int = 0            # positions in the draft model's KV (engine/spec/ rule 7)
+
+    def key_ids(self, n: int) -> list[int]:
+        """The first `n` ids as the prefix cache keys them (SeqRequest.key_ids)."""
+        keys = self.group.request.key_ids
+        if not keys:
+            return self.token_ids[:n]
+        return keys[:n] + self.token_ids[len(keys):n]
 
     @property
     def num_outputs(self) -> int:
@@ -82,6 +89,7 @@ class PrefillChunk:
     start: int
     block_table: list[int]
     sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
+    images: ImageInputs | None = None  # the request's images (runner: features at their positions)
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ attention, SwiGLU and RoPE and matmuls split over one MLX stream per core
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -291,10 +292,39 @@ class Runner:
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
+        embedded = image_embeddings(x, chunks)
         with self._forward():
-            if self._split is not None:
+            if embedded is not None:   # a vision prompt's chunk (types.py ImageInputs)
+                logits = self.model(x, cache=caches, input_embeddings=embedded)
+            elif self._split is not None:
                 body, head = self._split
                 hidden = body(x, caches)
                 return head(pick(hidden, finals)) if finals else None
-            logits = self.model(x, cache=caches)
+            else:
+                logits = self.model(x, cache=caches)
         return pick(logits, finals) if finals else None
+
+
+def image_embeddings(x: mx.array, chunks: list[PrefillChunk]) -> mx.array | None:
+    """The batch's input embeddings when a chunk covers image positions, else None.
+
+    Text positions get the language model's own embeddings of their ids; each
+    image position the feature row of its image token (types.py ImageInputs)."""
+    covered = []
+    for i, chunk in enumerate(chunks):
+        images = chunk.images
+        if images is None:
+            continue
+        end = chunk.start + len(chunk.token_ids)
+        lo = bisect.bisect_left(images.positions, chunk.start)
+        hi = bisect.bisect_left(images.positions, end)
+        if lo < hi:
+            covered.append((i, images, lo, hi, chunk.start))
+    if not covered:
+        return None
+    embedded = covered[0][1].embed(x)
+    for i, images, lo, hi, start in covered:
+        where = mx.array([p - start for p in images.positions[lo:hi]], dtype=mx.int32)
+        rows = images.features()[lo:hi].astype(embedded.dtype)
+        embedded[i, where] = rows
+    return embedded

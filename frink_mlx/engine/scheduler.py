@@ -290,8 +290,8 @@ class Scheduler:
         if self.one_request_at_a_time and self.running:
             return False
         cache_prompt = group.request.cache_prompt
-        blocks, num_hit = self.kv.get_computed_blocks(seq.token_ids, group.extra_key,
-                                                      cache_prompt=cache_prompt)
+        blocks, num_hit = self.kv.get_computed_blocks(seq.key_ids(len(seq.token_ids)),
+                                                      group.extra_key, cache_prompt=cache_prompt)
         target = len(seq.token_ids)
         if self.kv.allocate_slots(seq.seq_id, target - num_hit, blocks) is None:
             return False
@@ -327,10 +327,10 @@ class Scheduler:
         num = min(budget, seq.prefill_target - seq.num_computed)
         start = seq.num_computed
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
-                             self.kv.block_table(seq.seq_id), [])
+                             self.kv.block_table(seq.seq_id), [], seq.group.request.images)
         seq.num_computed += num
         # Publish now: any later reader runs after this chunk's writes (rule 6).
-        self.kv.cache_blocks(seq.seq_id, seq.token_ids[:seq.num_computed], seq.group.extra_key,
+        self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
         if not seq.in_prefill:
             chunk.sample_seq_ids = [seq.seq_id]
@@ -404,7 +404,7 @@ class Scheduler:
         if seq.seq_id not in self.kv or seq.in_prefill:
             return
         known = min(len(seq.token_ids), seq.num_computed)
-        self.kv.cache_blocks(seq.seq_id, seq.token_ids[:known], seq.group.extra_key,
+        self.kv.cache_blocks(seq.seq_id, seq.key_ids(known), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
 
     def _drop_waiting(self, seq: Seq) -> None:

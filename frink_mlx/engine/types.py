@@ -1,7 +1,7 @@
 """Typed messages between the daemon (event loop) and an engine (its MLX thread).
 
 The engine owns one MLX thread; everything crosses that boundary as these
-plain dataclasses (token ids, never text and never arrays):
+plain dataclasses (token ids, never text; arrays only behind `ImageInputs`):
 
     daemon --SeqRequest--> Engine.submit() --> scheduler/runner (MLX thread)
     daemon <--StepOutput-- SeqStream (async iterator, bounded by step rate)
@@ -14,7 +14,7 @@ which token was chosen. It lives here so the engine never imports llguidance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -40,6 +40,24 @@ class RowConstraint(Protocol):
         """Why the constraint failed, for the client."""
 
 
+class ImageInputs(Protocol):
+    """A prompt's images as the engine needs them (models/vision.py `ImageFeatures`).
+
+    `positions` are the prompt indices of the image tokens, ascending; the
+    runner puts `features()` row k at position k of a prefill chunk that
+    covers it, over `embed(ids)` for the rest. `features()` runs the vision
+    tower once, on the MLX thread, and only when a chunk needs it (a prefix-cache
+    hit over the image never encodes it)."""
+
+    positions: list[int]
+
+    def features(self) -> Any:
+        """(len(positions), hidden) embedding rows (an mx.array), computed once."""
+
+    def embed(self, ids: Any) -> Any:
+        """The language model's token embeddings of `ids` (B, L) -> (B, L, hidden)."""
+
+
 @dataclass(slots=True)
 class SeqRequest:
     """One sequence to generate. `n > 1` forks n rows that share the prompt's KV."""
@@ -55,6 +73,10 @@ class SeqRequest:
     constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
     priority: int = 0
     speculative: bool = True  # rows may draft and verify (engine/spec/); False opts out
+    images: ImageInputs | None = None  # a vision prompt's images (ImageInputs)
+    # the prompt as the prefix cache keys it: image positions carry their image's
+    # digest instead of the image token id (kv/hashing.py), None = prompt_ids
+    key_ids: list[int] | None = None
 
 
 @dataclass(slots=True)

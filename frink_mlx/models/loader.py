@@ -14,7 +14,8 @@ Rules:
    strings that are one token become EOS ids; longer ones are logged as not
    applied.
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
-   replaces the checkpoint's template.
+   replaces the checkpoint's template. Vision checkpoints (rule 10) load
+   through mlx-vlm instead.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
    when set (True forces, even past the memory check). Unset means the
    backend decides (`Backend.dequantize_by_default`): Metal never, the CPU
@@ -49,6 +50,11 @@ Rules:
    expects). `parallel` says how it was split ("tensor" or "pipeline"), for
    /v1/models.
 
+10. A vision checkpoint (models/vision.py rule 1) loads its whole model with
+   mlx-vlm; the engine runs its language model (`VisionLM`) and
+   `LoadedModel.vision` holds the processor and tower. It cannot be split over
+   a group (the followers would need the image features too): refused there.
+
 This module is blocking; call it off the event loop.
 """
 
@@ -72,6 +78,7 @@ from ..registry import ModelSpec, SamplingDefaults
 from . import progress as progress_mod
 from .encoder import Encoder, load_encoder
 from .sources import ResolvedSource, resolve
+from .vision import Vision, load_vision, vision_family
 
 log = logging.getLogger("frink_mlx.models")
 
@@ -92,6 +99,7 @@ class LoadedModel:
     encoder: Encoder | None = None
     parallel: str | None = None   # rule 9: "tensor" or "pipeline" when split over a group
     num_ranks: int = 1
+    vision: Vision | None = None  # rule 10: a vision checkpoint's processor and tower
 
 
 log = logging.getLogger("frink_mlx.models")
@@ -162,12 +170,19 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
     import mlx_lm
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
-    try:
-        model, tokenizer, model_config = cast(Any, mlx_lm.load(  # rule 9: lazy when split
-            str(path), tokenizer_config=tokenizer_config, return_config=True,
-            lazy=shard is not None))
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
+    vision = None
+    if (family := vision_family(path)) is not None:                 # rule 10
+        if shard is not None:
+            raise ModelFormatError(f"model {spec.name!r} is a vision checkpoint ({family}); "
+                                   "it cannot be split over a group")
+        model, vision, tokenizer, model_config = load_vision(path, spec.name, tokenizer_config)
+    else:
+        try:
+            model, tokenizer, model_config = cast(Any, mlx_lm.load(  # rule 9: lazy when split
+                str(path), tokenizer_config=tokenizer_config, return_config=True,
+                lazy=shard is not None))
+        except (ValueError, FileNotFoundError, KeyError) as exc:
+            raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
     _add_stop_tokens(spec, tokenizer, source.stop)
     if should_dequantize(model, spec, config, backend):
         progress.phase("dequantize", "to float32")
@@ -180,7 +195,7 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
-        parallel=parallel, num_ranks=num_ranks,
+        parallel=parallel, num_ranks=num_ranks, vision=vision,
     )
 
 

@@ -292,7 +292,11 @@ def test_image_blocks_become_placeholders_where_they_stood() -> None:
                                            "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
                                       "content": [png]}]}]}))
-    assert gen.omitted_images == ["messages[0].content[1]", "messages[2].content[0].content[0]"]
+    assert [r.path for r in gen.images] == ["messages[0].content[1]",
+                                           "messages[2].content[0].content[0]"]
     messages = gen.messages or []
+    assert [r.path for r in messages[0].images] == ["messages[0].content[1]"]
+    assert [r.path for r in messages[2].images] == ["messages[2].content[0].content[0]"]
+    assert messages[0].images[0].media_type == "image/png"
     assert messages[0].content == "look:\n" + IMAGE_PLACEHOLDER
     assert messages[2].role == "tool" and messages[2].content == IMAGE_PLACEHOLDER

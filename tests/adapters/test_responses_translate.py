@@ -103,7 +103,8 @@ def test_an_input_image_becomes_the_placeholder_where_it_stood() -> None:
                        "arguments": "{}"},
                       {"type": "function_call_output", "call_id": "c1", "output": [shot]}]}
     gen, _ = to_gen_request(decode(body), [])
-    assert gen.omitted_images == ["input[0].content[1]", "input[2].output[0]"]
+    assert [r.path for r in gen.images] == ["input[0].content[1]", "input[2].output[0]"]
+    assert gen.images[0].data == "AAAA" and gen.images[0].media_type == "image/png"
     assert gen.messages is not None
     assert gen.messages[0].content == "See: " + IMAGE_PLACEHOLDER
     assert gen.messages[-1].content == IMAGE_PLACEHOLDER

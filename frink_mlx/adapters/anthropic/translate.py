@@ -59,7 +59,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
-from ...core.images import omit_image
+from ...core.images import ImageRef, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
@@ -80,15 +80,25 @@ def _system_text(blocks: str | list[Any], where: str) -> str:
                                                and b.text.startswith(BILLING_HEADER))], where)
 
 
-def _text_of(blocks: str | list[Any], where: str, omitted: list[str] | None = None) -> str:
-    """Blocks' text; with `omitted`, an image block becomes the placeholder text
+def _image(block: wire.ImageBlock, where: str) -> ImageRef:
+    """An image block's source (base64 or url) as an ImageRef (core/images.py rule 1)."""
+    source = block.source if isinstance(block.source, dict) else {}
+    data, url = source.get("data"), source.get("url")
+    media = source.get("media_type")
+    return ImageRef(where, data=data if isinstance(data, str) else None,
+                    url=url if isinstance(url, str) else None,
+                    media_type=media if isinstance(media, str) else None)
+
+
+def _text_of(blocks: str | list[Any], where: str, images: list[ImageRef] | None = None) -> str:
+    """Blocks' text; with `images`, an image block becomes the placeholder text
     (core/images.py rule 1), else it is refused naming it."""
     if isinstance(blocks, str):
         return blocks
     parts = []
     for j, block in enumerate(blocks):
-        if omitted is not None and isinstance(block, wire.ImageBlock):
-            parts.append(omit_image(f"{where}[{j}]", omitted))
+        if images is not None and isinstance(block, wire.ImageBlock):
+            parts.append(image_part(_image(block, f"{where}[{j}]"), images))
             continue
         if not isinstance(block, wire.TextBlock):
             raise UnsupportedField(f"{where}[{j}]", f"is a '{_tag(block)}' block; this server "
@@ -102,25 +112,30 @@ def _tag(block: Any) -> str:
 
 
 def _user_messages(blocks: list[wire.ContentBlock], i: int,
-                   tool_names: dict[str, str], omitted: list[str]) -> list[Message]:
+                   tool_names: dict[str, str], images: list[ImageRef]) -> list[Message]:
+    """Tool results first, then the turn's text; each message holds its own images."""
     tools: list[Message] = []
     texts: list[str] = []
+    own: list[ImageRef] = []
     for j, block in enumerate(blocks):
         where = f"messages[{i}].content[{j}]"
         if isinstance(block, wire.ToolResultBlock):
-            content = _text_of(block.content, f"{where}.content", omitted)
+            shown: list[ImageRef] = []
+            content = _text_of(block.content, f"{where}.content", shown)
             tools.append(Message("tool", ("Error: " + content) if block.is_error else content,
                                  tool_call_id=block.tool_use_id,
-                                 name=tool_names.get(block.tool_use_id)))
+                                 name=tool_names.get(block.tool_use_id), images=shown))
+            images.extend(shown)
         elif isinstance(block, wire.TextBlock):
             texts.append(block.text)
         elif isinstance(block, wire.ImageBlock):
-            texts.append(omit_image(where, omitted))
+            texts.append(image_part(_image(block, where), own))
         else:
             raise UnsupportedField(where, f"is a '{_tag(block)}' block, which a user turn "
                                    "cannot carry here")
     if texts:
-        tools.append(Message("user", "\n".join(texts)))
+        tools.append(Message("user", "\n".join(texts), images=own))
+        images.extend(own)
     return tools
 
 
@@ -146,7 +161,7 @@ def _assistant_message(blocks: list[wire.ContentBlock], i: int,
 
 
 def to_messages(system: str | list[wire.TextBlock] | None,
-                messages: list[wire.MessageParam], omitted: list[str]) -> list[Message]:
+                messages: list[wire.MessageParam], images: list[ImageRef]) -> list[Message]:
     out: list[Message] = []
     if system and (text := _system_text(system, "system")):
         out.append(Message("system", text))
@@ -158,7 +173,7 @@ def to_messages(system: str | list[wire.TextBlock] | None,
         elif isinstance(param.content, str):
             out.append(Message(param.role, param.content))
         elif param.role == "user":
-            out.extend(_user_messages(param.content, i, tool_names, omitted))
+            out.extend(_user_messages(param.content, i, tool_names, images))
         else:
             out.append(_assistant_message(param.content, i, tool_names))
     if not messages:
@@ -219,9 +234,9 @@ def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> Res
 
 def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRequest:
     thinking, budget = _thinking(req)
-    omitted: list[str] = []
-    gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages, omitted),
-                     omitted_images=omitted,
+    images: list[ImageRef] = []
+    gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages, images),
+                     images=images,
                      tools=to_tools(req.tools), tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=not getattr(req.tool_choice, "disable_parallel_tool_use",
                                                      False),

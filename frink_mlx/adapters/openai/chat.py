@@ -46,7 +46,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
-from ...core.images import omit_image
+from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, llama_server_openai_error, openai_error
@@ -76,13 +76,19 @@ def sampling_of(body: wire.SamplingWire, *, logprobs: bool, top_logprobs: int
     return params, frozenset(sent)
 
 
-def _content(content: str | list[wire.ContentPart] | None, i: int, omitted: list[str]) -> str:
+def _image_url(part: wire.ContentPart, where: str) -> ImageRef:
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    return from_url(where, url)
+
+
+def _content(content: str | list[wire.ContentPart] | None, i: int,
+             images: list[ImageRef]) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for j, part in enumerate(content):
         if part.type == "image_url":                       # core/images.py rule 1
-            texts.append(omit_image(f"messages[{i}].content[{j}]", omitted))
+            texts.append(image_part(_image_url(part, f"messages[{i}].content[{j}]"), images))
             continue
         if part.type != "text" or part.text is None:
             raise UnsupportedField(f"messages[{i}].content[{j}].type",
@@ -91,7 +97,7 @@ def _content(content: str | list[wire.ContentPart] | None, i: int, omitted: list
     return "".join(texts)
 
 
-def _message(m: wire.ChatMessage, i: int, omitted: list[str]) -> Message:
+def _message(m: wire.ChatMessage, i: int, images: list[ImageRef]) -> Message:
     if m.role == "function" or m.function_call is not None:
         raise UnsupportedField(f"messages[{i}].role" if m.role == "function"
                                else f"messages[{i}].function_call",
@@ -101,7 +107,7 @@ def _message(m: wire.ChatMessage, i: int, omitted: list[str]) -> Message:
     calls = [ToolCall(c.id or f"call_{i}_{k}", c.function.name, c.function.arguments or "{}")
              for k, c in enumerate(m.tool_calls or [])]
     role = "system" if m.role == "developer" else m.role
-    return Message(role, _content(m.content, i, omitted), tool_calls=calls,  # type: ignore[arg-type]
+    return Message(role, _content(m.content, i, images), tool_calls=calls,  # type: ignore[arg-type]
                    tool_call_id=m.tool_call_id, name=m.name,
                    reasoning=m.reasoning_content or m.reasoning)
 
@@ -174,10 +180,10 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
     sampling, sent = sampling_of(body, logprobs=bool(body.logprobs),
                                  top_logprobs=body.top_logprobs or 0)
     tools, tool_choice = _tools(body)
-    omitted: list[str] = []
+    images: list[ImageRef] = []
+    messages = [_message(m, i, images) for i, m in enumerate(body.messages)]
     return GenRequest(
-        model=body.model or "default", omitted_images=omitted,
-        messages=[_message(m, i, omitted) for i, m in enumerate(body.messages)],
+        model=body.model or "default", images=images, messages=attach_images(messages, images),
         tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls
         is not False, cache_prompt=body.cache_prompt,
         max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),

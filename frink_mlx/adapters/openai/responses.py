@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, choice_events, drain_choice
-from ...core.images import omit_image
+from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
@@ -57,7 +57,7 @@ from .responses_tools import Offered, custom_arguments, flat_name, offer_tools
 
 
 # -- request -------------------------------------------------------------------
-def _part_text(content: str | list[w.ContentPart], where: str, omitted: list[str]) -> str:
+def _part_text(content: str | list[w.ContentPart], where: str, images: list[ImageRef]) -> str:
     if isinstance(content, str):
         return content
     texts = []
@@ -67,7 +67,7 @@ def _part_text(content: str | list[w.ContentPart], where: str, omitted: list[str
         elif isinstance(part, w.Refusal):
             texts.append(part.refusal)
         elif isinstance(part, w.InputImage):
-            texts.append(omit_image(f"{where}[{j}]", omitted))  # core/images.py rule 1
+            texts.append(image_part(from_url(f"{where}[{j}]", part.image_url), images))
         else:
             raise UnsupportedField(f"{where}[{j}]", "is not text; this server serves text-only "
                                    "models")
@@ -97,10 +97,10 @@ def _assistant_turn(out: list[Message]) -> Message:
 
 
 def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[str, str],
-                   request: Request | None = None, omitted: list[str] | None = None
+                   request: Request | None = None, images: list[ImageRef] | None = None
                    ) -> list[Message]:
-    """The Message list `items` stand for; image parts' paths go to `omitted`."""
-    omitted = [] if omitted is None else omitted
+    """The Message list `items` stand for; image parts go to `images` (core/images.py)."""
+    images = [] if images is None else images
     if items is None:
         raise InvalidRequest("'input' is required.", param="input")
     if isinstance(items, str):
@@ -109,7 +109,7 @@ def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[st
     for i, raw in enumerate(items):
         item = decode_item(raw, i, request)
         if isinstance(item, w.MessageItem):
-            text = _part_text(item.content, f"input[{i}].content", omitted)
+            text = _part_text(item.content, f"input[{i}].content", images)
             if item.role == "assistant":
                 turn = _assistant_turn(out)
                 turn.content += text
@@ -121,7 +121,7 @@ def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[st
                          else custom_arguments(item.input))
             _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, name, arguments))
         elif isinstance(item, (w.FunctionCallOutputItem, w.CustomToolCallOutputItem)):
-            out.append(Message("tool", _part_text(item.output, f"input[{i}].output", omitted),
+            out.append(Message("tool", _part_text(item.output, f"input[{i}].output", images),
                                tool_call_id=item.call_id,
                                name=flat_name(item.namespace, item.name) if item.name
                                else tool_names.get(item.call_id)))
@@ -129,7 +129,7 @@ def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[st
             text = "".join(p.text for p in (item.content or item.summary))
             turn = _assistant_turn(out)
             turn.reasoning = (turn.reasoning or "") + text
-    return out
+    return attach_images(out, images)
 
 
 def to_tool_choice(choice: str | w.FunctionChoice | None) -> str:
@@ -193,11 +193,11 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message],
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
-    omitted: list[str] = []
-    conversation = history + input_messages(req.input, tool_names, request, omitted)
+    images: list[ImageRef] = []
+    conversation = history + input_messages(req.input, tool_names, request, images)
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
     gen = GenRequest(model=req.model or "default", messages=messages, tools=offered.tools,
-                     omitted_images=omitted,
+                     images=images,
                      tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
