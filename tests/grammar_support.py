@@ -32,7 +32,8 @@ def ll_tokenizer() -> Any:
     return from_tokenizer(hf)
 
 
-def _matcher(grammar: str, syntax: str) -> Any:
+@functools.lru_cache(maxsize=64)
+def _compiled(grammar: str, syntax: str) -> Any:
     from llguidance import LLMatcher
 
     text = LLMatcher.grammar_from_lark(grammar) if syntax == "lark" \
@@ -40,6 +41,10 @@ def _matcher(grammar: str, syntax: str) -> Any:
     matcher = LLMatcher(ll_tokenizer(), text, log_level=0)
     assert not matcher.is_error(), matcher.get_error()
     return matcher
+
+
+def _matcher(grammar: str, syntax: str) -> Any:
+    return _compiled(grammar, syntax).deep_copy()
 
 
 def is_prefix(grammar: str, text: str, syntax: str = "lark") -> bool:

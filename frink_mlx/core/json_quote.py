@@ -61,7 +61,7 @@ _TOKEN = re.compile(r"""
 _IMPORT = re.compile(r"%import[ \t]+common[ \t]*(?:\.[ \t]*([A-Z_][A-Z0-9_]*)"
                      r"(?:[ \t]*->[ \t]*([A-Za-z_][A-Za-z0-9_]*))?|\(([^)]*)\))")
 _TERMINAL = re.compile(r"_?[A-Z]")
-_KEPT_DIRECTIVES = frozenset({"%ignore", "%declare", "%override"})
+_KEPT_DIRECTIVES = frozenset({"%ignore", "%declare", "%override", "%import"})  # rule 5 kept these imports
 
 
 @dataclass(slots=True)

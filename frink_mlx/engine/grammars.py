@@ -9,6 +9,8 @@ Rules:
    is checked alone first, so a bad definition is a 400 naming its own field
    (`tools[i].format.definition`), then JSON-quoted (core/json_quote.py) and
    checked again (a rewrite llguidance cannot read is named the same way).
+   The rewrite grows a grammar (an escaped `.` is two lexemes of classes);
+   past MAX_QUOTED_CHARS it is refused, naming the definition.
 3. `text_matches` tells whether a finished text is in a grammar: the same
    matcher, fed the text's tokens (any tokenization of the text is accepted).
 """
@@ -20,10 +22,11 @@ from typing import Any
 
 from ..core.custom_calls import Embed
 from ..core.json_quote import quote_lark, quote_regex_grammar
-from ..core.structured import GrammarSpec
+from ..core.structured import MAX_SPEC_CHARS, GrammarSpec
 from ..errors import InvalidRequest
 
 MAX_ERROR_CHARS = 600
+MAX_QUOTED_CHARS = 4 * MAX_SPEC_CHARS   # rule 2: a definition may grow this far, rewritten
 
 
 def to_llguidance(spec: GrammarSpec) -> str:
@@ -64,6 +67,10 @@ def embed_lark(embed: Embed) -> str:
             str(json.loads(own)["grammars"][0]["lark_grammar"])
     lark = (quote_lark(tool.definition, tool.param) if tool.syntax == "lark"
             else quote_regex_grammar(tool.definition, tool.param))
+    if len(lark) > MAX_QUOTED_CHARS:
+        raise InvalidRequest(
+            f"The grammar in '{tool.param}' is {len(lark)} characters once written for text "
+            f"inside a JSON string; the limit is {MAX_QUOTED_CHARS}.", param=tool.param)
     _check(LLMatcher.grammar_from_lark(lark), tool.syntax, tool.param, rewritten=True)
     return lark
 
