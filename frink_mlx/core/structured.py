@@ -44,7 +44,9 @@ Rules:
    their call writes its one string argument under the tool's Lark grammar
    or regex, JSON-quoted (core/custom_calls.py), so a forced call and, under
    `auto`, every call the model opens holds the grammar. Each definition is
-   held to MAX_SPEC_CHARS and refused empty, naming it.
+   held to MAX_SPEC_CHARS and refused empty, naming it. Where rules 5-6 give
+   no grammar (the markup is not JSON, or `response_format` under `auto`),
+   `tool_grammars_held` says so, for the adapter to report.
 8. Schemas of drafts 4 to 2019-09 keep their meaning: `items` as a list is the
    tuple form (2020-12's `prefixItems`; zod-to-json-schema and pydantic v1 still
    write it) and `additionalItems` bounds what follows; llguidance reads both.
@@ -102,6 +104,16 @@ def grammar_for_request(req: GenRequest, markup: MarkupInfo) -> GrammarSpec | No
     if req.tool_choice == "auto" and any(t.strict for t in req.tools):
         return grammar_for_strict_tools(req.tools, markup, parallel=req.parallel_tool_calls)
     return None
+
+
+def tool_grammars_held(req: GenRequest, markup: MarkupInfo) -> bool:
+    """Rule 7: whether the custom tools' grammars of `req` are enforced under `markup`."""
+    if not has_grammar_tools(req.tools) or req.tool_choice == "none":
+        return True
+    if req.tool_choice == "auto":
+        return markup.tool_format == "json_tools" and req.response_format is None
+    forced = [t for t in req.tools if req.tool_choice in ("required", t.name)]
+    return markup.tool_format in TOOL_FORMATS_WITH_GRAMMAR or not has_grammar_tools(forced)
 
 
 def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel: bool

@@ -30,6 +30,13 @@ CODE_REGEX = r'(yes|no) "[a-c]{1,3}"\t[0-9]{2}\n?'
 CODE_TOOL = {"type": "custom", "name": "code", "description": "A code",
              "format": {"type": "grammar", "syntax": "regex", "definition": CODE_REGEX}}
 BIGRAM_FINISHED = "*** Begin Patch\n*** Delete File: E\n*** End Patch"
+# Qwen3-Coder's layout: calls are XML with raw values, no JSON string to hold the grammar in
+XML_CALLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}"
+    "{% endfor %}</tools>\nCall a tool as <tool_call>\n<function=NAME>\n<parameter=KEY>\n"
+    "value\n</parameter>\n</function>\n</tool_call><|im_end|>\n{%- endif %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
@@ -41,12 +48,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     root = tmp_path_factory.mktemp("custom_grammar")
     tiny = make_tiny_llama(root / "tiny")
+    xml = make_tiny_llama(root / "xml", chat_template=XML_CALLS_TEMPLATE)
     # after "\": "n" (a newline); after "E": "\"; after a space: "E" ("End"), else "D"
     bigram = make_bigram_llama(root / "bigram", {"\\": ["n"], "E": ["\\"], " ": ["E", "D"]},
                                default=["E", '"', "\\", "n"])
     (root / "models.toml").write_text(
         f'default = "tiny"\n\n[models.tiny]\nsource = "{tiny}"\n\n'
-        f'[models.bigram]\nsource = "{bigram}"\n')
+        f'[models.bigram]\nsource = "{bigram}"\n\n[models.xml]\nsource = "{xml}"\n')
     settings = Settings.load(models_path=str(root / "models.toml"), min_generation_s=0.0,
                              access_log=False, cache_dir=str(root / "cache"), fallback=False)
     live = start_server(create_app(settings, registry=load_registry(settings),
@@ -174,3 +182,16 @@ def test_a_bad_grammar_in_a_stream_is_a_400_before_any_event(server: Any) -> Non
             "model": "tiny", "input": "hi", "tools": [tool], "stream": True}) as r:
         assert r.status_code == 400
         assert json.loads(r.read())["error"]["param"] == "tools[0].format.definition"
+
+
+def test_a_grammar_the_markup_cannot_carry_is_reported_not_refused(server: Any) -> None:
+    """XML tool calls write the input raw, outside any JSON string: no grammar is built
+    (structured.py rule 5), and tools[i].format says so in the ignored-fields header."""
+    for choice in (FORCE_PATCH, "auto"):
+        r = _post(server, model="xml", input="please patch", tools=[WEATHER, PATCH_TOOL],
+                  tool_choice=choice, max_output_tokens=4)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-frink-ignored-fields"] == "tools[1].format"
+    r = _post(server, model="tiny", input="please patch", tools=[WEATHER, PATCH_TOOL],
+              max_output_tokens=4)
+    assert "x-frink-ignored-fields" not in r.headers

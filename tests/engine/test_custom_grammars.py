@@ -117,3 +117,15 @@ def test_no_json_markup_means_no_grammar() -> None:
     for markup in (MarkupInfo(tool_format="qwen3_coder"), MarkupInfo(tool_format="mistral")):
         req = GenRequest(model="m", messages=[Message("user", "hi")], tools=[PATCH])
         assert grammar_for_request(req, markup) is None
+
+
+def test_a_forced_call_in_llama3_json_holds_the_grammar(tok: Any, compiler: GrammarCompiler) -> None:
+    spec = grammar_for_request(GenRequest(model="m", messages=[Message("user", "hi")],
+                                          tools=[SHELL, PATCH], tool_choice="apply_patch"),
+                               MarkupInfo(tool_format="llama3_json"))
+    assert spec is not None
+    (row,) = compiler.new_constraints(spec)
+    feed(tok, row, '{"name": "apply_patch", "parameters": {"input": "')
+    assert allowed_texts(tok, row) <= {"*", ""}
+    feed(tok, row, json.dumps(GOOD_PATCH)[1:-1] + '"}}')
+    assert row.is_done() or row.allowed_mask()[tok.eos_token_id]

@@ -20,6 +20,9 @@ Rules (Codex CLI sends all of these on its first request):
    it free. Another type or syntax is refused naming `tools[i].format.type`
    or `.syntax`; an unusable definition names `tools[i].format.definition`.
    A call cut short (max_output_tokens) carries the string written so far.
+   A model whose tool calls are not JSON (qwen3_coder's XML, Mistral's) gets
+   no grammar: the tool is still offered, and `tools[i].format` is noted in
+   `x-frink-ignored-fields` and the log (`note_unheld`).
 4. `tool_search` (client-executed in Codex) is offered as a function named
    `tool_search` with its `parameters` (else any object).
 5. Hosted tools the server cannot run (`HOSTED`: web search, file search,
@@ -38,7 +41,9 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
-from ...core.request import Tool, ToolGrammar
+from ...core.parsers import MarkupInfo
+from ...core.request import GenRequest, Tool, ToolGrammar
+from ...core.structured import tool_grammars_held
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
 from ...http.fields import note_dropped, report, unknown_fields
@@ -68,6 +73,7 @@ class Offered:
     tools: list[Tool] = field(default_factory=list)
     namespaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # flat -> (ns, name)
     custom: set[str] = field(default_factory=set)
+    grammar_fields: list[str] = field(default_factory=list)   # tools[i].format (rule 3)
 
     def function(self, tool: w.FunctionTool, where: str, namespace: str | None = None,
                  grammar: ToolGrammar | None = None) -> None:
@@ -94,6 +100,14 @@ class Offered:
 
 
 _INPUT_OPENING = re.compile(r'\s*\{\s*"' + CUSTOM_INPUT + r'"\s*:\s*"')
+
+
+def note_unheld(request: Request | None, offered: Offered, gen: GenRequest,
+                markup: MarkupInfo) -> None:
+    """Rule 3: custom tools' grammars this model's markup cannot carry, noted by name."""
+    if offered.grammar_fields and not tool_grammars_held(gen, markup):
+        note_dropped(request, offered.grammar_fields, "this model's tool calls are not JSON "
+                     f"({markup.tool_format or 'unknown format'}): the grammar is not enforced")
 
 
 def custom_input(arguments: str) -> str:
@@ -175,10 +189,12 @@ def offer_tools(tools: list[dict[str, Any]] | None, request: Request | None = No
                                            "cannot be in a namespace; only 'function'")
                 offered.function(member, f"{where}.tools[{j}]", namespace=tool.name)
         elif tool.type == "custom":
+            grammar = custom_grammar(tool.format, where)
             offered.function(w.FunctionTool("function", tool.name, tool.description,
-                                            _CUSTOM_SCHEMA, strict=True), where,
-                             grammar=custom_grammar(tool.format, where))
+                                            _CUSTOM_SCHEMA, strict=True), where, grammar=grammar)
             offered.custom.add(tool.name or "")
+            if grammar is not None:
+                offered.grammar_fields.append(f"{where}.format")
         elif tool.type == "tool_search":
             offered.function(w.FunctionTool("function", tool.name or "tool_search",
                                             tool.description, tool.parameters,
