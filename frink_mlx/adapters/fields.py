@@ -99,7 +99,8 @@ RESPONSES: dict[str, Rule] = {
               "custom_tool_call_output, reasoning items"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
-              "input; a lark or regex grammar enforced on it with JSON tool-call markup); "
+              "input; a lark or regex grammar enforced on it with JSON tool-call markup, "
+              "else noted in x-frink-ignored-fields); "
               "tool_search; hosted tools dropped, listed in x-frink-ignored-fields"),
     "tool_choice": (H, ""),
     "max_output_tokens": (H, ""), "temperature": (H, ""), "top_p": (H, ""),
