@@ -102,8 +102,9 @@ RESPONSES: dict[str, Rule] = {
               "models, a placeholder text on text-only ones (refuse_images refuses)"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
-              "input, grammar not enforced); tool_search; hosted tools dropped, listed in "
-              "x-frink-ignored-fields"),
+              "input; a lark or regex grammar enforced on it with JSON tool-call markup, "
+              "else noted in x-frink-ignored-fields); "
+              "tool_search; hosted tools dropped, listed in x-frink-ignored-fields"),
     "tool_choice": (H, ""),
     "max_output_tokens": (H, ""), "temperature": (H, ""), "top_p": (H, ""),
     "reasoning": (H, "effort on/off; summary other than auto/none refused (raw reasoning "

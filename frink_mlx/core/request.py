@@ -64,12 +64,26 @@ class Message:
     images: list[ImageRef] = field(default_factory=list)  # core/images.py rule 1
 
 
+@dataclass(frozen=True, slots=True)
+class ToolGrammar:
+    """A custom tool's input grammar (Responses `custom` tools' `format`, core/custom_calls.py).
+
+    The tool is offered as a function of one string argument, `argument`; the
+    grammar constrains that string's text."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+    param: str               # the request field it came from, e.g. "tools[3].format.definition"
+    argument: str = "input"
+
+
 @dataclass(slots=True)
 class Tool:
     name: str
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool = False   # arguments must match `parameters` (core/structured.py rule 6)
+    grammar: ToolGrammar | None = None   # a custom tool's input grammar
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than the three = that function's name

@@ -53,7 +53,7 @@ from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_store import ResponseStore, StoredResponse
-from .responses_tools import Offered, custom_arguments, flat_name, offer_tools
+from .responses_tools import Offered, custom_arguments, flat_name, note_unheld, offer_tools
 
 
 # -- request -------------------------------------------------------------------
@@ -292,6 +292,7 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     offered = offer_tools(req.tools, request)
     gen, conversation = to_gen_request(req, history, request, offered)
     (run,) = await generate(request, [gen])
+    note_unheld(request, offered, gen, run.markup)
     builder = ResponseBuilder(base=response_base(req, run.model), tools=offered)
 
     def keep() -> None:
