@@ -81,6 +81,7 @@ class ImageLimits(_Slice, frozen=True):
     max_images: int                # image parts per request
     max_image_bytes: int           # decoded bytes of one image
     max_image_pixels: int          # width x height of one image
+    fetch_urls: bool = False       # http(s) image URLs are fetched (else refused by name)
 
 
 class HubConfig(_Slice, frozen=True):

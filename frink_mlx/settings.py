@@ -80,6 +80,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_images: int = 32                         # image parts per request (vision models)
     max_image_bytes: int = 20 * 1024 * 1024      # one image's decoded bytes
     max_image_pixels: int = 50_000_000           # one image's width x height
+    fetch_image_urls: bool = False               # http(s) image URLs: fetch them (else 400)
                                                  # text (core/images.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
@@ -233,7 +234,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,
-                           max_image_pixels=self.max_image_pixels)
+                           max_image_pixels=self.max_image_pixels,
+                           fetch_urls=self.fetch_image_urls)
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
@@ -293,6 +295,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "max_image_bytes": SettingDoc("most decoded bytes of one image (400 naming the part)"),
     "max_image_pixels": SettingDoc("most pixels (width x height) of one image, checked before "
                                    "it is decoded (400 naming the part)"),
+    "fetch_image_urls": SettingDoc("fetch http(s) image URLs for vision models (10 s, "
+                                   "max_image_bytes; off: such a part is a 400 naming it, so "
+                                   "a client cannot make the daemon reach other hosts)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
                                 "with a short placeholder text (x-frink-images-omitted)"),
     # --- models ---
