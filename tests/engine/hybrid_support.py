@@ -89,16 +89,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
                     num_key_value_heads=2, sliding_window=6, rope_theta=10000,
                     layer_types=["sliding_attention", "full_attention"]),
 }
+# A model file the engine refuses at load: llama4's chunked-attention layers
+# (ChunkedKVCache) have no paged equivalent (engine/kv/specs.py rule 3).
+REFUSED: dict[str, dict[str, Any]] = {
+    "llama4": dict(model_type="llama4", text_config=dict(
+        model_type="llama4_text", attention_bias=False, attention_chunk_size=8, head_dim=16,
+        hidden_size=64, interleave_moe_layer_step=2, intermediate_size=64,
+        intermediate_size_mlp=96, max_position_embeddings=512, num_attention_heads=4,
+        num_experts_per_tok=1, num_hidden_layers=4, num_key_value_heads=2,
+        num_local_experts=2, rms_norm_eps=1e-5, rope_scaling=None, rope_theta=10000.0,
+        use_qk_norm=True, vocab_size=VOCAB)),
+}
 RECURRENT = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid",
              "falcon_h1")
 WINDOWED = ("gemma3_text", "gpt_oss", "gemma4_text")
 
 
-def build(family: str, seed: int = 3) -> Any:
+def config(family: str, vocab_size: int = VOCAB) -> dict[str, Any]:
+    """The family's config with `vocab_size` (in its text_config where it nests one)."""
+    cfg = json.loads(json.dumps(CONFIGS.get(family) or REFUSED[family]))
+    for part in (cfg, cfg.get("text_config")):
+        if isinstance(part, dict) and "vocab_size" in part:
+            part["vocab_size"] = vocab_size
+        if isinstance(part, dict) and "vocab_size_per_layer_input" in part:
+            part["vocab_size_per_layer_input"] = vocab_size
+    return cfg
+
+
+def build(family: str, seed: int = 3, vocab_size: int = VOCAB) -> Any:
     """The family's model with small random weights (norm weights one)."""
-    cfg = CONFIGS[family]
+    cfg = config(family, vocab_size)
     module = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
-    model = module.Model(module.ModelArgs.from_dict(json.loads(json.dumps(cfg))))
+    model = module.Model(module.ModelArgs.from_dict(cfg))
     mx.random.seed(seed)
     params = [(k, mx.ones(v.shape) if k.endswith("norm.weight") else
                mx.random.normal(v.shape) * 0.2) for k, v in tree_flatten(model.parameters())]
@@ -108,11 +130,11 @@ def build(family: str, seed: int = 3) -> Any:
     return model
 
 
-def write(family: str, path: Path) -> Path:
+def write(family: str, path: Path, vocab_size: int = VOCAB) -> Path:
     """Save `build(family)` as an mlx-lm checkpoint at `path` (config + weights)."""
-    model = build(family)
+    model = build(family, vocab_size=vocab_size)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(CONFIGS[family]))
+    (path / "config.json").write_text(json.dumps(config(family, vocab_size)))
     weights: dict[str, mx.array] = dict(tree_flatten(model.parameters()))  # type: ignore[arg-type]
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path

@@ -155,6 +155,8 @@ def model_cache_spec(model: Any, *, evaluate: bool = True) -> ModelCacheSpec:
         caches = make_prompt_cache(model)
     except Exception as exc:  # noqa: BLE001 - any failure is a refusal naming it
         raise UnsupportedModel(f"{family}: make_cache() failed ({exc})") from None
+    for cache in caches:
+        _check_kind(family, cache)
     try:
         logits = model(mx.array([[0, 1]], dtype=mx.int32), cache=caches)
         if evaluate:
@@ -168,6 +170,22 @@ def model_cache_spec(model: Any, *, evaluate: bool = True) -> ModelCacheSpec:
     return ModelCacheSpec(family, entries, tuple(attention), tuple(states))
 
 
+def _check_kind(family: str, cache: Any) -> None:
+    """Rule 3's kinds, before the probe runs (a kind the engine lacks may not even run)."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+
+    kind = type(cache)
+    if kind is CacheList:
+        for part in cache.caches:
+            _check_kind(family, part)
+    elif kind is RotatingKVCache and cache.keep:
+        raise UnsupportedModel(f"{family}: a rotating cache keeping {cache.keep} sink tokens "
+                               "has no paged equivalent")
+    elif kind not in (KVCache, RotatingKVCache) and not isinstance(cache, ArraysCache):
+        raise UnsupportedModel(f"{family}: its {kind.__name__} layers have no paged engine "
+                               "equivalent")
+
+
 def _entry(family: str, cache: Any, attention: list[AttentionSpec],
            states: list[StateSpec]) -> CacheEntry:
     from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
@@ -177,20 +195,15 @@ def _entry(family: str, cache: Any, attention: list[AttentionSpec],
         return CacheEntry("list", parts=tuple(_entry(family, c, attention, states)
                                               for c in cache.caches))
     if kind in (KVCache, RotatingKVCache):
-        window = None
-        if kind is RotatingKVCache:
-            if cache.keep:
-                raise UnsupportedModel(f"{family}: a rotating cache keeping {cache.keep} "
-                                       "sink tokens has no paged equivalent")
-            window = int(cache.max_size)
+        window = int(cache.max_size) if kind is RotatingKVCache else None
         if cache.keys is None:
             raise UnsupportedModel(f"{family}: an attention cache the model never wrote")
         _, heads, _, head_dim = cache.keys.shape
         attention.append(AttentionSpec(int(heads), int(head_dim), int(cache.values.shape[-1]),
                                        window))
         return CacheEntry("attention", len(attention) - 1)
-    if kind is ArraysCache or (isinstance(cache, ArraysCache) and kind.__name__ == "MambaCache"):
-        arrays = list(cache.cache)
+    if isinstance(cache, ArraysCache):
+        arrays: list[Any] = list(cache.cache)
         if not arrays or any(a is None for a in arrays):
             raise UnsupportedModel(f"{family}: a recurrent cache with entries the model "
                                    "never set")
