@@ -69,8 +69,12 @@ def load_progress(hub: Any) -> dict[str, Any] | None:
 def _kv(stats: Any) -> dict[str, Any] | None:
     if stats is None:
         return None
-    return {"blocks_total": stats.num_blocks_total, "blocks_used": stats.num_blocks_used,
-            "blocks_cached": stats.num_blocks_cached, "block_size": stats.block_size}
+    kv = {"blocks_total": stats.num_blocks_total, "blocks_used": stats.num_blocks_used,
+          "blocks_cached": stats.num_blocks_cached, "block_size": stats.block_size}
+    if getattr(stats, "state_slots_total", None) is not None:  # recurrent layers (engine/kv/slots.py)
+        kv["state_slots_total"] = stats.state_slots_total
+        kv["state_slots_used"] = stats.state_slots_used
+    return kv
 
 
 async def health(request: Request) -> Response:

@@ -284,6 +284,7 @@ class StepLoop:
         self._abort_all("error", f"engine step failed: {exc}")
         self.runner.store = None  # type: ignore[assignment]  # drop the old pools first
         self.runner.store = self._new_store()
+        self.runner.reset_states()
         if self.runner.draft is not None:
             self.runner.draft.reset_store()
         self.kv.reset_prefix_cache()

@@ -89,6 +89,7 @@ class PrefillChunk:
     start: int
     block_table: list[int]
     sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
+    slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: features at their positions)
 
 
@@ -100,6 +101,7 @@ class DecodeRow:
     token_id: int | None  # None: the token the previous step sampled (still on device)
     draft: list[int] = field(default_factory=list)  # verified after token_id (engine/spec/)
     num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/spec/ rule 7)
+    slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
 
 
 @dataclass(slots=True)
@@ -107,6 +109,7 @@ class SchedulerOutput:
     decode: list[DecodeRow] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots
     preempted: list[int] = field(default_factory=list)
     draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/spec/ rule 7
 

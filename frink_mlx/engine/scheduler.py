@@ -36,8 +36,8 @@ Rules:
    mostly from the prefix cache) instead of failing anybody.
 4. n > 1: row 0 prefills the prompt once; the step that runs its final chunk
    samples all n rows from the same logits and forks rows 1..n-1, which share
-   the full blocks and get their own copy of the partial last block (a
-   `copies` entry the runner performs before the next forward).
+   the full blocks and get their own copy of the partial last block and of
+   the recurrent state (`copies` / `state_copies`, run before the next forward).
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
@@ -97,6 +97,7 @@ class Scheduler:
         self.seqs: dict[int, Seq] = {}
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int, int]] = []
+        self._pending_state_copies: list[tuple[int, int]] = []
         self.prefix_hit_tokens_total = 0
         self.prompt_tokens_total = 0
         self.num_preemptions = 0
@@ -196,8 +197,8 @@ class Scheduler:
           3. admit from the head of the waiting queue while the budget, the batch
              and the block pool allow (strict FIFO), each starting its first chunk.
         """
-        out = SchedulerOutput(copies=self._pending_copies)
-        self._pending_copies = []
+        out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies)
+        self._pending_copies, self._pending_state_copies = [], []
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
                   self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
@@ -244,6 +245,7 @@ class Scheduler:
             self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
             row.block_table = self.kv.block_table(row.seq_id)
+            row.slot = self.kv.state_slot(row.seq_id)
 
     def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
@@ -327,7 +329,8 @@ class Scheduler:
         num = min(budget, seq.prefill_target - seq.num_computed)
         start = seq.num_computed
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
-                             self.kv.block_table(seq.seq_id), [], seq.group.request.images)
+                             self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
+                             seq.group.request.images)
         seq.num_computed += num
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
@@ -345,14 +348,12 @@ class Scheduler:
         """The parent's final chunk runs now: rows 1..n-1 join the batch next step."""
         group = parent.group
         group.activated = True
-        bs = self.kv.block_size
         length = len(parent.token_ids)
         for child in group.seqs[1:]:
-            if length > child.num_computed:
-                index = child.num_computed // bs
-                src = self.kv.block_table(parent.seq_id)[index]
-                dst = self.kv.block_table(child.seq_id)[index]
-                self._pending_copies.append((src, dst, length - child.num_computed))
+            blocks, states = self.kv.fork_copies(parent.seq_id, child.seq_id,
+                                                 child.num_computed, length)
+            self._pending_copies += blocks
+            self._pending_state_copies += states
             child.num_computed = length
             child.num_scheduled_outputs = 1
             self.running.append(child)

@@ -126,4 +126,6 @@ class EngineStats:
     steps_total: int = 0
     draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec/)
     draft_accepted_tokens_total: int = 0  # ... and accepted by verification
+    state_slots_total: int | None = None  # recurrent-state slots (kv/slots.py); None: no such layers
+    state_slots_used: int | None = None
     extra: dict[str, float] = field(default_factory=dict)
