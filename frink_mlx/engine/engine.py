@@ -36,6 +36,10 @@ Failure rules:
    pools (their contents are unknown) and ends every live row. The thread
    keeps serving either way: no request ever hangs.
 
+SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
+daemon's block files and reads prompts' runs back (kv/spill.py); not for a
+distributed group (each rank holds its own shard of the pools).
+
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
 rule 1); once the channel is lost (channel.py) `submit` answers `Unavailable`
@@ -64,8 +68,10 @@ from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
 from .gate import DecodeGate
+from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
+from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
@@ -107,10 +113,11 @@ class EngineConfig:
 class Engine:
     def __init__(self, loaded: EngineModel, config: EngineConfig, gate: DecodeGate,
                  backend: Backend, *, channel: PlanChannel | None = None,
-                 draft: EngineModel | None = None) -> None:
+                 draft: EngineModel | None = None, disk: DiskTier | None = None) -> None:
         """`backend` prepares the model for the engine's forwards (backend/base.py);
         `channel`: this engine is rank 0 of a distributed group (module docstring);
-        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed)."""
+        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed);
+        `disk`: the daemon's SSD tier (module docstring)."""
         self.loaded = loaded
         self._channel = channel
         if channel is not None:
@@ -144,8 +151,18 @@ class Engine:
         if channel is None and isinstance(gate, DecodeGate):  # turns.py (never across ranks)
             self._loop.slicer = PrefillSlicer(gate, min_tokens=self.scheduler.shared_prefill_tokens,
                                               max_tokens=config.prefill_chunk_tokens)
+        if disk is not None and disk.enabled and channel is None:
+            self._link_disk(disk, backend)
         self._thread: workers.Job | None = None
         self._stopping = False
+
+    def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
+        """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1)."""
+        layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
+        if layout is None:
+            return
+        self.scheduler.cache_namespace = layout.namespace.hex()
+        self._loop.spill = DiskLink(disk, layout, self.kv, lambda: self.runner.store)
 
     def _spec_config(self, config: EngineConfig, loaded: EngineModel) -> SpecConfig | None:
         """The speculation settings with the draft model's pool and step cost (rule 7)."""
@@ -257,6 +274,9 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if self._loop.spill is not None:
+            s.extra["disk_hit_tokens_total"] = float(sch.disk_hit_tokens_total)
+            s.extra["disk_lost_blocks_total"] = float(self._loop.spill.num_lost_blocks)
         if self._loop.slicer is not None:
             s.extra["sliced_prefill_turns_total"] = float(self._loop.slicer.turns_total)
         spec = sch.speculator
