@@ -36,9 +36,18 @@ SENTENCE = ("The engine keeps key and value blocks of every prompt it has seen, 
             "sends the same long history again and again with one more turn at the end. ")
 
 
-def long_text(num_tokens: int, nonce: str) -> str:
-    """About `num_tokens` tokens of text (SmolLM2's tokenizer: ~24 tokens per sentence)."""
-    return f"[{nonce}] " + "".join(f"({i}) {SENTENCE}" for i in range(num_tokens // 26))
+def long_text(server: Server, num_tokens: int, nonce: str) -> str:
+    """About `num_tokens` tokens of text, counted by the daemon's own tokenizer."""
+    def text(n: int) -> str:
+        return f"[{nonce}] " + "".join(f"({i}) {SENTENCE}" for i in range(n))
+
+    def count(n: int) -> int:
+        r = httpx.post(server.url + "/tokenize", json={"content": text(n)}, timeout=60)
+        r.raise_for_status()
+        return len(r.json()["tokens"])
+
+    per_sentence = count(100) / 100
+    return text(int(num_tokens / per_sentence))
 
 
 async def ask(server: Server, text: str, max_tokens: int) -> tuple[Reply, dict[str, Any]]:
@@ -74,7 +83,6 @@ def main() -> int:
     args = parser.parse_args()
     kv_dir = tempfile.mkdtemp(prefix="frink-kv-bench-")
     flags = ("--kv-disk-dir", kv_dir, "--max-batch", "4")
-    text = long_text(args.tokens, secrets.token_hex(4))
     lines: list[str] = [f"kv dir {kv_dir}; models {args.models}"]
 
     def report(line: str) -> None:
@@ -83,6 +91,7 @@ def main() -> int:
 
     server = start_frink(args.models, *flags)
     try:
+        text = long_text(server, args.tokens, secrets.token_hex(4))
         asyncio.run(ask(server, "Say hello. " + secrets.token_hex(4), 4))
         cold, cold_usage = asyncio.run(ask(server, text, args.max_tokens))
         report(f"cold:      TTFT {cold.ttft_s:.3f} s  usage {json.dumps(cold_usage)}")
