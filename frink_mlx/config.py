@@ -10,7 +10,8 @@ the slice they need without a whole daemon's configuration.
     Settings ── hub_config() ─> HubConfig ─┬─ load:   LoadConfig     models/loader.py
                                             │    └─ encoder: EncoderConfig  models/encoder/
                                             ├─ budget: BudgetConfig   models/budget.py
-                                            └─ engine: EngineLimits   engine/engine.py (EngineConfig)
+                                            ├─ engine: EngineLimits   engine/engine.py (EngineConfig)
+                                            └─ disk:   DiskConfig     engine/kv/disk.py (None: off)
     Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
 
 The slices hold no defaults of their own: Settings is the one source of
@@ -84,6 +85,13 @@ class ImageLimits(_Slice, frozen=True):
     fetch_urls: bool = False       # http(s) image URLs are fetched (else refused by name)
 
 
+class DiskConfig(_Slice, frozen=True):
+    """The SSD tier of the prefix cache (engine/kv/disk.py), one per daemon."""
+
+    directory: str                 # block files live here
+    budget_bytes: int              # their bytes never exceed this (LRU)
+
+
 class HubConfig(_Slice, frozen=True):
     """Generations, leases and swaps (serving/hub.py), with the slices it hands down."""
 
@@ -96,6 +104,7 @@ class HubConfig(_Slice, frozen=True):
     load: LoadConfig
     budget: BudgetConfig
     engine: EngineLimits
+    disk: DiskConfig | None = None  # None: the prefix cache stays in RAM only
 
 
 class BackendConfig(_Slice, frozen=True):

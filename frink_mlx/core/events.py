@@ -35,6 +35,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # Of cached_tokens, read back from the SSD tier (frink extension; None = tier off).
+    disk_cached_tokens: int | None = None
     # Where the re-rendered prompt stopped matching the ids generated earlier
     # in this conversation (frink extension; None = no divergence measured).
     prefix_divergence: int | None = None

@@ -43,6 +43,9 @@ Until recurrent-state snapshots exist, a model with recurrent layers runs
 with the prefix cache off (a hit would skip the state of the tokens it
 covers) and without speculation (a rejected draft would leave its tokens in
 the state); both are logged once when the engine starts.
+SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
+daemon's block files and reads prompts' runs back (kv/spill.py); not for a
+distributed group (each rank holds its own shard of the pools).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -73,10 +76,12 @@ from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
 from .gate import DecodeGate
+from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .kv.recurrent import StateStore
 from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
+from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
@@ -121,10 +126,11 @@ class EngineConfig:
 class Engine:
     def __init__(self, loaded: EngineModel, config: EngineConfig, gate: DecodeGate,
                  backend: Backend, *, channel: PlanChannel | None = None,
-                 draft: EngineModel | None = None) -> None:
+                 draft: EngineModel | None = None, disk: DiskTier | None = None) -> None:
         """`backend` prepares the model for the engine's forwards (backend/base.py);
         `channel`: this engine is rank 0 of a distributed group (module docstring);
-        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed)."""
+        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed);
+        `disk`: the daemon's SSD tier (module docstring)."""
         self.loaded = loaded
         self._channel = channel
         if channel is not None:
@@ -161,6 +167,8 @@ class Engine:
         if channel is None and isinstance(gate, DecodeGate):  # turns.py (never across ranks)
             self._loop.slicer = PrefillSlicer(gate, min_tokens=self.scheduler.shared_prefill_tokens,
                                               max_tokens=config.prefill_chunk_tokens)
+        if disk is not None and disk.enabled and channel is None:
+            self._link_disk(disk, backend)
         self._thread: workers.Job | None = None
         self._stopping = False
 
@@ -183,6 +191,16 @@ class Engine:
                  ", speculation off" if config.spec is not None else "")
         return dataclasses.replace(config, spec=None,
                                    num_state_slots=config.num_state_slots or config.max_batch)
+    def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
+        """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
+        none for a model with recurrent layers (its prefix cache is off: module docstring)."""
+        if self.cache_spec is not None and self.cache_spec.has_state:
+            return
+        layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
+        if layout is None:
+            return
+        self.scheduler.cache_namespace = layout.namespace.hex()
+        self._loop.spill = DiskLink(disk, layout, self.kv, lambda: self.runner.store)
 
     def _spec_config(self, config: EngineConfig, loaded: EngineModel) -> SpecConfig | None:
         """The speculation settings with the draft model's pool and step cost (rule 7)."""
@@ -302,6 +320,9 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if self._loop.spill is not None:
+            s.extra["disk_hit_tokens_total"] = float(sch.disk_hit_tokens_total)
+            s.extra["disk_lost_blocks_total"] = float(self._loop.spill.num_lost_blocks)
         if self._loop.slicer is not None:
             s.extra["sliced_prefill_turns_total"] = float(self._loop.slicer.turns_total)
         spec = sch.speculator

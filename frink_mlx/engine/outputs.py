@@ -152,6 +152,7 @@ class OutputRouter:
             self._reported.add(seq.seq_id)
             out.num_prompt_tokens = seq.num_prompt
             out.num_cached_tokens = seq.group.num_cached_tokens
+            out.num_disk_cached_tokens = seq.group.num_disk_tokens
         if out.finish is not None:
             self._reported.discard(seq.seq_id)
 

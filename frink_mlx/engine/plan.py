@@ -30,6 +30,17 @@ class Group:
     num_cached_tokens: int = 0
     activated: bool = False  # row 0's prompt was prefilled; every row is live
     speculative: bool = True  # rows may draft (engine/spec/); off per request or engine
+    loading: bool = False     # its prompt's blocks are being read from disk (kv/spill.py rule 4)
+    disk_span: tuple[int, int] = (0, 0)  # prompt positions [start, end) read back from disk
+    num_disk_tokens: int | None = None   # of num_cached_tokens, from disk; None: no tier
+
+    def admitted_from_disk(self, num_hit: int) -> int:
+        """Admitted with `num_hit` cached tokens: how many came from disk (spill.py rule 5)."""
+        if self.num_disk_tokens is None:
+            return 0
+        start, end = self.disk_span
+        self.num_disk_tokens = max(0, min(num_hit, end) - start)
+        return self.num_disk_tokens
 
 
 @dataclass(slots=True)

@@ -17,7 +17,8 @@ Rules:
 1. Admission is strict FIFO against the block budget: the head of the
    waiting queue is admitted only when its whole prefill target fits (after
    prefix-cache hits) and the batch has room for its n rows; if it does not,
-   nobody behind it jumps the queue.
+   nobody behind it jumps the queue. A head still reading blocks from disk
+   (kv/spill.py rule 4) waits for them (no shortage); they count as cached.
 2. Every step decodes one token for every running seq whose prefill is done
    and whose `max_tokens` is not yet scheduled, and spends up to
    `prefill_chunk_tokens` on prefill chunks (running seqs first, then
@@ -79,6 +80,7 @@ class Scheduler:
         idle_prefill_tokens: int | None = None,
         shared_prefill_tokens: int | None = None,
         spec: SpecConfig | None = None,
+        cache_namespace: str | None = None,
     ) -> None:
         if max_batch < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
@@ -91,6 +93,7 @@ class Scheduler:
                                          shared_prefill_tokens or prefill_chunk_tokens)
         self.sliced_prefill_tokens: int | None = None  # rule 2, engine/turns.py rule 3
         self.generation = generation
+        self.cache_namespace = cache_namespace  # the extra key's, instead of generation (spill.py rule 1)
         self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
         self.running: list[Seq] = []
@@ -98,7 +101,7 @@ class Scheduler:
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int, int]] = []
         self._pending_state_copies: list[tuple[int, int]] = []
-        self.prefix_hit_tokens_total = 0
+        self.prefix_hit_tokens_total = self.disk_hit_tokens_total = 0  # rule 1: of it, from disk
         self.prompt_tokens_total = 0
         self.num_preemptions = 0
         self.blocked_since_s: float | None = None  # see _track_shortage
@@ -109,7 +112,8 @@ class Scheduler:
 
     def add(self, request: SeqRequest, now_s: float | None = None) -> Group:
         spec = self.speculator
-        group = Group(request, make_extra_key(self.generation, request.cache_salt),
+        group = Group(request, make_extra_key(self.cache_namespace or self.generation,
+                                              request.cache_salt),
                       time.monotonic() if now_s is None else now_s,
                       speculative=request.speculative and spec is not None)
         for index in range(request.n if request.n > 1 else 1):
@@ -284,7 +288,7 @@ class Scheduler:
         group = self.waiting[0]
         seq = group.seqs[0]
         self._head_short = False
-        if seq.num_pending:  # its last token is still on the device
+        if seq.num_pending or group.loading:  # last token on the device; blocks read from disk
             return False
         self._head_short = True  # every refusal below is a shortage of rows or blocks
         if len(self.running) + len(group.seqs) > self.max_batch:
@@ -307,6 +311,7 @@ class Scheduler:
         if not group.activated:
             group.num_cached_tokens = num_hit
             self.prefix_hit_tokens_total += num_hit
+            self.disk_hit_tokens_total += group.admitted_from_disk(num_hit)
         self.running.append(seq)
         return True
 

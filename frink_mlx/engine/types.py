@@ -90,7 +90,9 @@ class StepOutput:
     """One generated token for one row (`index` < n), or that row's end.
 
     The first output of each row carries `num_prompt_tokens` and
-    `num_cached_tokens` (prefix-cache hit, a multiple of the block size).
+    `num_cached_tokens` (prefix-cache hit, a multiple of the block size), and
+    with the SSD tier `num_disk_cached_tokens`: how many of those were read
+    back from disk (kv/spill.py rule 5).
     A verify step (speculation) yields several outputs of one row at once.
     When `finish` is set, `token_id` may be None (e.g. abort, error).
     """
@@ -103,6 +105,7 @@ class StepOutput:
     error: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    num_disk_cached_tokens: int | None = None
     # Speculation (engine/spec/): set on the first output of a row's step when the
     # row may speculate; tokens it drafted for that step and how many were accepted.
     num_drafted: int | None = None
