@@ -96,7 +96,8 @@ COMPLETIONS: dict[str, Rule] = {
 RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
     "input": (H, "message, function_call, function_call_output, custom_tool_call, "
-              "custom_tool_call_output, reasoning items"),
+              "custom_tool_call_output, reasoning items; input_image parts become a "
+              "placeholder text (refuse_images refuses them), input_file refused"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
               "input, grammar not enforced); tool_search; hosted tools dropped, listed in "
@@ -142,9 +143,12 @@ MESSAGES: dict[str, Rule] = {
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
     "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
-    "tools": (H, "client tools; server tools refused by name"), "tool_choice": (H, ""),
+    "tools": (H, "client tools; server tools refused by name; defer_loading ones kept out "
+              "of the prompt until a tool_reference loads them"), "tool_choice": (H, ""),
     "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"
-                 "updates a no-op, omitted refused"),
+                 "updates a no-op, omitted leaves the text out"),
+    "context_management": (H, "clear_thinking edits (keep the last N turns' reasoning); "
+                           "clear_tool_uses refused"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "metadata": (N, "user_id is an end-user id"),
     "output_config": (H, "format json_schema enforced; effort low/medium bound the "

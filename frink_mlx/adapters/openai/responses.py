@@ -27,6 +27,10 @@ Request rules (responses_wire.py has the decoding rules):
    reasoning, tool-call results of hosted tools, image URLs). Refused by name:
    `include: ["message.output_text.logprobs"]`, `top_logprobs`,
    `max_tool_calls`, `background: true`, `conversation`, `prompt`.
+8. `input_image` parts -- in a message, or in a tool's output (Codex's
+   `view_image`) -- become a placeholder text where they stood (core/images.py;
+   `codex exec -i` puts one in the history, which `codex exec resume` replays);
+   `input_file` parts are refused by name.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, choice_events, drain_choice
+from ...core.images import omit_image
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
@@ -55,7 +60,7 @@ from .responses_tools import Offered, custom_arguments, flat_name, offer_tools
 
 
 # -- request -------------------------------------------------------------------
-def _part_text(content: str | list[w.ContentPart], where: str) -> str:
+def _part_text(content: str | list[w.ContentPart], where: str, omitted: list[str]) -> str:
     if isinstance(content, str):
         return content
     texts = []
@@ -64,6 +69,8 @@ def _part_text(content: str | list[w.ContentPart], where: str) -> str:
             texts.append(part.text)
         elif isinstance(part, w.Refusal):
             texts.append(part.refusal)
+        elif isinstance(part, w.InputImage):                    # core/images.py rule 1
+            texts.append(omit_image(f"{where}[{j}]", omitted))
         else:
             raise UnsupportedField(f"{where}[{j}]", "is not text; this server serves text-only "
                                    "models")
@@ -92,8 +99,11 @@ def _assistant_turn(out: list[Message]) -> Message:
     return out[-1]
 
 
-def input_messages(items: str | list[dict[str, Any]] | None,
-                   tool_names: dict[str, str], request: Request | None = None) -> list[Message]:
+def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[str, str],
+                   request: Request | None = None, omitted: list[str] | None = None
+                   ) -> list[Message]:
+    """Rule 1; image parts become placeholders noted on `omitted` (rule 8)."""
+    omitted = [] if omitted is None else omitted
     if items is None:
         raise InvalidRequest("'input' is required.", param="input")
     if isinstance(items, str):
@@ -102,7 +112,7 @@ def input_messages(items: str | list[dict[str, Any]] | None,
     for i, raw in enumerate(items):
         item = decode_item(raw, i, request)
         if isinstance(item, w.MessageItem):
-            text = _part_text(item.content, f"input[{i}].content")
+            text = _part_text(item.content, f"input[{i}].content", omitted)
             if item.role == "assistant":
                 turn = _assistant_turn(out)
                 turn.content += text
@@ -114,7 +124,7 @@ def input_messages(items: str | list[dict[str, Any]] | None,
                          else custom_arguments(item.input))
             _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, name, arguments))
         elif isinstance(item, (w.FunctionCallOutputItem, w.CustomToolCallOutputItem)):
-            out.append(Message("tool", _part_text(item.output, f"input[{i}].output"),
+            out.append(Message("tool", _part_text(item.output, f"input[{i}].output", omitted),
                                tool_call_id=item.call_id,
                                name=flat_name(item.namespace, item.name) if item.name
                                else tool_names.get(item.call_id)))
@@ -186,9 +196,11 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message],
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
-    conversation = history + input_messages(req.input, tool_names, request)
+    omitted: list[str] = []
+    conversation = history + input_messages(req.input, tool_names, request, omitted)
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
     gen = GenRequest(model=req.model or "default", messages=messages, tools=offered.tools,
+                     omitted_images=omitted,
                      tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
