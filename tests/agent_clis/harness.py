@@ -44,6 +44,8 @@ ROOT = HERE.parents[1]
 AGENTS_DIR = ROOT / ".venv" / "agents"
 PINS = HERE / "pins.txt"
 COMMANDS = {"claude": "claude", "codex": "codex", "opencode": "opencode", "qwen": "qwen"}
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex",
+            "opencode": "opencode-ai", "qwen": "@qwen-code/qwen-code"}
 MODEL_ROUTES = ("/v1/messages", "/v1/responses", "/v1/chat/completions", "/api/")
 ROUND_TRIP_DONE = "Round trip done."
 _SCRUBBED = ("ANTHROPIC_", "OPENAI_", "OLLAMA_", "CODEX_", "FRINK_MLX_", "CLAUDE_")
