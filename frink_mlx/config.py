@@ -69,7 +69,7 @@ class EngineLimits(_Slice, frozen=True):
     pipeline: bool | None          # None = the backend decides
     max_queue: int
     queue_timeout_s: float
-    speculative: bool = True       # prompt-lookup speculation (engine/spec/)
+    speculative: bool = True       # prompt-lookup speculation (engine/speculative/)
     spec_max_draft: int = 8        # most tokens a row drafts per step
     spec_ngram: int = 4            # longest suffix n-gram looked up
     spec_max_rows: int = 8         # steps decoding more rows than this do not speculate

@@ -123,7 +123,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
     speculative: bool = True                     # speculative decoding in the batch: prompt lookup,
-                                                 # and an entry's `draft` model (engine/spec/); per
+                                                 # and an entry's `draft` model (engine/speculative/); per
                                                  # request `speculative: false`
     spec_max_draft: AtLeast1 = 8                 # most tokens a row drafts per step
     spec_ngram: AtLeast2 = 4                     # longest suffix n-gram looked up in the context

@@ -41,7 +41,7 @@ class Usage:
     # in this conversation (frink extension; None = no divergence measured).
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
-    # Speculative decoding (engine/spec/): tokens drafted and accepted for this
+    # Speculative decoding (engine/speculative/): tokens drafted and accepted for this
     # choice; None = the request did not speculate (off, or opted out).
     draft_tokens: int | None = None
     draft_accepted: int | None = None

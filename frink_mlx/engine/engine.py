@@ -86,8 +86,8 @@ from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
-from .spec import SpecConfig
-from .spec.model import DraftModel
+from .speculative import SpecConfig
+from .speculative.model import DraftModel
 from .stream import SeqStream
 from .turns import PrefillSlicer
 from .types import EngineStats, SeqRequest
@@ -119,7 +119,7 @@ class EngineConfig:
     shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
-    spec: SpecConfig | None = None           # speculative decoding (engine/spec/); None = off
+    spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
     num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
 
 
@@ -129,7 +129,7 @@ class Engine:
                  draft: EngineModel | None = None, disk: DiskTier | None = None) -> None:
         """`backend` prepares the model for the engine's forwards (backend/base.py);
         `channel`: this engine is rank 0 of a distributed group (module docstring);
-        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed);
+        `draft`: the generation's draft model (engine/speculative/ rule 7; not distributed);
         `disk`: the daemon's SSD tier (module docstring)."""
         self.loaded = loaded
         self._channel = channel
@@ -329,7 +329,7 @@ class Engine:
         if spec is not None:
             s.draft_tokens_total = spec.num_drafted_total
             s.draft_accepted_tokens_total = spec.num_accepted_total
-            if spec.draft_kv is not None:  # engine/spec/ rule 7
+            if spec.draft_kv is not None:  # engine/speculative/ rule 7
                 s.extra["draft_model_tokens_total"] = float(spec.num_model_drafted_total)
                 s.extra["draft_model_accepted_total"] = float(spec.num_model_accepted_total)
                 s.extra["draft_kv_blocks_used"] = float(spec.draft_kv.num_used_blocks)

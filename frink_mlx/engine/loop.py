@@ -17,9 +17,9 @@ So the device works on t+1 while the host turns step t into events. A row
 that finished at step t costs one wasted row in step t+1. A step that sampled
 first tokens (final prefill chunks) is read back before the next step is
 dispatched, and without `pipeline` every step is (engine.py says why); so
-is a step with verify rows (speculation, engine/spec/): how many drafts a row
+is a step with verify rows (speculation, engine/speculative/): how many drafts a row
 kept decides its next input and positions; and so is a step with a row
-that would draft next (engine/spec/ rule 4).
+that would draft next (engine/speculative/ rule 4).
 
 The inbox carries three messages, `Submit`, `Abort` and `Drain`; failure
 rules 2 and 3 of engine.py are implemented here.
@@ -140,7 +140,7 @@ class StepLoop:
             self.runner.forget_pending()  # no array of this thread's stream outlives it
 
     def _wants_drafts(self, step: StepResult) -> bool:
-        """Speculation needs a row's last token on the host to draft (engine/spec/ rule 4)."""
+        """Speculation needs a row's last token on the host to draft (engine/speculative/ rule 4)."""
         speculator = self.scheduler.speculator
         return speculator is not None and speculator.wants_host(step.seq_ids, self.scheduler.seqs)
 
@@ -202,7 +202,7 @@ class StepLoop:
         if self.spill is not None:
             self.spill.prefetch(group)
         if seq.constraints and not all(hasattr(c, "masks_along") for c in seq.constraints):
-            group.speculative = False  # a verify row needs every position's mask (engine/spec/)
+            group.speculative = False  # a verify row needs every position's mask (engine/speculative/)
         self._recount_queue()
         router.streams[seq.request_id] = stream
         base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
@@ -287,7 +287,7 @@ class StepLoop:
         speculator = self.scheduler.speculator
         if speculator is not None and step.num_positions:
             speculator.cost.observe(step.num_positions, step.elapsed_s,
-                                    step.context)  # engine/spec/ rule 3
+                                    step.context)  # engine/speculative/ rule 3
         self.router.deliver(step, rows)
 
     def _finish(self, finished: list[Finished]) -> None:

@@ -5,7 +5,7 @@ while the previous step still runs); this module is the only place that
 turns it into arrays and calls the stock mlx-lm model.
 
 One step, in order:
-0. Draft-model jobs (engine/spec/ rule 7, spec/model.py): their tokens fill
+0. Draft-model jobs (engine/speculative/ rule 7, speculative/model.py): their tokens fill
    the drafts of the rows the speculator gave to the draft model.
 1. Block copies (and recurrent-state copies) for freshly forked rows (n > 1),
    see kv/paged.py and kv/recurrent.py.
@@ -23,7 +23,7 @@ One step, in order:
    (kv/recurrent.py rule 4); its logits are put back in chunk order.
 4. Sampling (sampling.py) over [decode rows; final chunk rows repeated once
    per sampled row], in `SchedulerOutput.sample_seq_ids` order.
-   Speculation (engine/spec/): a decode row with a draft of k tokens is a
+   Speculation (engine/speculative/): a decode row with a draft of k tokens is a
    verify row, inputs [last token, d1..dk] at positions p..p+k, like a small
    prefill chunk whose every position is sampled; the decode call is then
    (B, 1 + longest draft), shorter rows padded (paged.py rule 4). Position
@@ -57,7 +57,7 @@ from .kv.recurrent import RowSlots, StateStore
 from .kv.specs import ModelCacheSpec
 from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
-from .spec.model import DraftModel
+from .speculative.model import DraftModel
 from .turns import PrefillSlicer
 from .types import TopLogprob
 
@@ -89,7 +89,7 @@ class StepResult:
         self._drafts = list(drafts) if drafts is not None else [[] for _ in seq_ids]
         self.has_drafts = any(self._drafts)
         self.num_positions = num_positions  # decode-only step: rows x width (else 0)
-        self.context = 0  # decode-only step: the longest row's tokens (engine/spec/ rule 3)
+        self.context = 0  # decode-only step: the longest row's tokens (engine/speculative/ rule 3)
         self.started_s = time.perf_counter()
         self.elapsed_s = 0.0
 
@@ -152,7 +152,7 @@ class Runner:
                  states: StateStore | None = None) -> None:
         """`forward`: what `backend.prepare_decoder(model)` returned (module docstring);
         `device_masks`: the backend's `device_token_masks()` (constraints.py rule 5);
-        `draft`: the generation's draft model (engine/spec/ rule 7); `cache_spec`:
+        `draft`: the generation's draft model (engine/speculative/ rule 7); `cache_spec`:
         the model's cache entries (kv/specs.py; None: one paged cache per layer),
         `states` the recurrent-state pools they need."""
         self.model = model

@@ -42,11 +42,11 @@ Rules:
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
-5b. Speculation (engine/spec/, `spec` set): after step 1's reservations a decode
+5b. Speculation (engine/speculative/, `spec` set): after step 1's reservations a decode
    row whose last token is on the host may draft k tokens and reserve k more
    slots (never preempting for them); `update_rows` takes the accepted drafts
    plus one token, and rolls the row's positions and slots back to them (and
-   its draft-model KV, engine/spec/ rule 7, which ends with the row).
+   its draft-model KV, engine/speculative/ rule 7, which ends with the row).
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
@@ -62,7 +62,7 @@ from typing import Iterable
 from .kv.hashing import make_extra_key
 from .kv.manager import KVCacheManager
 from .plan import DecodeRow, Finished, Group, PrefillChunk, SchedulerOutput, Seq
-from .spec import SpecConfig, Speculator
+from .speculative import SpecConfig, Speculator
 from .types import EngineFinish, SeqRequest
 
 __all__ = ["DecodeRow", "Finished", "Group", "PrefillChunk", "Scheduler", "SchedulerOutput", "Seq"]

@@ -21,7 +21,7 @@ The arithmetic, in order:
    config.max_kv_pool_bytes (a 135M model must not grab 20 GB), nor than the
    entry's own `max_kv_bytes`.
 5. context ceiling = min(trained context length, num_blocks * block_size).
-6. A draft model (registry rule 10, engine/spec/ rule 7) is priced with its
+6. A draft model (registry rule 10, engine/speculative/ rule 7) is priced with its
    target: its weights come off the KV budget of rule 2, and so does its own
    KV pool, `draft_rows` (setting spec_draft_rows) contexts of the target's
    ceiling at the draft's bytes per token, before the target's blocks are

@@ -20,7 +20,7 @@ from ..backend import Backend
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
 from ..engine.kv.disk import DiskTier
-from ..engine.spec import SpecConfig
+from ..engine.speculative import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.draft import load_draft
 from ..models.encoder import Encoder

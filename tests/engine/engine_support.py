@@ -17,7 +17,7 @@ from mlx_lm.generate import generate_step
 from frink_mlx.backend import select_backend
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.spec import SpecConfig
+from frink_mlx.engine.speculative import SpecConfig
 from frink_mlx.settings import Settings
 
 BACKEND = select_backend(Settings().backend_config())

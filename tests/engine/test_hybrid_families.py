@@ -120,7 +120,7 @@ def test_abort_gives_back_blocks_and_state_slot(make_engine, family):
 @pytest.mark.parametrize("family", RECURRENT)
 def test_recurrent_models_run_without_prefix_cache_and_speculation(make_engine, family):
     """Until state snapshots exist (engine.py): turn 2 recomputes, and stays exact."""
-    from frink_mlx.engine.spec import SpecConfig
+    from frink_mlx.engine.speculative import SpecConfig
 
     engine = engine_for(make_engine, family, spec=SpecConfig(max_draft=4))
     assert engine.config.spec is None and not engine.kv.enable_caching

@@ -17,7 +17,7 @@ Rules:
    `cached_tokens` and, when measured, the `prefix_divergence` extension and
    (with the SSD tier on) `disk_cached_tokens`, the cached tokens read back
    from disk;
-   when the request speculated (engine/spec/), the `draft_tokens` /
+   when the request speculated (engine/speculative/), the `draft_tokens` /
    `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".

@@ -34,7 +34,7 @@ Rules, in order:
  7. `fork` gives the child the parent's *full* blocks only (ref++); the engine
     recomputes the remaining < block_size tokens into the child's own block, so
     two rows never write into one block.
- 8. `trim` gives back the slots of rejected speculative positions (engine/spec/):
+ 8. `trim` gives back the slots of rejected speculative positions (engine/speculative/):
     the table shrinks to `num_tokens` and blocks left empty are freed. It never
     cuts into a published block, and the blocks it frees were never hashed
     (only positions with written K/V of known tokens are published).
