@@ -1,0 +1,5 @@
+"""Families still to come (arch.py rule 10)."""
+
+from .plan import ArchSpec
+
+ARCHS: dict[str, ArchSpec] = {}
