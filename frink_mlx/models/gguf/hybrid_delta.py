@@ -30,16 +30,24 @@ rewrites the recurrent layers' tensors, and we undo each step (plan.py):
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
 from ...errors import ModelFormatError
-from .plan import ArchSpec, ModelLayout, Plan, grouped_from_tiled, interleave_blocks, num, per_layer
+from .plan import (
+    ArchSpec,
+    ModelLayout,
+    Plan,
+    claim,
+    grouped_from_tiled,
+    interleave_blocks,
+    layer_of,
+    num,
+    per_layer,
+)
 
 RENAMES = ((".mlp.experts.", ".mlp.switch_mlp."), (".dt_proj.bias", ".dt_bias"))
-_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 def _log_neg(values: np.ndarray) -> np.ndarray:
@@ -90,19 +98,12 @@ def _config(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str
                                      "partial_rotary_factor": config["partial_rotary_factor"]}
 
 
-def _claim(unplaced: list[str], name: str) -> bool:
-    if name in unplaced:
-        unplaced.remove(name)
-        return True
-    return False
-
-
 def _common_plans(plans: dict[str, Plan], unplaced: list[str], config: dict[str, Any],
                   layout: ModelLayout) -> None:
     """Rules 1, 2, 6 and the MTP skip of rule 7."""
     for name in list(unplaced):
-        match = _BLOCK.match(name)
-        if match and int(match.group(1)) >= config["num_hidden_layers"]:
+        layer = layer_of(name)
+        if layer is not None and layer >= config["num_hidden_layers"]:
             unplaced.remove(name)
     for hf, plan in plans.items():
         if hf.endswith(".A_log"):
@@ -113,7 +114,7 @@ def _common_plans(plans: dict[str, Plan], unplaced: list[str], config: dict[str,
         if not hf.endswith(".mlp.switch_mlp.gate_proj.weight") or hf in plans:
             continue
         fused = "blk.{}.ffn_gate_up_exps.weight".format(hf.split(".layers.")[1].split(".")[0])
-        if not _claim(unplaced, fused):
+        if not claim(unplaced, fused):
             continue
         experts, rows, _ = layout.shapes[hf]
         halves = np.arange(experts * 2 * rows).reshape(experts, 2, rows)
@@ -156,7 +157,7 @@ def _plan_qwen3next(plans: dict[str, Plan], unplaced: list[str], config: dict[st
     for layer in range(config["num_hidden_layers"]):
         hf = f"model.layers.{layer}.linear_attn.in_proj_qkvz.weight"
         qkv, gate = f"blk.{layer}.attn_qkv.weight", f"blk.{layer}.attn_gate.weight"
-        if hf in layout.shapes and hf not in plans and qkv in unplaced and _claim(unplaced, gate):
+        if hf in layout.shapes and hf not in plans and qkv in unplaced and claim(unplaced, gate):
             unplaced.remove(qkv)
             plans[hf] = Plan((qkv, gate), rows=order)
 

@@ -28,6 +28,7 @@ Rules (the order the importer applies them in):
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,23 @@ def per_layer(meta: Meta, key: str, num_layers: int, default: Any = None) -> lis
             raise ModelFormatError(f"GGUF metadata {key} has {len(values)} entries for {num_layers} layers")
         return values
     return [value] * num_layers
+
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """The block index of a GGUF tensor name (`blk.N.*`), or None."""
+    match = _BLOCK.match(name)
+    return int(match.group(1)) if match else None
+
+
+def claim(unplaced: list[str], name: str) -> bool:
+    """Take `name` out of the unplaced GGUF names if it is there (a plan hook uses it)."""
+    if name in unplaced:
+        unplaced.remove(name)
+        return True
+    return False
 
 
 def inverse_permute_rows(num_rows: int, num_heads: int) -> np.ndarray:
