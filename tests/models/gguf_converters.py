@@ -39,8 +39,37 @@ def to_hf(name: str, weights: Arrays, config: dict[str, Any]) -> Arrays:
                 key, value = _granite_unstack(key, value, weights)
                 if key is None:
                     continue
+        elif name == "gpt-oss" and ".mlp.experts." in key:
+            key, value = _gpt_oss_fuse(key, value, weights)
+            if key is None:
+                continue
+        elif name == "gemma4" and ".experts.switch_glu." in key:
+            if key.endswith("up_proj.weight"):
+                continue
+            base = key.split(".switch_glu.")[0]
+            if key.endswith("gate_proj.weight"):
+                key = base + ".gate_up_proj"
+                value = np.concatenate([value, weights[base + ".switch_glu.up_proj.weight"]], axis=-2)
+            else:
+                key = base + ".down_proj"
         out[key] = value
     return out
+
+
+def _gpt_oss_fuse(key: str, value: np.ndarray, weights: Arrays) -> tuple[Any, np.ndarray]:
+    """HF gpt-oss (bf16): gate_up_proj (E, hidden, 2ff) with gate / up interleaved, its bias
+    (E, 2ff) likewise, down_proj (E, ff, hidden); mlx-lm's sanitize splits [::2] / [1::2]."""
+    base = key.split(".experts.")[0] + ".experts."
+    if ".up_proj." in key:
+        return None, value
+    if ".down_proj." in key:
+        return (base + "down_proj", np.swapaxes(value, -1, -2)) if key.endswith("weight") \
+            else (base + "down_proj_bias", value)
+    up = weights[key.replace("gate_proj", "up_proj")]
+    fused = np.stack([value, up], axis=-2 if value.ndim == 3 else -1)  # (..., ff, 2, hidden) | (E, ff, 2)
+    if value.ndim == 3:
+        return base + "gate_up_proj", np.swapaxes(fused.reshape(value.shape[0], -1, value.shape[-1]), -1, -2)
+    return base + "gate_up_proj_bias", fused.reshape(value.shape[0], -1)
 
 
 def _granite_unstack(key: str, value: np.ndarray, weights: Arrays) -> tuple[Any, np.ndarray]:
@@ -207,9 +236,62 @@ def convert_ssm(arch: str, hf: Arrays, c: dict[str, Any], name_of: Callable[[str
     return out
 
 
+def convert_gpt_oss(arch: str, hf: Arrays, c: dict[str, Any], name_of: Callable[[str], str]) -> Arrays:
+    """conversion/gpt_oss.py GptOssModel.filter_tensors + modify_tensors (the bf16 path)."""
+    out = {}
+    for key, t in hf.items():
+        if "sinks" in key:
+            key += ".weight"
+        if "down_proj" in key:
+            if key.endswith("_bias"):
+                key = key.replace("down_proj_bias", "down_proj.bias")
+            else:
+                key, t = key.replace("down_proj", "down_proj.weight"), np.swapaxes(t, -1, -2)
+        if "gate_up_proj" in key:
+            if key.endswith("_bias"):
+                out[name_of(key.replace("gate_up_proj_bias", "gate_proj.bias"))] = t[..., ::2]
+                out[name_of(key.replace("gate_up_proj_bias", "up_proj.bias"))] = t[..., 1::2]
+            else:
+                t = np.swapaxes(t, -1, -2)
+                out[name_of(key.replace("gate_up_proj", "gate_proj.weight"))] = t[:, ::2, :]
+                out[name_of(key.replace("gate_up_proj", "up_proj.weight"))] = t[:, 1::2, :]
+            continue
+        out[name_of(key)] = t
+    return out
+
+
+def convert_gemma4(arch: str, hf: Arrays, c: dict[str, Any], name_of: Callable[[str], str]) -> Arrays:
+    """conversion/gemma.py Gemma4Model (norm shift 0) on Gemma3Model, + generate_extra_tensors'
+    rope_freqs. HF also carries K/V projections for the KV-shared layers, which mlx-lm drops:
+    random ones are added here so the importer has to skip them."""
+    out = {}
+    for key, t in hf.items():
+        if key.endswith(("per_dim_scale", "layer_scalar")) or (
+                ".experts." in key and not key.endswith(".weight")):
+            key += ".weight"
+        if key.endswith("router.scale"):
+            out[f"blk.{key.split('.')[2]}.ffn_gate_inp.scale"] = t
+        elif key.endswith(".per_expert_scale"):
+            out[f"blk.{key.split('.')[2]}.ffn_down_exps.scale"] = t
+        else:
+            out[name_of(key)] = t
+    full = c["rope_parameters"]["full_attention"]
+    rotated = int(c["global_head_dim"] * full["partial_rotary_factor"] / 2)
+    out["rope_freqs.weight"] = np.array([1.0] * rotated + [1e30] * (c["global_head_dim"] // 2 - rotated),
+                                        dtype=np.float32)
+    rng = np.random.default_rng(5)
+    for layer in range(c["num_hidden_layers"] - c["num_kv_shared_layers"], c["num_hidden_layers"]):
+        dim = c["head_dim"] if c["layer_types"][layer] == "sliding_attention" else c["global_head_dim"]
+        for kind in ("attn_k", "attn_v"):
+            shape = (dim, c["hidden_size"])
+            out[f"blk.{layer}.{kind}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
 CONVERTERS: dict[str, Callable[[str, Arrays, dict[str, Any], Callable[[str], str]], Arrays]] = {
     "qwen35": convert_qwen, "qwen35moe": convert_qwen, "qwen3next": convert_qwen,
     "lfm2": convert_ssm, "nemotron_h": convert_ssm, "granitehybrid": convert_ssm, "falcon-h1": convert_ssm,
+    "gpt-oss": convert_gpt_oss, "gemma4": convert_gemma4,
 }
 
 
@@ -314,10 +396,62 @@ def _meta_falcon(w: Any, c: dict[str, Any]) -> None:
     w.add_value_length(c["head_dim"])
 
 
+def _meta_gpt_oss(w: Any, c: dict[str, Any]) -> None:
+    """TextModel (+ YaRN) + GptOssModel.set_gguf_parameters."""
+    import gguf
+
+    _meta_text(w, c)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_expert_count(c["num_local_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_sliding_window(c["sliding_window"])
+    w.add_expert_feed_forward_length(c["intermediate_size"])
+    yarn = c["rope_scaling"]
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(yarn["factor"])
+    w.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(yarn["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(yarn["beta_slow"])
+
+
+def _meta_gemma4(w: Any, c: dict[str, Any]) -> None:
+    """TextModel + Gemma3Model + Gemma4Model.set_gguf_parameters."""
+    layers, shared = c["num_hidden_layers"], c["num_kv_shared_layers"]
+    sliding = [t == "sliding_attention" for t in c["layer_types"]]
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(layers)
+    w.add_head_count(c["num_attention_heads"])
+    w.add_rope_freq_base(c["rope_parameters"]["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(c["rope_parameters"]["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["top_k_experts"])
+    w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    w.add_sliding_window(c["sliding_window"])
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(c["hidden_size_per_layer_input"])
+    w.add_sliding_window_pattern(sliding)
+    w.add_key_length(c["global_head_dim"])
+    w.add_value_length(c["global_head_dim"])
+    w.add_key_length_swa(c["head_dim"])
+    w.add_value_length_swa(c["head_dim"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    ff = c["intermediate_size"]
+    w.add_feed_forward_length([ff if i < layers - shared else 2 * ff for i in range(layers)])
+    w.add_head_count_kv([c["num_key_value_heads"] if s else c["num_global_key_value_heads"] for s in sliding])
+    w.add_rope_dimension_count(c["global_head_dim"])
+    w.add_rope_dimension_count_swa(int(c["head_dim"] * c["rope_parameters"]["sliding_attention"]
+                                       ["partial_rotary_factor"]))
+
+
 METADATA: dict[str, Callable[[Any, dict[str, Any]], None]] = {
     "qwen35": _meta_qwen, "qwen35moe": _meta_qwen, "qwen3next": _meta_qwen,
     "lfm2": _meta_lfm2, "nemotron_h": _meta_nemotron, "granitehybrid": _meta_granite,
-    "falcon-h1": _meta_falcon,
+    "falcon-h1": _meta_falcon, "gpt-oss": _meta_gpt_oss, "gemma4": _meta_gemma4,
 }
 
 

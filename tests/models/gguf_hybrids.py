@@ -76,6 +76,25 @@ HYBRIDS: dict[str, tuple[str, dict[str, Any]]] = {
         "attention_out_multiplier": 0.9, "embedding_multiplier": 1.5, "key_multiplier": 0.4,
         "lm_head_multiplier": 0.5, "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.25,
         "mlp_multipliers": [0.9, 0.6], "ssm_multipliers": [0.35, 0.25, 0.4, 0.5, 0.3]}),
+    "gpt-oss": ("gpt-oss", {
+        "model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "sliding_window": 4, "rope_theta": 150000.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                         "beta_fast": 32.0, "beta_slow": 1.0}}),
+    "gemma4": ("gemma4", {
+        "model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128,
+        "num_attention_heads": 4, "head_dim": 32, "global_head_dim": 64, "num_key_value_heads": 1,
+        "num_global_key_value_heads": 2, "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 8,
+        "sliding_window": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        "attention_k_eq_v": True, "use_double_wide_mlp": True, "enable_moe_block": True, "num_experts": 4,
+        "top_k_experts": 2, "moe_intermediate_size": 32, "final_logit_softcapping": 30.0,
+        "rope_parameters": {
+            "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1e6, "rope_type": "proportional"},
+            "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 1e4, "rope_type": "default"}}}),
 }
 
 
@@ -85,6 +104,8 @@ def make_hybrid_checkpoint(name: str, path: Path, seed: int = 0) -> Path:
     ckpt = make_tiny_llama(path, seed=seed)  # tokenizer files + a config we replace
     config = {**json.loads((ckpt / "config.json").read_text()), **overrides}
     config.pop("architectures", None)
+    if config["model_type"] == "gemma4_text":
+        config["vocab_size_per_layer_input"] = config["vocab_size"]
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
         config.setdefault(key, overrides.get(key))
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -118,8 +139,10 @@ def gguf_tensors(name: str, ckpt: Path) -> Arrays:
     return CONVERTERS[name](arch, to_hf(name, weights, config), config, name_of)
 
 
-def write_hybrid_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32") -> Path:
-    """Write `ckpt` as llama.cpp would; matrices (2-D and up, not routers) in `qtype`."""
+def write_hybrid_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32",
+                      overrides: dict[str, str] | None = None) -> Path:
+    """Write `ckpt` as llama.cpp would; matrices (2-D and up, not routers) in `qtype`, or in
+    overrides[fragment] for GGUF names containing that fragment (llama.cpp's mixes)."""
     import gguf
 
     arch, _ = HYBRIDS[name]
@@ -127,12 +150,13 @@ def write_hybrid_gguf(name: str, ckpt: Path, out: Path, qtype: str = "F32") -> P
     writer = gguf.GGUFWriter(str(out), arch=arch)
     METADATA[name](writer, config)
     write_metadata(writer, {k: v for k, v in gguf_metadata(ckpt).items() if k.startswith("tokenizer.")})
-    kind = gguf.GGMLQuantizationType[qtype]
     for gname, array in gguf_tensors(name, ckpt).items():
+        chosen = next((q for frag, q in (overrides or {}).items() if frag in gname), qtype)
+        kind = gguf.GGMLQuantizationType[chosen]
         array = np.ascontiguousarray(array, dtype=np.float32)
         matrix = array.ndim >= 2 and array.shape[-1] % 32 == 0 and "ffn_gate_inp" not in gname \
             and "conv1d" not in gname and "shortconv.conv." not in gname
-        if qtype == "F32" or not matrix:
+        if chosen == "F32" or not matrix:
             writer.add_tensor(gname, array)
         else:
             writer.add_tensor(gname, gguf.quants.quantize(array, kind), raw_dtype=kind)

@@ -88,7 +88,8 @@ def base_config(meta: dict[str, Any], p: str, spec: ArchSpec, vocab_size: int, t
         "model_type": spec.model_type,
         "hidden_size": int(num(meta, p + "embedding_length")),
         "num_hidden_layers": int(num(meta, p + "block_count")),
-        "rms_norm_eps": float(num(meta, p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_norm_eps": float(num(meta, p + "attention.layer_norm_rms_epsilon",
+                                  meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
         "rope_theta": float(num(meta, p + "rope.freq_base", 10000.0)),
         "max_position_embeddings": int(num(meta, p + "context_length", 2048)),
         "vocab_size": vocab_size,
@@ -127,7 +128,7 @@ def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
     return stops
 
 
-def _rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
+def rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
                   context: int) -> dict[str, Any] | None:
     """Rule 6."""
     kind = str(meta.get(p + "rope.scaling.type") or "none")
@@ -209,10 +210,10 @@ def build_config(meta: dict[str, Any], arch: str, spec: ArchSpec, names: set[str
     p = arch + "."
     config = base_config(meta, p, spec, vocab_size, tied="output.weight" not in names)
     if spec.config is not None:  # rule 10
-        spec.config(meta, p, config, names)
+        spec.config(meta, p, config, names, rope)
         return config
     _attention(meta, p, config)
-    scaling = _rope_scaling(meta, p, rope, config["max_position_embeddings"])
+    scaling = rope_scaling(meta, p, rope, config["max_position_embeddings"])
     if scaling is not None:
         config["rope_scaling"] = scaling
     if arch in _EXTRAS:

@@ -45,6 +45,7 @@ from .plan import (
     layer_of,
     num,
     per_layer,
+    split_gate_up,
 )
 
 RENAMES = ((".mlp.experts.", ".mlp.switch_mlp."), (".dt_proj.bias", ".dt_bias"))
@@ -69,7 +70,8 @@ def _layers(meta: dict[str, Any], p: str) -> tuple[int, int]:
     return layers, interval
 
 
-def _config(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
+def _config(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
+            rope: dict[str, np.ndarray]) -> None:
     layers, interval = _layers(meta, p)
     heads = int(num(meta, p + "attention.head_count"))
     head_dim = int(num(meta, p + "attention.key_length", config["hidden_size"] // heads))
@@ -110,16 +112,7 @@ def _common_plans(plans: dict[str, Plan], unplaced: list[str], config: dict[str,
             plan.values = _log_neg
         if hf.endswith((".conv1d.weight", "shared_expert_gate.weight")):
             plan.reshape = True
-    for hf in layout.shapes:
-        if not hf.endswith(".mlp.switch_mlp.gate_proj.weight") or hf in plans:
-            continue
-        fused = "blk.{}.ffn_gate_up_exps.weight".format(hf.split(".layers.")[1].split(".")[0])
-        if not claim(unplaced, fused):
-            continue
-        experts, rows, _ = layout.shapes[hf]
-        halves = np.arange(experts * 2 * rows).reshape(experts, 2, rows)
-        plans[hf] = Plan((fused,), rows=halves[:, 0].reshape(-1))
-        plans[hf.replace(".gate_proj.", ".up_proj.")] = Plan((fused,), rows=halves[:, 1].reshape(-1))
+    split_gate_up(plans, unplaced, layout, ".mlp.switch_mlp.gate_proj.weight")
 
 
 def _plan_qwen35(plans: dict[str, Plan], unplaced: list[str], config: dict[str, Any],

@@ -56,7 +56,8 @@ def _has(names: set[str], suffix: str) -> bool:
     return any(n.endswith(suffix) for n in names)
 
 
-def _config_lfm2(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
+def _config_lfm2(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
+                  rope: dict[str, np.ndarray]) -> None:
     layers = config["num_hidden_layers"]
     kv = [int(v) for v in per_layer(meta, p + "attention.head_count_kv", layers)]
     config.update(
@@ -67,7 +68,8 @@ def _config_lfm2(meta: dict[str, Any], p: str, config: dict[str, Any], names: se
         block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False)
 
 
-def _config_granite(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
+def _config_granite(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
+                  rope: dict[str, np.ndarray]) -> None:
     layers, m = config["num_hidden_layers"], _mamba(meta, p)
     kv = [int(v) for v in per_layer(meta, p + "attention.head_count_kv", layers)]
     experts = int(num(meta, p + "expert_count", 0))
@@ -92,7 +94,8 @@ def _config_granite(meta: dict[str, Any], p: str, config: dict[str, Any], names:
                       shared_intermediate_size=int(num(meta, p + "expert_shared_feed_forward_length")))
 
 
-def _config_nemotron(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
+def _config_nemotron(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
+                  rope: dict[str, np.ndarray]) -> None:
     layers, m = config["num_hidden_layers"], _mamba(meta, p)
     kv = [int(v) for v in per_layer(meta, p + "attention.head_count_kv", layers)]
     ff = [int(v) for v in per_layer(meta, p + "feed_forward_length", layers)]
@@ -108,7 +111,8 @@ def _config_nemotron(meta: dict[str, Any], p: str, config: dict[str, Any], names
         mamba_proj_bias=_has(names, "ssm_in.bias"))
 
 
-def _config_falcon(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
+def _config_falcon(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
+                  rope: dict[str, np.ndarray]) -> None:
     m = _mamba(meta, p)
     heads = int(num(meta, p + "attention.head_count"))
     config.update(

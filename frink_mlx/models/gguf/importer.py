@@ -267,17 +267,18 @@ class _Import:
         return targets, None
 
     def _check_shape(self, plan: Plan, infos: list[TensorInfo], expected: tuple[int, ...]) -> None:
-        """plan.py rule 5."""
-        shape = list(infos[0].shape)
-        if len(infos) > 1:
-            shape = [sum(i.rows for i in infos), infos[0].row_elements]
+        """plan.py rule 5; stacked sources and row subsets compare as (rows, row length)."""
+        rows, width = sum(i.rows for i in infos), infos[0].row_elements
+        flattened = len(infos) > 1 or (plan.rows is not None and rows > 1 and plan.rows.size != rows)
+        shape = [rows if plan.rows is None else plan.rows.size, width] if flattened else list(infos[0].shape)
         if tuple(shape) == expected:
             return
-        same_size = int(np.prod(shape)) == int(np.prod(expected))
-        if not (plan.reshape or len(infos) > 1) or not same_size or any(
-                i.row_elements != infos[0].row_elements for i in infos):
-            raise ModelFormatError(f"tensor {'+'.join(plan.sources)} has shape {shape}, "
-                                   f"the {self.spec.model_type} model expects {list(expected)}")
+        if flattened and (width != expected[-1] or any(i.row_elements != width for i in infos)):
+            pass
+        elif (plan.reshape or flattened) and int(np.prod(shape)) == int(np.prod(expected)):
+            return
+        raise ModelFormatError(f"tensor {'+'.join(plan.sources)} has shape {shape}, "
+                               f"the {self.spec.model_type} model expects {list(expected)}")
 
     def _convert_tensor(self, info: TensorInfo, target: tx.Target, mx: Any) -> list[np.ndarray]:
         """Step 4 for one GGUF tensor: its rows in slices, into preallocated 2-D outputs."""

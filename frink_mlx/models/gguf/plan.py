@@ -38,7 +38,9 @@ import numpy as np
 from ...errors import ModelFormatError
 
 Meta = dict[str, Any]
-ConfigFn = Callable[[Meta, str, dict[str, Any], set[str]], None]
+# A family's config hook: (metadata, "arch." prefix, config holding the base keys, tensor names,
+# rope tensors by name); it adds the family's keys in place.
+ConfigFn = Callable[[Meta, str, dict[str, Any], set[str], dict[str, np.ndarray]], None]
 
 
 @dataclass(slots=True)
@@ -132,6 +134,21 @@ def claim(unplaced: list[str], name: str) -> bool:
         unplaced.remove(name)
         return True
     return False
+
+
+def split_gate_up(plans: dict[str, Plan], unplaced: list[str], layout: ModelLayout, gate_suffix: str) -> None:
+    """Experts' fused `ffn_gate_up_exps` (per expert: gate rows, then up rows) -> the model's
+    separate gate and up parameters ending `gate_suffix` / its up_proj twin."""
+    for hf in layout.shapes:
+        if not hf.endswith(gate_suffix) or hf in plans:
+            continue
+        fused = f"blk.{hf.split('.layers.')[1].split('.')[0]}.ffn_gate_up_exps.weight"
+        if not claim(unplaced, fused):
+            continue
+        experts, rows, _ = layout.shapes[hf]
+        halves = np.arange(experts * 2 * rows).reshape(experts, 2, rows)
+        plans[hf] = Plan((fused,), rows=halves[:, 0].reshape(-1))
+        plans[hf.replace(".gate_proj.", ".up_proj.")] = Plan((fused,), rows=halves[:, 1].reshape(-1))
 
 
 def inverse_permute_rows(num_rows: int, num_heads: int) -> np.ndarray:
