@@ -28,7 +28,9 @@ Rules:
    143/130; ours does neither.) A second SIGINT forces.
 5. Connection timeouts (http/timeouts.py): headers within
    `header_timeout_s`, idle keep-alive connections closed after
-   `idle_timeout_s`; bodies are held to `body_timeout_s` by the middleware.
+   `idle_timeout_s`, a response its client reads nothing of for
+   `send_timeout_s` aborted; bodies are held to `body_timeout_s` by the
+   middleware.
 6. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
    joins the group first (blocking until all have), before the socket is
    bound; rank 0 goes on as below with a generation factory that shards and
@@ -206,6 +208,20 @@ async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: in
         announce.cancel()
 
 
+def uvicorn_config(settings: Settings, app: Any) -> Any:
+    """uvicorn's Config for `app` under `settings` (rule 5's timers); the socket is ours."""
+    import uvicorn
+
+    from .http.timeouts import guarded_protocol
+
+    return uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+                          timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
+                          http=guarded_protocol(settings.header_timeout_s,
+                                                settings.send_timeout_s),
+                          log_config=None)
+
+
 def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -230,19 +246,12 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
-    import uvicorn
-
     from .app import create_app
-    from .http.timeouts import guarded_protocol
 
     app = create_app(settings, registry=registry, background_load=True, backend=backend,
                      factory=factory, cluster=channel)
     url, host, port = base_url(sock)
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
-                            timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
-                            http=guarded_protocol(settings.header_timeout_s), log_config=None)
-    server = _server_class()(config)
+    server = _server_class()(uvicorn_config(settings, app))
     server.refusal = None
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)

@@ -74,6 +74,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # long (in total); else 408 / close
     body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
     idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
+    send_timeout_s: float = 60.0                 # a response the client reads none of this long
+                                                 # is aborted (http/timeouts.py rule 6)
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)
@@ -271,6 +273,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
                                  "else 408"),
     "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
+    "send_timeout_s": SettingDoc("a response the client reads nothing of for this many seconds "
+                                 "is aborted (its generation stopped; logged 499); a slow but "
+                                 "steady reader is never cut"),
     "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
                                 "accepting and reporting them (x-frink-ignored-fields)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "

@@ -1,4 +1,4 @@
-"""Connection timeouts below the ASGI app: idle keep-alive and slow request headers.
+"""Connection timeouts below the ASGI app: slow request headers, idle keep-alive, stuck sends.
 
 Why here: a daemon that lives on a laptop for months must not keep sockets
 for clients that connect and say nothing, or that trickle their headers a byte
@@ -28,6 +28,17 @@ Rules:
    dropped, and the connection is closed `header_timeout_s` after the answer.
    (uvicorn's keep-alive timer does not cover it: any byte that arrives after
    the answer cancels that timer for good, and such a connection stayed open.)
+6. Sends: a client that stops reading fills the socket buffers, asyncio pauses
+   writing, and uvicorn's `send` waits -- a stream's pump never returns, its
+   run (engine rows, model lease, generation pin) would stay held for as long
+   as the socket stays open. So while writing is paused the write buffer is
+   sampled every `SEND_POLL_S` (at most a quarter of `send_timeout_s`); any
+   drop in it is progress. With no progress for `send_timeout_s` the
+   connection is aborted (logged at INFO): uvicorn then reports
+   `http.disconnect`, the stream's `on_close` aborts its runs within one
+   engine step (http/sse.py rule 2), and the access line says 499
+   (http/access.py rule 6). A client that reads slowly but steadily drains
+   the buffer and is never cut; nothing runs while writing is not paused.
 """
 
 from __future__ import annotations
@@ -46,24 +57,31 @@ TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; 
                     b"request headers not complete in time")
 
 
-def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """The H11 protocol class for uvicorn's `http=` with rule 1's timer set to `header_timeout_s`."""
+def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 60.0
+                     ) -> type[H11Protocol]:
+    """The H11 protocol class for uvicorn's `http=` with rule 1's and rule 6's timers."""
 
     class Guarded(GuardedH11Protocol):
         HEADER_TIMEOUT_S = header_timeout_s
+        SEND_TIMEOUT_S = send_timeout_s
 
     return Guarded
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's H11Protocol with rule 1's header deadline."""
+    """uvicorn's H11Protocol with rule 1's header deadline and rule 6's send watch."""
 
     HEADER_TIMEOUT_S = 30.0
+    SEND_TIMEOUT_S = 60.0
+    SEND_POLL_S = 1.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self._bytes_this_request = 0
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._send_progress_at = 0.0
+        self._send_buffered = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,7 +89,19 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self._stop_send_watch()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:  # rule 6
+            self._send_progress_at = self.loop.time()
+            self._send_buffered = self.transport.get_write_buffer_size()
+            self._send_timer = self.loop.call_later(self._send_poll_s(), self._check_send)
+
+    def resume_writing(self) -> None:
+        self._stop_send_watch()
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         if self._header_timer is not None:
@@ -115,6 +145,31 @@ class GuardedH11Protocol(H11Protocol):
                      self.HEADER_TIMEOUT_S)
             self.transport.write(TIMEOUT_RESPONSE)
         self.transport.close()
+
+
+    def _send_poll_s(self) -> float:
+        return min(self.SEND_POLL_S, self.SEND_TIMEOUT_S / 4)
+
+    def _stop_send_watch(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _check_send(self) -> None:
+        """Rule 6: one sample of the paused write buffer."""
+        self._send_timer = None
+        if self.transport.is_closing() or not self.flow.write_paused:
+            return
+        now, buffered = self.loop.time(), self.transport.get_write_buffer_size()
+        if buffered < self._send_buffered:
+            self._send_progress_at = now
+        self._send_buffered = buffered
+        if now - self._send_progress_at >= self.SEND_TIMEOUT_S:
+            log.info("closing %s: the client read nothing for %.0f s (send_timeout_s)",
+                     _peer(self.client), self.SEND_TIMEOUT_S)
+            self.transport.abort()
+            return
+        self._send_timer = self.loop.call_later(self._send_poll_s(), self._check_send)
 
 
 def _peer(client: tuple[str, int] | None) -> str:
