@@ -25,6 +25,14 @@ Rules:
    instructions, as Qwen2.5 writes it) is added to the system message, earlier
    assistant calls are written into their content as `<tool_call>` markup, and
    `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls.
+7. Given a `ceiling`, a text far longer than it could hold is refused without
+   tokenizing all of it (8 MiB took a minute of CPU, and freeing the
+   tokenizer's result held the GIL, so the event loop, for a quarter second
+   per 700k tokens): a text of more than HEAD_CHARS_PER_TOKEN chars per token
+   of the ceiling has its head of that many chars tokenized first, and more
+   than twice the ceiling in the head is ContextLengthExceeded "at least" half
+   the head's count -- a cut moves token boundaries only next to it, never by
+   half. A text that fits (or nearly) is tokenized once, whole, as before.
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -37,7 +45,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import ContextLengthExceeded, InvalidRequest
 from .request import GenRequest, Message, Tool
 
 
@@ -174,9 +182,24 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
     return text, inject
 
 
+HEAD_CHARS_PER_TOKEN = 16  # rule 7: English runs about 4 chars a token, code 3
+
+
+def _refuse_hopeless(tokenizer: Any, text: str, ceiling: int | None, param: str,
+                     add_special_tokens: bool) -> None:
+    """Rule 7."""
+    if ceiling is None or len(text) <= ceiling * HEAD_CHARS_PER_TOKEN:
+        return
+    head = tokenizer.encode(text[:ceiling * HEAD_CHARS_PER_TOKEN],
+                            add_special_tokens=add_special_tokens)
+    if len(head) > 2 * ceiling:
+        raise ContextLengthExceeded(len(head) // 2, ceiling, param=param, at_least=True)
+
+
 def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                think_start: str | None = None) -> RenderedPrompt:
+                think_start: str | None = None, ceiling: int | None = None) -> RenderedPrompt:
     text, injected = _render_chat_text(tokenizer, request, template)
+    _refuse_hopeless(tokenizer, text, ceiling, "messages", False)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
     return RenderedPrompt(ids, text, opens_thinking=opens, injected_tools=injected)
@@ -205,9 +228,10 @@ def check_token_ids(tokenizer: Any, ids: list[Any], param: str = "prompt") -> li
     return list(ids)
 
 
-def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
+def render_raw(tokenizer: Any, request: GenRequest, ceiling: int | None = None) -> RenderedPrompt:
     prompt = request.prompt
     if isinstance(prompt, str):
+        _refuse_hopeless(tokenizer, prompt, ceiling, "prompt", False)
         return RenderedPrompt(encode_text(tokenizer, prompt,
                                           add_special_tokens=request.add_special_tokens), prompt)
     if isinstance(prompt, list) and prompt:
@@ -216,15 +240,16 @@ def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
 
 
 def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                  think_start: str | None = None) -> RenderedPrompt:
-    """The ids to prefill for `request` (chat or raw)."""
+                  think_start: str | None = None, ceiling: int | None = None) -> RenderedPrompt:
+    """The ids to prefill for `request` (chat or raw); `ceiling`: rule 7."""
     if request.messages is not None:
         if request.prompt is not None:
             raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")
-        return render_chat(tokenizer, request, template=template, think_start=think_start)
+        return render_chat(tokenizer, request, template=template, think_start=think_start,
+                           ceiling=ceiling)
     if request.prompt is None:
         raise InvalidRequest("The request has neither 'messages' nor 'prompt'.", param="messages")
-    rendered = render_raw(tokenizer, request)
+    rendered = render_raw(tokenizer, request, ceiling)
     if not rendered.ids:
         raise InvalidRequest("'prompt' encodes to no tokens.", param="prompt")
     return rendered

@@ -210,9 +210,11 @@ class DecodeHandles:
         return cls(gen, gen.loaded.model, tok, gen.engine, int(ceiling), markup_of(tok),
                    token_text(tok), frozenset(getattr(tok, "eos_token_ids", ()) or ()), None)
 
-    def render(self, request: GenRequest) -> RenderedPrompt:
+    def render(self, request: GenRequest, *, bounded: bool = False) -> RenderedPrompt:
+        """`bounded`: refuse a text far past the ceiling early (core/prompt.py rule 7)."""
         return render_prompt(self.tokenizer, request, template=self.template,
-                             think_start=self.markup.think_start)
+                             think_start=self.markup.think_start,
+                             ceiling=self.context_ceiling if bounded else None)
 
     def max_tokens_for(self, request: GenRequest, num_prompt: int) -> int:
         """Rule 3."""
@@ -231,7 +233,7 @@ class DecodeHandles:
         """Render, tokenize and check (rules 2-3); nothing is submitted yet."""
         if request.n < 1:
             raise InvalidRequest("'n' must be at least 1.", param="n")
-        rendered = self.render(request)
+        rendered = self.render(request, bounded=True)
         max_tokens = self.max_tokens_for(request, len(rendered.ids))
         markup = dataclasses.replace(self.markup, prompt_opens_thinking=rendered.opens_thinking)
         if rendered.injected_tools:   # core/prompt.py rule 6: we asked for Hermes calls
