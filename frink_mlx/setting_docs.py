@@ -40,6 +40,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "send_timeout_s": SettingDoc("a response the client reads nothing of for this many seconds "
                                  "is aborted (its generation stopped; logged 499); a slow but "
                                  "steady reader is never cut"),
+    "max_connections": SettingDoc("open connections at most; a new one past it is answered 503 "
+                                  "before anything of it is read (the open-files limit is "
+                                  "raised to fit)"),
     "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
                                 "accepting and reporting them (x-frink-ignored-fields)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
@@ -133,6 +136,12 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     # --- lifecycle ---
     "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
     "log_level": SettingDoc("debug, info, warning, error or critical"),
-    "access_log": SettingDoc("one JSON access-log line per request on stderr"),
+    "access_log": SettingDoc("one JSON access-log line per request (on stderr, or in "
+                             "access_log_file)"),
+    "access_log_file": SettingDoc("write access-log lines to this file, rotated by size, instead "
+                                  "of stderr; unset: stderr (`service install` on macOS sets "
+                                  "~/Library/Logs/frink-mlx/access.log)"),
+    "access_log_max_bytes": SettingDoc("the access-log file is rotated past this size"),
+    "access_log_backups": SettingDoc("rotated access-log files kept (access.log.1 ... .N)"),
     "embed_batch_size": SettingDoc("texts embedded together at most"),
 }

@@ -77,6 +77,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
     send_timeout_s: float = 60.0                 # a response the client reads none of this long
                                                  # is aborted (http/timeouts.py rule 6)
+    max_connections: AtLeast1 = 512              # open connections beyond this get 503 at once
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)
@@ -128,6 +129,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     drain_timeout_s: float = 10.0
     log_level: str = "info"
     access_log: bool = True
+    access_log_file: str | None = None           # access lines to this file, rotated (else stderr)
+    access_log_max_bytes: AtLeast1 = 16 * 1024 * 1024
+    access_log_backups: int = 3                  # rotated files kept beside it
     embed_batch_size: int = 32
     # --- several machines (backend/distributed.py, engine/channel.py) ---
     distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)

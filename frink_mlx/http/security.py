@@ -71,7 +71,7 @@ from ..errors import (
 )
 from ..metrics import metrics_of
 from ..settings import Settings
-from .access import AccessLogMiddleware
+from .access import PRE_AUTH_REFUSAL, AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
 
 OPEN_PATHS = frozenset({"/health", "/v1/health", "/"})  # no key needed
@@ -346,6 +346,8 @@ class SecurityMiddleware:
         metrics = metrics_of(scope.get("app"))
         if metrics is not None:
             metrics.observe_rejection(_REASONS.get(type(exc), exc.code))
+        if isinstance(exc, _PRE_AUTH):  # its access line is rate-limited (http/access.py rule 9)
+            scope.setdefault("state", {})[PRE_AUTH_REFUSAL] = True
         response = envelope_for_path(path)(exc)
         await response(scope, receive, self._with_cors(origin, send))
 
@@ -354,6 +356,9 @@ _REASONS: dict[type, str] = {
     MisdirectedRequest: "host", PermissionDenied: "origin", PayloadTooLarge: "size",
     InvalidRequest: "size", AuthenticationFailed: "auth", Overloaded: "overloaded",
 }
+
+
+_PRE_AUTH = (MisdirectedRequest, PermissionDenied, AuthenticationFailed)
 
 
 def _is_preflight(scope: Scope, headers: Headers) -> bool:

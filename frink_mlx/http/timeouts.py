@@ -1,4 +1,4 @@
-"""Connection timeouts below the ASGI app: slow request headers, idle keep-alive, stuck sends.
+"""Connection guards below the ASGI app: slow headers, idle keep-alive, stuck sends, a cap.
 
 Why here: a daemon that lives on a laptop for months must not keep sockets
 for clients that connect and say nothing, or that trickle their headers a byte
@@ -39,6 +39,15 @@ Rules:
    engine step (http/sse.py rule 2), and the access line says 499
    (http/access.py rule 6). A client that reads slowly but steadily drains
    the buffer and is never cut; nothing runs while writing is not paused.
+7. Connections: past `max_connections` open at once, a new one is answered
+   as soon as it is accepted -- before a byte of it is read -- with a bare
+   `503 Service Unavailable` (`retry-after: 1`, `connection: close`); what it
+   sends is dropped, and it is closed once the client closes or after
+   REFUSED_LINGER_S. (uvicorn's `limit_concurrency` answers the same 503 only
+   after reading and parsing a request's headers, and keeps the connection.)
+   Refusals are logged within a LogBudget (http/log_budget.py), so a flood
+   of them is a few lines and a count. The file-descriptor limit is raised to
+   fit the cap at start-up (server.py rule 9).
 """
 
 from __future__ import annotations
@@ -50,30 +59,41 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .log_budget import LogBudget
+
 log = logging.getLogger("frink_mlx.http")
 
 TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
                     b"connection: close\r\ncontent-length: 36\r\n\r\n"
                     b"request headers not complete in time")
+BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                 b"retry-after: 1\r\nconnection: close\r\ncontent-length: 26\r\n\r\n"
+                 b"too many open connections")
+REFUSED_LINGER_S = 2.0
 
 
-def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 60.0
-                     ) -> type[H11Protocol]:
-    """The H11 protocol class for uvicorn's `http=` with rule 1's and rule 6's timers."""
+def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 60.0,
+                     max_connections: int | None = None) -> type[H11Protocol]:
+    """The H11 protocol class for uvicorn's `http=` with rule 1's and rule 6's timers and
+    rule 7's cap (None: no cap), each class with its own refusal LogBudget."""
 
     class Guarded(GuardedH11Protocol):
         HEADER_TIMEOUT_S = header_timeout_s
         SEND_TIMEOUT_S = send_timeout_s
+        MAX_CONNECTIONS = max_connections
+        REFUSALS = LogBudget()
 
     return Guarded
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's H11Protocol with rule 1's header deadline and rule 6's send watch."""
+    """uvicorn's H11Protocol with rule 1's header deadline, rule 6's send watch and rule 7's cap."""
 
     HEADER_TIMEOUT_S = 30.0
     SEND_TIMEOUT_S = 60.0
     SEND_POLL_S = 1.0
+    MAX_CONNECTIONS: int | None = None
+    REFUSALS = LogBudget()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,10 +102,35 @@ class GuardedH11Protocol(H11Protocol):
         self._send_timer: asyncio.TimerHandle | None = None
         self._send_progress_at = 0.0
         self._send_buffered = 0
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.MAX_CONNECTIONS is not None and len(self.connections) > self.MAX_CONNECTIONS:
+            self._refuse_connection()
+            return
         self._arm_header_timer()
+
+    def _refuse_connection(self) -> None:
+        """Rule 7."""
+        self._refused = True
+        log_it, suppressed = self.REFUSALS.take()
+        if log_it:
+            log.warning("refusing a connection from %s: %d open (max_connections %d)%s",
+                        _peer(self.client), len(self.connections) - 1, self.MAX_CONNECTIONS,
+                        f"; {suppressed} more refused since the last line" if suppressed else "")
+        try:
+            self.transport.write(BUSY_RESPONSE)
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        except OSError:  # the client is gone already
+            self.transport.abort()
+            return
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+    def eof_received(self) -> None:
+        if self._refused:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
@@ -104,6 +149,8 @@ class GuardedH11Protocol(H11Protocol):
         super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # rule 7: nothing of it is read
         if self._header_timer is not None:
             self._bytes_this_request += len(data)
         super().data_received(data)
