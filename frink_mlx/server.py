@@ -54,6 +54,10 @@ Rules:
 10. Access lines go to stderr with the rest of the log, or with
    `access_log_file` to that file alone, rotated past `access_log_max_bytes`
    with `access_log_backups` old files kept.
+11. TLS: with `ssl_certfile` and `ssl_keyfile` uvicorn serves HTTPS on the
+   same socket and the ready line's URL says https (http/security.py
+   `check_tls` refuses half a pair or an unreadable file first; a
+   non-loopback address without TLS is one warning).
 """
 
 from __future__ import annotations
@@ -124,10 +128,10 @@ def check_default_model(registry: Any) -> None:
             "--model NAME; `frink-mlx models` lists them)") from None
 
 
-def base_url(sock: socket.socket) -> tuple[str, str, int]:
+def base_url(sock: socket.socket, tls: bool = False) -> tuple[str, str, int]:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}", host, port
+    return f"{'https' if tls else 'http'}://{shown}:{port}", host, port
 
 
 def ready_line(url: str, host: str, port: int, app: Any) -> str:
@@ -229,7 +233,12 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
                           http=guarded_protocol(settings.header_timeout_s,
                                                 settings.send_timeout_s,
                                                 settings.max_connections),
-                          log_config=None)
+                          ssl_certfile=_expanded(settings.ssl_certfile),
+                          ssl_keyfile=_expanded(settings.ssl_keyfile), log_config=None)
+
+
+def _expanded(path: str | None) -> str | None:
+    return str(Path(path).expanduser()) if path else None
 
 
 def configure_logging(settings: Settings) -> None:
@@ -294,7 +303,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
 
     app = create_app(settings, registry=registry, background_load=True, backend=backend,
                      factory=factory, cluster=channel)
-    url, host, port = base_url(sock)
+    url, host, port = base_url(sock, tls=bool(settings.ssl_certfile))
     server = _server_class()(uvicorn_config(settings, app))
     server.refusal = None
     if channel is not None:

@@ -93,6 +93,10 @@ def plan_service(settings: Settings, *, key_file: Path | None, log_dir: Path,
     if key_file is not None:
         args += ["--api-key-file", str(key_file)]
     args += _distributed_args(settings)
+    for flag, path in (("--ssl-certfile", settings.ssl_certfile),
+                       ("--ssl-keyfile", settings.ssl_keyfile)):
+        if path:  # paths only: the key stays in its own (0600) file
+            args += [flag, str(Path(path).expanduser().absolute())]
     access = settings.access_log_file or access_log_file
     if access:
         args += ["--access-log-file", str(Path(access).expanduser().absolute())]
@@ -107,7 +111,8 @@ def plan_service(settings: Settings, *, key_file: Path | None, log_dir: Path,
     return ServicePlan(
         program_args=tuple(args), environment=env,
         working_directory=Path(settings.config_dir), log_file=log_dir / "frink-mlx.log",
-        port=settings.port, health_url=f"http://{probe_host}:{settings.port}/health",
+        port=settings.port, health_url=f"{'https' if settings.ssl_certfile else 'http'}://"
+                                       f"{probe_host}:{settings.port}/health",
         key_file=key_file, exit_timeout_s=int(settings.drain_timeout_s) + STOP_MARGIN_S,
         open_files=max(OPEN_FILES_MIN, settings.max_connections + OPEN_FILES_RESERVE))
 

@@ -43,6 +43,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "max_connections": SettingDoc("open connections at most; a new one past it is answered 503 "
                                   "before anything of it is read (the open-files limit is "
                                   "raised to fit)"),
+    "ssl_certfile": SettingDoc("serve HTTPS with this certificate chain (PEM; with "
+                               "ssl_keyfile); unset: plain HTTP"),
+    "ssl_keyfile": SettingDoc("the private key of ssl_certfile (PEM)"),
     "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
                                 "accepting and reporting them (x-frink-ignored-fields)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "

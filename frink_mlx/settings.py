@@ -78,6 +78,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     send_timeout_s: float = 60.0                 # a response the client reads none of this long
                                                  # is aborted (http/timeouts.py rule 6)
     max_connections: AtLeast1 = 512              # open connections beyond this get 503 at once
+    ssl_certfile: str | None = None              # serve HTTPS with this certificate (PEM) ...
+    ssl_keyfile: str | None = None               # ... and its private key (PEM)
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)

@@ -182,6 +182,15 @@ def test_access_lines_go_to_their_own_rotated_file_on_macos(tmp_path: Path) -> N
     assert "--access-log-file" not in journal.program_args
 
 
+def test_a_tls_service_gets_its_certificate_paths_and_probes_https(tmp_path: Path) -> None:
+    s = Settings(config_dir=str(tmp_path), ssl_certfile=str(tmp_path / "c.pem"),
+                 ssl_keyfile=str(tmp_path / "k.pem"), port=9443)
+    plan = plan_service(s, key_file=None, log_dir=tmp_path)
+    assert list(plan.program_args[-4:]) == ["--ssl-certfile", str(tmp_path / "c.pem"),
+                                            "--ssl-keyfile", str(tmp_path / "k.pem")]
+    assert plan.health_url == "https://127.0.0.1:9443/health"
+
+
 def test_a_rank_of_a_group_of_macs_is_installed_with_its_hostfile_and_rank(tmp_path: Path) -> None:
     hostfile = tmp_path / "ring.json"
     s = Settings(config_dir=str(tmp_path), distributed_hostfile=str(hostfile), distributed_rank=1,
