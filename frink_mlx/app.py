@@ -49,6 +49,7 @@ from .adapters.openai import embeddings as openai_embeddings
 from .backend import Backend, select_backend
 from .config import ImageLimits
 from .core.checks import check_request
+from .core.offload import Offload, input_chars
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
 from .engine import constraints
@@ -98,6 +99,7 @@ class AppState:
     cluster: Any = None  # engine/channel.py PlanChannel on rank 0 of a group; its `lost` reason
     startup: "asyncio.Task[None] | None" = None  # rule 1
     recent_requests: RecentRequests = field(default_factory=RecentRequests)  # the page's ring
+    offload: Offload = field(default_factory=Offload)  # large inputs' CPU work (serving/offload.py)
     _compilers: dict[int, GrammarCompiler] = field(default_factory=dict)
     _memories: dict[int, TurnMemory] = field(default_factory=dict)
     _runs: list[Run] = field(default_factory=list)  # in flight, for the drain (rule 2)
@@ -132,7 +134,7 @@ class AppState:
                                    "(refuse_images is set for it)")
         if handles.vision is not None and req.images:   # serving/vision.py rule 5
             return await anyio.to_thread.run_sync(handles.prepare, req, self.image_limits)
-        return handles.prepare(req, self.image_limits)
+        return await self.offload.run(input_chars(req), handles.prepare, req, self.image_limits)
 
     @property
     def image_limits(self) -> ImageLimits:
@@ -186,7 +188,7 @@ class AppState:
                 rendered = await anyio.to_thread.run_sync(handles.render_images, req,
                                                           self.image_limits)
                 return len(rendered[0].ids)
-            return len(handles.render(req).ids)
+            return len((await self.offload.run(input_chars(req), handles.render, req)).ids)
 
     async def eos_token_ids(self, model: str | None) -> list[int]:
         """The ids that end a generation on `model` (llama.cpp's `ignore_eos` bans them)."""
@@ -196,32 +198,38 @@ class AppState:
     async def render_text(self, req: GenRequest) -> str:
         """The prompt text `req` renders to on its model (chat template applied)."""
         async with self.hub.lease(req.model) as gen:
-            return DecodeHandles.take(gen).render(req).text or ""
+            rendered = await self.offload.run(input_chars(req), DecodeHandles.take(gen).render, req)
+            return rendered.text or ""
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer
             if encoder is not None:
-                return list(encoder.tokenize_plain(text, add_special=add_special))
-            return encode_text(DecodeHandles.take(gen).tokenizer, text, add_special_tokens=add_special)
+                return list(await self.offload.run(
+                    len(text), lambda: encoder.tokenize_plain(text, add_special=add_special)))
+            tokenizer = DecodeHandles.take(gen).tokenizer
+            return await self.offload.run(len(text), _encode, tokenizer, text, add_special)
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)
             if encoder is not None:
-                return list(encoder.token_pieces(_encoder_ids(encoder, ids)))
+                return list(await self.offload.run(len(ids), encoder.token_pieces,
+                                                   _encoder_ids(encoder, ids)))
             handles = DecodeHandles.take(gen)
             check_token_ids(handles.tokenizer, ids, param="tokens")
             piece = handles.text.piece or (lambda i: handles.text.decode([i]))
-            return [piece(i) for i in ids]
+            return await self.offload.run(len(ids), lambda: [piece(i) for i in ids])
 
     async def detokenize(self, model: str | None, ids: list[int]) -> str:
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)
             if encoder is not None:
-                return encoder.detokenize(_encoder_ids(encoder, ids))
+                return await self.offload.run(len(ids), encoder.detokenize,
+                                              _encoder_ids(encoder, ids))
             handles = DecodeHandles.take(gen)
-            return handles.text.decode(check_token_ids(handles.tokenizer, ids, param="tokens"))
+            checked = check_token_ids(handles.tokenizer, ids, param="tokens")
+            return await self.offload.run(len(ids), handles.text.decode, checked)
 
     # --- embeddings (serving/embeddings.py) -------------------------------------
     async def embed(self, model: str | None, inputs: list[str] | list[list[int]], *,
@@ -300,6 +308,10 @@ class AppState:
     @property
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_at
+
+
+def _encode(tokenizer: Any, text: str, add_special: bool) -> list[int]:
+    return encode_text(tokenizer, text, add_special_tokens=add_special)
 
 
 def _active_encoder(gen: Generation) -> Encoder | None:

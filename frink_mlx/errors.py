@@ -70,10 +70,11 @@ class InvalidRequest(FrinkError):
 class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
-    def __init__(self, num_tokens: int, limit: int, *, param: str | None = "messages") -> None:
+    def __init__(self, num_tokens: int, limit: int, *, param: str | None = "messages",
+                 at_least: bool = False) -> None:
         super().__init__(
-            f"This request needs {num_tokens} tokens but the model's context ceiling is "
-            f"{limit} tokens.",
+            f"This request needs {'at least ' if at_least else ''}{num_tokens} tokens but the "
+            f"model's context ceiling is {limit} tokens.",
             param=param,
         )
         self.num_tokens = num_tokens

@@ -37,7 +37,8 @@ def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
     host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{settings.port}"
+    scheme = "https" if settings.ssl_certfile else "http"  # a self-signed one: SSL_CERT_FILE
+    return f"{scheme}://{host}:{settings.port}"
 
 
 def daemon_answers(url: str, headers: dict[str, str]) -> bool:

@@ -28,7 +28,9 @@ Rules:
    143/130; ours does neither.) A second SIGINT forces.
 5. Connection timeouts (http/timeouts.py): headers within
    `header_timeout_s`, idle keep-alive connections closed after
-   `idle_timeout_s`; bodies are held to `body_timeout_s` by the middleware.
+   `idle_timeout_s`, a response its client reads nothing of for
+   `send_timeout_s` aborted, connections past `max_connections` refused at
+   once; bodies are held to `body_timeout_s` by the middleware.
 6. `--distributed HOSTFILE --rank R` (or started by `mlx.launch`): every rank
    joins the group first (blocking until all have), before the socket is
    bound; rank 0 goes on as below with a generation factory that shards and
@@ -44,6 +46,18 @@ Rules:
    would keep serving and the follower keep following, orphaned. So rank 0
    of such a group watches its parent and, once it is gone (the process is
    re-parented), drains and stops the group as on SIGTERM (rules 4, 6).
+9. Open files: the soft RLIMIT_NOFILE is raised (up to the hard limit) to
+   `max_connections` plus OPEN_FILES_RESERVE for models, logs and pipes --
+   macOS starts a LaunchAgent with 256, and an `accept()` failing for want of
+   a descriptor stalls every new client. A hard limit too low for that is
+   one warning; the plist and the unit raise both (service.py rule 6).
+10. Access lines go to stderr with the rest of the log, or with
+   `access_log_file` to that file alone, rotated past `access_log_max_bytes`
+   with `access_log_backups` old files kept.
+11. TLS: with `ssl_certfile` and `ssl_keyfile` uvicorn serves HTTPS on the
+   same socket and the ready line's URL says https (http/security.py
+   `check_tls` refuses half a pair or an unreadable file first; a
+   non-loopback address without TLS is one warning).
 """
 
 from __future__ import annotations
@@ -60,6 +74,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator, NoReturn
 
 from . import __version__
@@ -113,10 +128,10 @@ def check_default_model(registry: Any) -> None:
             "--model NAME; `frink-mlx models` lists them)") from None
 
 
-def base_url(sock: socket.socket) -> tuple[str, str, int]:
+def base_url(sock: socket.socket, tls: bool = False) -> tuple[str, str, int]:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}", host, port
+    return f"{'https' if tls else 'http'}://{shown}:{port}", host, port
 
 
 def ready_line(url: str, host: str, port: int, app: Any) -> str:
@@ -206,9 +221,62 @@ async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: in
         announce.cancel()
 
 
+def uvicorn_config(settings: Settings, app: Any) -> Any:
+    """uvicorn's Config for `app` under `settings` (rule 5's timers); the socket is ours."""
+    import uvicorn
+
+    from .http.timeouts import guarded_protocol
+
+    return uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+                          timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
+                          http=guarded_protocol(settings.header_timeout_s,
+                                                settings.send_timeout_s,
+                                                settings.max_connections),
+                          ssl_certfile=_expanded(settings.ssl_certfile),
+                          ssl_keyfile=_expanded(settings.ssl_keyfile), log_config=None)
+
+
+def _expanded(path: str | None) -> str | None:
+    return str(Path(path).expanduser()) if path else None
+
+
 def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.access_log_file:  # rule 10
+        from logging.handlers import RotatingFileHandler
+
+        path = Path(settings.access_log_file).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = RotatingFileHandler(path, maxBytes=settings.access_log_max_bytes,
+                                      backupCount=settings.access_log_backups, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        access = logging.getLogger("frink_mlx.access")
+        access.addHandler(handler)
+        access.propagate = False
+
+
+OPEN_FILES_RESERVE = 256
+
+
+def raise_open_files(max_connections: int) -> None:
+    """Rule 9."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + OPEN_FILES_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):  # macOS may cap below `hard`
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        log.warning("open-files limit %d is below max_connections %d + %d; new connections "
+                    "may fail (raise `ulimit -n` or lower --max-connections)", soft,
+                    max_connections, OPEN_FILES_RESERVE)
 
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
@@ -220,6 +288,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     from .http.security import check_bind
 
     check_bind(settings)
+    raise_open_files(settings.max_connections)
     from .models.sources import source_checker
     from .registry import load_registry, warn_unavailable
 
@@ -230,19 +299,12 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
-    import uvicorn
-
     from .app import create_app
-    from .http.timeouts import guarded_protocol
 
     app = create_app(settings, registry=registry, background_load=True, backend=backend,
                      factory=factory, cluster=channel)
-    url, host, port = base_url(sock)
-    config = uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
-                            timeout_keep_alive=settings.idle_timeout_s,  # type: ignore[arg-type]
-                            http=guarded_protocol(settings.header_timeout_s), log_config=None)
-    server = _server_class()(config)
+    url, host, port = base_url(sock, tls=bool(settings.ssl_certfile))
+    server = _server_class()(uvicorn_config(settings, app))
     server.refusal = None
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)

@@ -23,6 +23,14 @@ Rules:
    running") when nothing answers.
 5. Templates are read from `launchd/` next to the package (source checkout or
    editable install, which is what `make install-service` uses).
+6. Open files: both templates raise the service's open-files limit, soft and
+   hard, to `max_connections` plus a reserve (at least OPEN_FILES_MIN):
+   launchd's `SoftResourceLimits` / `HardResourceLimits` `NumberOfFiles`
+   (macOS starts agents with 256), systemd's `LimitNOFILE`.
+7. Logs: on macOS the access lines go to `access.log` beside the service's
+   log, rotated by size (server.py rule 10), so the log launchd appends to
+   without rotating holds the daemon's own lines only; systemd's journal
+   rotates itself (an `access_log_file` given at install is kept either way).
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ THROTTLE_INTERVAL_S = 10
 STOP_MARGIN_S = 5
 HEALTH_TIMEOUT_S = 2.0
 NOT_RUNNING = 3
+OPEN_FILES_MIN = 4096
+OPEN_FILES_RESERVE = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +78,13 @@ class ServicePlan:
     health_url: str
     key_file: Path | None
     exit_timeout_s: int
+    open_files: int = OPEN_FILES_MIN
 
 
-def plan_service(settings: Settings, *, key_file: Path | None,
-                 log_dir: Path, python: str = sys.executable) -> ServicePlan:
+def plan_service(settings: Settings, *, key_file: Path | None, log_dir: Path,
+                 python: str = sys.executable, access_log_file: Path | None = None
+                 ) -> ServicePlan:
+    """`access_log_file`: where the service writes access lines (rule 7); None: stderr."""
     if not is_loopback_host(settings.host) and key_file is None:
         raise ConfigError(f"refusing to install a service listening on {settings.host} without "
                           "an API key file; add --generate-key")
@@ -80,6 +93,13 @@ def plan_service(settings: Settings, *, key_file: Path | None,
     if key_file is not None:
         args += ["--api-key-file", str(key_file)]
     args += _distributed_args(settings)
+    for flag, path in (("--ssl-certfile", settings.ssl_certfile),
+                       ("--ssl-keyfile", settings.ssl_keyfile)):
+        if path:  # paths only: the key stays in its own (0600) file
+            args += [flag, str(Path(path).expanduser().absolute())]
+    access = settings.access_log_file or access_log_file
+    if access:
+        args += ["--access-log-file", str(Path(access).expanduser().absolute())]
     env = {"PYTHONUNBUFFERED": "1", "FRINK_MLX_CONFIG_DIR": settings.config_dir}
     if settings.models_path:
         env["FRINK_MLX_MODELS"] = str(Path(settings.models_path).expanduser().absolute())
@@ -91,8 +111,10 @@ def plan_service(settings: Settings, *, key_file: Path | None,
     return ServicePlan(
         program_args=tuple(args), environment=env,
         working_directory=Path(settings.config_dir), log_file=log_dir / "frink-mlx.log",
-        port=settings.port, health_url=f"http://{probe_host}:{settings.port}/health",
-        key_file=key_file, exit_timeout_s=int(settings.drain_timeout_s) + STOP_MARGIN_S)
+        port=settings.port, health_url=f"{'https' if settings.ssl_certfile else 'http'}://"
+                                       f"{probe_host}:{settings.port}/health",
+        key_file=key_file, exit_timeout_s=int(settings.drain_timeout_s) + STOP_MARGIN_S,
+        open_files=max(OPEN_FILES_MIN, settings.max_connections + OPEN_FILES_RESERVE))
 
 
 def _distributed_args(settings: Settings) -> list[str]:
@@ -131,7 +153,7 @@ def render_plist(plan: ServicePlan, label: str = LABEL) -> str:
         "LABEL": escape(label), "PROGRAM_ARGUMENTS": args, "ENVIRONMENT": env,
         "WORKING_DIRECTORY": escape(str(plan.working_directory)),
         "THROTTLE_INTERVAL_S": str(THROTTLE_INTERVAL_S),
-        "EXIT_TIMEOUT_S": str(plan.exit_timeout_s),
+        "EXIT_TIMEOUT_S": str(plan.exit_timeout_s), "OPEN_FILES": str(plan.open_files),
         "STDOUT_PATH": escape(str(plan.log_file)), "STDERR_PATH": escape(str(plan.log_file)),
     })
 
@@ -150,7 +172,7 @@ def render_unit(plan: ServicePlan) -> str:
         "EXEC_START": " ".join(systemd_quote(a) for a in plan.program_args),
         "WORKING_DIRECTORY": systemd_quote(str(plan.working_directory)), "ENVIRONMENT": env,
         "THROTTLE_INTERVAL_S": str(THROTTLE_INTERVAL_S),
-        "EXIT_TIMEOUT_S": str(plan.exit_timeout_s),
+        "EXIT_TIMEOUT_S": str(plan.exit_timeout_s), "OPEN_FILES": str(plan.open_files),
     })
 
 
@@ -357,7 +379,8 @@ def service_command(settings: Settings, args: argparse.Namespace) -> int:
     home = Path.home()
     log_dir = (home / "Library" / "Logs" / "frink-mlx" if backend == "launchd"
                else Path(settings.cache_dir) / "logs")
-    plan = plan_service(settings, key_file=key_file, log_dir=log_dir)
+    plan = plan_service(settings, key_file=key_file, log_dir=log_dir,
+                        access_log_file=log_dir / "access.log" if backend == "launchd" else None)
     manager = (Launchd(plan, home / "Library" / "LaunchAgents" / f"{LABEL}.plist", os.getuid())
                if backend == "launchd"
                else Systemd(plan, Path(user_config_home()) / "systemd" / "user" / UNIT))

@@ -11,7 +11,7 @@ Model stores other tools own keep their own variables, read here as the
 defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
 `HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
 `OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
-`SETTING_DOCS` below is the one table of what each setting means: `frink-mlx
+`SETTING_DOCS` (setting_docs.py) is the one table of what each setting means: `frink-mlx
 serve` builds one flag per field from it (cli_flags.py, with the default and
 the environment variable in the help), and README.md's settings section is
 generated from it (a test checks every field has a row, a flag and a README
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import msgspec
 
@@ -43,6 +43,7 @@ from .config import (
     LoadConfig,
 )
 from .errors import ConfigError
+from .setting_docs import SETTING_DOCS, SettingDoc  # noqa: F401 (re-exported: cli_flags, tests)
 
 DEFAULT_PORT = 8177
 # Bounds msgspec checks while loading, so a bad value is refused naming its setting
@@ -87,6 +88,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # long (in total); else 408 / close
     body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
     idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
+    send_timeout_s: float = 60.0                 # a response the client reads none of this long
+                                                 # is aborted (http/timeouts.py rule 6)
+    max_connections: AtLeast1 = 512              # open connections beyond this get 503 at once
+    ssl_certfile: str | None = None              # serve HTTPS with this certificate (PEM) ...
+    ssl_keyfile: str | None = None               # ... and its private key (PEM)
     # --- models ---
     models_path: str | None = None               # --models / FRINK_MLX_MODELS
     config_dir: str = msgspec.field(default_factory=_default_config_dir)
@@ -140,6 +146,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     drain_timeout_s: float = 10.0
     log_level: str = "info"
     access_log: bool = True
+    access_log_file: str | None = None           # access lines to this file, rotated (else stderr)
+    access_log_max_bytes: AtLeast1 = 16 * 1024 * 1024
+    access_log_backups: int = 3                  # rotated files kept beside it
     embed_batch_size: int = 32
     # --- several machines (backend/distributed.py, engine/channel.py) ---
     distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
@@ -273,142 +282,6 @@ def _foreign_stores() -> dict[str, Any]:
     if env.get("OLLAMA_MODELS"):
         found["ollama_models"] = env["OLLAMA_MODELS"]
     return found
-class SettingDoc(NamedTuple):
-    """One row of the flag table (see the module docstring)."""
-
-    help: str                      # one line; says what an unset (None) value means
-    flags: tuple[str, ...] = ()    # flag names when not `--field-name`; the first is shown
-    default: str = ""              # the default as shown, when it is computed at run time
-
-
-SETTING_DOCS: dict[str, SettingDoc] = {
-    # --- network ---
-    "host": SettingDoc("address to bind; a non-loopback address needs an API key"),
-    "port": SettingDoc("TCP port; 0 picks a free one (the ready line names it)"),
-    "api_key": SettingDoc("API key clients must send (Bearer or x-api-key); unset: none "
-                          "unless a key file exists"),
-    "api_key_file": SettingDoc("file holding the API key (mode 0600); unset: the "
-                               "file api_key in config_dir when it exists"),
-    "allowed_hosts": SettingDoc("extra Host header names accepted beyond loopback ones "
-                                "(repeat the flag; env: comma-separated)", ("--allowed-host",)),
-    "cors_origins": SettingDoc("exact browser origins allowed by CORS (repeat the flag; env: "
-                               "comma-separated)", ("--cors-origin",)),
-    "max_body_bytes": SettingDoc("request bodies larger than this get 413"),
-    "header_timeout_s": SettingDoc("the request line and headers must arrive within this many "
-                                   "seconds, else 408 or the connection is closed"),
-    "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
-                                 "else 408"),
-    "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
-    "strict_fields": SettingDoc("refuse unknown request fields by name (400) instead of "
-                                "accepting and reporting them (x-frink-ignored-fields)"),
-    "max_images": SettingDoc("most image parts one request may carry to a vision model (400 "
-                             "naming the part beyond it)"),
-    "max_image_bytes": SettingDoc("most decoded bytes of one image (400 naming the part)"),
-    "max_image_pixels": SettingDoc("most pixels (width x height) of one image, checked before "
-                                   "it is decoded (400 naming the part)"),
-    "fetch_image_urls": SettingDoc("fetch http(s) image URLs for vision models (10 s, "
-                                   "max_image_bytes; off: such a part is a 400 naming it, so "
-                                   "a client cannot make the daemon reach other hosts)"),
-    "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
-                                "with a short placeholder text (x-frink-images-omitted)"),
-    # --- models ---
-    "models_path": SettingDoc("models.toml to use (env also FRINK_MLX_MODELS); unset: "
-                              "~/.config/frink-mlx/models.toml, then the packaged one",
-                              ("--models",)),
-    "config_dir": SettingDoc("where the user's key file lives",
-                             default="$XDG_CONFIG_HOME/frink-mlx or ~/.config/frink-mlx"),
-    "cache_dir": SettingDoc("where converted (GGUF-imported) checkpoints are cached",
-                            default="~/Library/Caches/frink-mlx on macOS, else "
-                                    "$XDG_CACHE_HOME/frink-mlx or ~/.cache/frink-mlx"),
-    "default_model": SettingDoc("model to load at start; unset: the registry's `default`",
-                                ("--model",)),
-    "fallback": SettingDoc("serve unknown model names with the default model (embeddings: the "
-                           "embedding model); unset: on for a loopback-only daemon"),
-    "auto_swap": SettingDoc("a request naming another registry entry swaps to it "
-                            "(--no-auto-swap answers 409 instead)"),
-    "min_generation_s": SettingDoc("a loaded model lives at least this many seconds before "
-                                   "a swap may replace it"),
-    "keep_alive_s": SettingDoc("unload after this many idle seconds, reload on the next "
-                               "request; unset: never", ("--keep-alive", "--keep-alive-s")),
-    "max_resident_models": SettingDoc("models kept loaded at once; 0: as many as the memory "
-                                      "budget holds (1: the classic single-model swap)"),
-    "evict_wait_s": SettingDoc("a load that needs memory held by busy models waits this long "
-                               "for them to go idle, then answers 503 with Retry-After"),
-    "dequantize": SettingDoc("dequantize quantized weights to float32 on the CPU backend; "
-                             "unset: the model's entry, else where memory allows"),
-    "use_openblas": SettingDoc("re-execute once with the system OpenBLAS preloaded (Linux)",
-                               ("--openblas",)),
-    "hf_offline": SettingDoc("resolve Hugging Face repo ids from the local cache only, never "
-                             "the network (env also HF_HUB_OFFLINE)"),
-    "hf_endpoint": SettingDoc("Hugging Face Hub endpoint (env also HF_ENDPOINT); unset: "
-                              "huggingface_hub's default"),
-    "hf_cache_dir": SettingDoc("Hugging Face cache directory (env also HF_HUB_CACHE / "
-                               "$HF_HOME/hub); unset: huggingface_hub's default"),
-    "ollama_models": SettingDoc("the Ollama store that `ollama:NAME[:TAG]` sources read "
-                                "(env also OLLAMA_MODELS)", default="~/.ollama/models"),
-    # --- engine ---
-    "batching": SettingDoc("continuous batching; --no-batching decodes one request at a time"),
-    "max_batch": SettingDoc("sequences decoded together at most"),
-    "block_size": SettingDoc("tokens per KV block: the prefix cache reuses a shared prefix "
-                             "rounded down to it"),
-    "prefill_chunk_tokens": SettingDoc("prompt tokens prefilled per step while other streams "
-                                       "decode"),
-    "idle_prefill_tokens": SettingDoc("prompt tokens prefilled in a step that decodes nobody"),
-    "shared_prefill_tokens": SettingDoc("prompt tokens prefilled per step while another "
-                                        "resident model's engine runs (bounds its streams' "
-                                        "inter-token gap; the least a step that only "
-                                        "prefills takes, engine/turns.py)"),
-    "admission_window_ms": SettingDoc("an idle engine gathers a burst of requests this long "
-                                      "into one step"),
-    "pipeline": SettingDoc("dispatch decode step t+1 before reading step t; unset: on Metal "
-                           "only"),
-    "cpu_matmul_parts": SettingDoc("CPU backend: split each matmul over this many MLX streams; "
-                                   "unset: one per usable core (at most 8); 1 turns it off"),
-    "kv_budget_bytes": SettingDoc("device memory budget for weights and KV; unset: measured "
-                                  "(Metal's working set or physical RAM)"),
-    "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
-                                           "KV pool"),
-    "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
-    "kv_disk_dir": SettingDoc("where the prefix cache's SSD tier keeps KV blocks (they survive "
-                              "restarts, swaps and evictions)",
-                              default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, "
-                                      "else $XDG_CACHE_HOME/frink-mlx/kv or ~/.cache/frink-mlx/kv"),
-    "kv_disk_bytes": SettingDoc("byte budget of the SSD tier (least recently used blocks go "
-                                "first); 0 turns the tier off"),
-    "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
-    "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
-    "speculative": SettingDoc("speculative decoding inside the batch: prompt lookup, and the "
-                              "draft model of an entry naming `draft` (not loaded when off; "
-                              "greedy output unchanged); requests opt out with "
-                              "`speculative: false`"),
-    "spec_max_draft": SettingDoc("most tokens one row drafts per step"),
-    "spec_ngram": SettingDoc("longest suffix n-gram looked up in the row's context"),
-    "spec_max_rows": SettingDoc("a step decoding more rows than this does not speculate"),
-    "spec_draft_rows": SettingDoc("rows the draft model keeps KV for: its pool holds this many"
-                                  " full contexts"),
-    # --- several machines (README "Several Macs") ---
-    "distributed_hostfile": SettingDoc("serve one model over a group of machines: the MLX hostfile "
-                                       "(env also MLX_HOSTFILE under mlx.launch)", ("--distributed",)),
-    "distributed_rank": SettingDoc("this machine's rank in the hostfile; 0 serves HTTP, the "
-                                   "others follow (env also MLX_RANK)", ("--rank",)),
-    "distributed_backend": SettingDoc("MLX distributed backend: ring, jaccl, mpi or any"),
-    "distributed_split": SettingDoc("how a model is split over the group: tensor (each rank a "
-                                    "slice of every layer), pipeline (each rank a run of "
-                                    "layers), or auto (tensor where the model allows, else "
-                                    "pipeline); ranks set differently load nothing"),
-    "distributed_timeout_s": SettingDoc("a step's collectives taking longer than this mark the "
-                                        "group lost"),
-    "distributed_load_timeout_s": SettingDoc("how long every rank may take to load a model"),
-    "distributed_ping_s": SettingDoc("rank 0 checks an idle group this often"),
-    "distributed_exit_after_lost_s": SettingDoc("rank 0 exits 1 this long after losing the group, "
-                                                "so the service manager restarts it; unset: stay "
-                                                "up answering 503"),
-    # --- lifecycle ---
-    "drain_timeout_s": SettingDoc("on SIGTERM, seconds in-flight requests may take to finish"),
-    "log_level": SettingDoc("debug, info, warning, error or critical"),
-    "access_log": SettingDoc("one JSON access-log line per request on stderr"),
-    "embed_batch_size": SettingDoc("texts embedded together at most"),
-}
 
 
 def user_config_home() -> str:

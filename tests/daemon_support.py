@@ -196,6 +196,31 @@ def start_server(app: Any) -> LiveServer:
     return LiveServer(f"http://127.0.0.1:{port}", server, thread, app)
 
 
+def start_guarded_server(app: Any, settings: Any, *, sndbuf: int | None = None) -> LiveServer:
+    """`app` served as `frink-mlx serve` serves it (server.py `uvicorn_config`: the h11
+    protocol with every timer of http/timeouts.py), in a thread, on a loopback socket
+    bound here. `sndbuf` shrinks the send buffer every accepted connection inherits,
+    so a client that stops reading stalls the server within a few frames."""
+    import socket
+
+    import uvicorn
+
+    from frink_mlx.server import bind_socket, uvicorn_config
+
+    sock = bind_socket("127.0.0.1", 0)
+    if sndbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    server = uvicorn.Server(uvicorn_config(settings, app))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    return LiveServer(f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread, app)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

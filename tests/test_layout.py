@@ -25,8 +25,6 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 LONG_FILES = {
     "engine/scheduler.py": (440, "one admission and step policy whose numbered rules cite "
                                  "each other; a split would scatter them over files"),
-    "settings.py": (460, "the one table of settings with their flag docs beside them; "
-                         "the docs move onto the fields themselves later (issue 33)"),
 }
 
 

@@ -159,6 +159,38 @@ def test_systemd_unit_rendering(tmp_path: Path) -> None:
     assert service.systemd_quote('50% of $HOME "x"') == '"50%% of $$HOME \\"x\\""'
 
 
+def test_the_service_raises_the_open_files_limit_to_fit_the_connection_cap(tmp_path: Path
+                                                                          ) -> None:
+    """Rule 6: launchd starts agents with 256 open files; every connection is one."""
+    data = plistlib.loads(render_plist(odd_plan(tmp_path)).encode())
+    assert data["SoftResourceLimits"] == data["HardResourceLimits"] == {"NumberOfFiles": 4096}
+    assert "LimitNOFILE=4096" in render_unit(odd_plan(tmp_path)).splitlines()
+    many = plan_service(Settings(config_dir=str(tmp_path), max_connections=8000), key_file=None,
+                        log_dir=tmp_path)
+    assert many.open_files == 8512
+    assert plistlib.loads(render_plist(many).encode())["SoftResourceLimits"] == {
+        "NumberOfFiles": 8512}
+
+
+def test_access_lines_go_to_their_own_rotated_file_on_macos(tmp_path: Path) -> None:
+    """Rule 7: the file launchd appends to never rotates; the access log does."""
+    plan = plan_service(Settings(config_dir=str(tmp_path)), key_file=None, log_dir=tmp_path,
+                        access_log_file=tmp_path / "access.log")
+    at = plan.program_args.index("--access-log-file")
+    assert plan.program_args[at + 1] == str(tmp_path / "access.log")
+    journal = plan_service(Settings(config_dir=str(tmp_path)), key_file=None, log_dir=tmp_path)
+    assert "--access-log-file" not in journal.program_args
+
+
+def test_a_tls_service_gets_its_certificate_paths_and_probes_https(tmp_path: Path) -> None:
+    s = Settings(config_dir=str(tmp_path), ssl_certfile=str(tmp_path / "c.pem"),
+                 ssl_keyfile=str(tmp_path / "k.pem"), port=9443)
+    plan = plan_service(s, key_file=None, log_dir=tmp_path)
+    assert list(plan.program_args[-4:]) == ["--ssl-certfile", str(tmp_path / "c.pem"),
+                                            "--ssl-keyfile", str(tmp_path / "k.pem")]
+    assert plan.health_url == "https://127.0.0.1:9443/health"
+
+
 def test_a_rank_of_a_group_of_macs_is_installed_with_its_hostfile_and_rank(tmp_path: Path) -> None:
     hostfile = tmp_path / "ring.json"
     s = Settings(config_dir=str(tmp_path), distributed_hostfile=str(hostfile), distributed_rank=1,

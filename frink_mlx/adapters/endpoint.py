@@ -14,7 +14,8 @@ collected body -- and gets, identically:
 2. `start(request, body)` translates and calls `generate`, which leases,
    renders, validates and admits every prompt before a single byte is sent, so
    template errors, context overflows and bad schemas are real statuses on
-   streaming requests too.
+   streaming requests too. A large body is decoded, translated (`translated`),
+   rendered and tokenized in a worker thread (core/offload.py).
 3. Streaming: the protocol's frames go out in its framing (SSE, or NDJSON for
    Ollama) raced against the client's disconnect; every run is aborted when the
    response ends, however it ends -- a gone client's decode stops within one
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from ..serving.handles import Run
 
 W = TypeVar("W")
+T = TypeVar("T")
 _ENCODE = msgspec.json.Encoder()
 
 SSE_MEDIA_TYPE = "text/event-stream"
@@ -112,6 +114,13 @@ async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     if runs and runs[0].images_omitted:
         note_omitted_images(request, reqs[0])
     return runs
+
+
+async def translated(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, a protocol's translation of its decoded body, in a worker thread when
+    the body was large (core/offload.py rule 2): 70,000 messages take a second to walk."""
+    size = getattr(request.state, "body_bytes", 0)
+    return await request.app.state.frink.offload.run(size, fn, *args)
 
 
 def note_omitted_images(request: Request, req: GenRequest) -> None:

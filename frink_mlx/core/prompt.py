@@ -34,6 +34,14 @@ Rules:
    goes to the template as HF content parts: `{"type": "text"}` pieces and one
    `{"type": "image"}` where each of its placeholders stands, in order; the
    vision processor expands the template's image markers (serving/vision.py).
+8. Given a `ceiling`, a text far longer than it could hold is refused without
+   tokenizing all of it (8 MiB took a minute of CPU, and freeing the
+   tokenizer's result held the GIL, so the event loop, for a quarter second
+   per 700k tokens): a text of more than HEAD_CHARS_PER_TOKEN chars per token
+   of the ceiling has its head of that many chars tokenized first, and more
+   than twice the ceiling in the head is ContextLengthExceeded "at least" half
+   the head's count -- a cut moves token boundaries only next to it, never by
+   half. A text that fits (or nearly) is tokenized once, whole, as before.
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -46,7 +54,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import ContextLengthExceeded, InvalidRequest
 from .family_prompts import FAMILY_TOOL_BLOCKS, arguments_as_text
 from .images import IMAGE_PLACEHOLDER
 from .request import GenRequest, Message, Tool
@@ -214,9 +222,25 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None,
     return text, inject
 
 
+HEAD_CHARS_PER_TOKEN = 16  # rule 8: English runs about 4 chars a token, code 3
+
+
+def _refuse_hopeless(tokenizer: Any, text: str, ceiling: int | None, param: str,
+                     add_special_tokens: bool) -> None:
+    """Rule 8."""
+    if ceiling is None or len(text) <= ceiling * HEAD_CHARS_PER_TOKEN:
+        return
+    head = tokenizer.encode(text[:ceiling * HEAD_CHARS_PER_TOKEN],
+                            add_special_tokens=add_special_tokens)
+    if len(head) > 2 * ceiling:
+        raise ContextLengthExceeded(len(head) // 2, ceiling, param=param, at_least=True)
+
+
 def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                think_start: str | None = None, tool_format: str | None = None) -> RenderedPrompt:
+                think_start: str | None = None, tool_format: str | None = None,
+                ceiling: int | None = None) -> RenderedPrompt:
     text, injected = _render_chat_text(tokenizer, request, template, tool_format)
+    _refuse_hopeless(tokenizer, text, ceiling, "messages", False)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
     return RenderedPrompt(ids, text, opens_thinking=opens, injected_tools=injected)
@@ -245,9 +269,10 @@ def check_token_ids(tokenizer: Any, ids: list[Any], param: str = "prompt") -> li
     return list(ids)
 
 
-def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
+def render_raw(tokenizer: Any, request: GenRequest, ceiling: int | None = None) -> RenderedPrompt:
     prompt = request.prompt
     if isinstance(prompt, str):
+        _refuse_hopeless(tokenizer, prompt, ceiling, "prompt", False)
         return RenderedPrompt(encode_text(tokenizer, prompt,
                                           add_special_tokens=request.add_special_tokens), prompt)
     if isinstance(prompt, list) and prompt:
@@ -256,17 +281,17 @@ def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
 
 
 def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                  think_start: str | None = None, tool_format: str | None = None
-                  ) -> RenderedPrompt:
-    """The ids to prefill for `request` (chat or raw)."""
+                  think_start: str | None = None, tool_format: str | None = None,
+                  ceiling: int | None = None) -> RenderedPrompt:
+    """The ids to prefill for `request` (chat or raw); `ceiling`: rule 8."""
     if request.messages is not None:
         if request.prompt is not None:
             raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")
         return render_chat(tokenizer, request, template=template, think_start=think_start,
-                           tool_format=tool_format)
+                           tool_format=tool_format, ceiling=ceiling)
     if request.prompt is None:
         raise InvalidRequest("The request has neither 'messages' nor 'prompt'.", param="messages")
-    rendered = render_raw(tokenizer, request)
+    rendered = render_raw(tokenizer, request, ceiling)
     if not rendered.ids:
         raise InvalidRequest("'prompt' encodes to no tokens.", param="prompt")
     return rendered

@@ -50,6 +50,12 @@ Rules:
    copy of the request's context shares that list -- a timer the request
    scheduled keeps its copy until the timer's due time, even cancelled -- and
    a run holds its generation: a model retired meanwhile stayed resident.
+9. What strangers control is bounded: the path in a line is cut to
+   MAX_LOGGED_PATH characters (`...(+N)` says how many more), the method to
+   MAX_LOGGED_METHOD; and a refusal before authentication (a wrong Host,
+   Origin or key: http/security.py marks it) is logged and kept in the ring
+   within a LogBudget (http/log_budget.py), the first line after a
+   suppression saying `"suppressed": N`. Metrics count every refusal.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import metrics_of
+from .log_budget import LogBudget
 
 access_log = logging.getLogger("frink_mlx.access")
 
@@ -80,6 +87,9 @@ STATE_FIELDS = ("model", "generation", "prompt_tokens", "completion_tokens", "ca
 # Rule 5: route templates whose requests the ring leaves out (tests/http pins that they exist).
 QUIET_ROUTES = frozenset({"/", "/ui/{name}", "/admin/status", "/health", "/metrics"})
 RECENT_CAPACITY = 100
+MAX_LOGGED_PATH = 256     # rule 9
+MAX_LOGGED_METHOD = 16
+PRE_AUTH_REFUSAL = "frink_pre_auth_refusal"  # the state key http/security.py sets (rule 9)
 
 
 class AccessRecord(msgspec.Struct, frozen=True):
@@ -112,7 +122,7 @@ class RecentRequests:
         if line["route"] in QUIET_ROUTES:
             return
         self._seq += 1
-        fields = {k: v for k, v in line.items() if k != "path"}
+        fields = {k: v for k, v in line.items() if k not in ("path", "suppressed")}
         self._records.append(AccessRecord(seq=self._seq, at_unix=time.time(), **fields))
 
     def snapshot(self) -> list[AccessRecord]:
@@ -210,6 +220,7 @@ class AccessLogMiddleware:
     def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
         self.app = app
         self.enabled = enabled
+        self.refusals = LogBudget()  # rule 9
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -265,15 +276,28 @@ class AccessLogMiddleware:
         if metrics is not None:
             _observe(metrics, route, method, status, duration_s, noted)
         ttft = noted.pop("ttft_s")
-        line = {"id": request_id, "method": method, "route": route,
-                "path": scope.get("path", ""), "status": status, **noted,
+        line = {"id": request_id, "method": method[:MAX_LOGGED_METHOD], "route": route,
+                "path": _bounded_path(str(scope.get("path", ""))), "status": status, **noted,
                 "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
                 "duration_ms": round(duration_s * 1000, 1)}
+        if state.get(PRE_AUTH_REFUSAL):  # rule 9
+            log_it, suppressed = self.refusals.take()
+            if not log_it:
+                return
+            if suppressed:
+                line["suppressed"] = suppressed
         ring = recent_requests_of(scope.get("app"))
         if ring is not None:
             ring.add(line)
         if self.enabled and access_log.isEnabledFor(logging.INFO):
             access_log.info(json.dumps(line, separators=(",", ":")))
+
+
+def _bounded_path(path: str) -> str:
+    """Rule 9."""
+    if len(path) <= MAX_LOGGED_PATH:
+        return path
+    return f"{path[:MAX_LOGGED_PATH]}...(+{len(path) - MAX_LOGGED_PATH})"
 
 
 def _observe(metrics: Any, route: str, method: str, status: int, duration_s: float,

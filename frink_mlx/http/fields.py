@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgspec
 from msgspec import inspect as mi
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -100,15 +99,6 @@ def _walk_union(raw: Any, info: mi.UnionType, path: str, out: list[str]) -> None
         chosen = []
     for member in chosen:
         _walk(raw, member, path, out)
-
-
-def check_unknown(request: Request | None, data: bytes, struct_type: Any) -> None:
-    """Rules 2-3 for a decoded body: report (or refuse) its unknown fields."""
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return
-    report(request, unknown_fields(raw, struct_type))
 
 
 def report(request: Request | None, names: list[str]) -> None:

@@ -42,13 +42,17 @@ Anthropic for /v1/messages*, llama.cpp for its native routes, Ollama for
 /api/*, OpenAI for the rest (see http/errors.py).
 
 `check_bind(settings)` refuses to start on a non-loopback address without a
-key; the server calls it before binding.
+key, and a TLS setting without its pair or with a file it cannot read; a
+non-loopback address served without TLS is one warning (the key and every
+prompt cross the network in cleartext). The server calls it before binding.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import os
 import re
 import stat
 from pathlib import Path
@@ -71,8 +75,10 @@ from ..errors import (
 )
 from ..metrics import metrics_of
 from ..settings import Settings
-from .access import AccessLogMiddleware
+from .access import PRE_AUTH_REFUSAL, AccessLogMiddleware
 from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
+
+log = logging.getLogger("frink_mlx.http")
 
 OPEN_PATHS = frozenset({"/health", "/v1/health", "/"})  # no key needed
 OPEN_PREFIXES = ("/ui/",)                           # the page's static assets (no data)
@@ -167,7 +173,29 @@ def check_bind(settings: Settings) -> str | None:
         raise ConfigError(
             f"refusing to listen on {settings.host}: a non-loopback address needs an API key "
             "(--api-key, $FRINK_MLX_API_KEY, or --api-key-file with mode 0600)")
+    tls = check_tls(settings)
+    if not is_loopback_host(settings.host) and not tls:
+        log.warning("listening on %s without TLS: the API key and every prompt cross the "
+                    "network in cleartext (--ssl-certfile/--ssl-keyfile, or bind 127.0.0.1)",
+                    settings.host)
     return key
+
+
+def check_tls(settings: Settings) -> bool:
+    """True when the daemon serves HTTPS; a certificate without its key (or the other way
+    round) or a file it cannot read is a ConfigError naming the setting."""
+    pair = {"ssl_certfile": settings.ssl_certfile, "ssl_keyfile": settings.ssl_keyfile}
+    given = {name: path for name, path in pair.items() if path}
+    if not given:
+        return False
+    if len(given) == 1:
+        (name,) = given
+        other = "ssl_keyfile" if name == "ssl_certfile" else "ssl_certfile"
+        raise ConfigError(f"--{name.replace('_', '-')} needs --{other.replace('_', '-')} too")
+    for name, path in given.items():
+        if not os.access(Path(path).expanduser(), os.R_OK):
+            raise ConfigError(f"--{name.replace('_', '-')}: cannot read {path}")
+    return True
 
 
 # --- request checks --------------------------------------------------------
@@ -346,6 +374,8 @@ class SecurityMiddleware:
         metrics = metrics_of(scope.get("app"))
         if metrics is not None:
             metrics.observe_rejection(_REASONS.get(type(exc), exc.code))
+        if isinstance(exc, _PRE_AUTH):  # its access line is rate-limited (http/access.py rule 9)
+            scope.setdefault("state", {})[PRE_AUTH_REFUSAL] = True
         response = envelope_for_path(path)(exc)
         await response(scope, receive, self._with_cors(origin, send))
 
@@ -354,6 +384,9 @@ _REASONS: dict[type, str] = {
     MisdirectedRequest: "host", PermissionDenied: "origin", PayloadTooLarge: "size",
     InvalidRequest: "size", AuthenticationFailed: "auth", Overloaded: "overloaded",
 }
+
+
+_PRE_AUTH = (MisdirectedRequest, PermissionDenied, AuthenticationFailed)
 
 
 def _is_preflight(scope: Scope, headers: Headers) -> bool:

@@ -184,17 +184,20 @@ class DecodeHandles:
                    token_text(tok), frozenset(getattr(tok, "eos_token_ids", ()) or ()), None,
                    gen.loaded.vision)
 
-    def render(self, request: GenRequest) -> RenderedPrompt:
+    def render(self, request: GenRequest, *, bounded: bool = False) -> RenderedPrompt:
+        """`bounded`: refuse a text far past the ceiling early (core/prompt.py rule 8)."""
         return render_prompt(self.tokenizer, request, template=self.template,
                              think_start=self.markup.think_start,
-                             tool_format=self.markup.tool_format)
+                             tool_format=self.markup.tool_format,
+                             ceiling=self.context_ceiling if bounded else None)
 
-    def render_images(self, request: GenRequest, limits: ImageLimits | None = None
+    def render_images(self, request: GenRequest, limits: ImageLimits | None = None,
+                      bounded: bool = False
                       ) -> tuple[RenderedPrompt, ImageFeatures | None, list[int] | None]:
         """`render`, or on a vision model with images serving/vision.py's rendering:
         (the prompt, the engine's image inputs, the prefix cache's keys)."""
         if self.vision is None or not request_images(request):
-            return self.render(request), None, None
+            return self.render(request, bounded=bounded), None, None
         rendered, images, keys = render_vision(self.vision, self.tokenizer, request,
                                                self.template, limits or NO_LIMITS,
                                                self.markup.tool_format)
@@ -221,7 +224,7 @@ class DecodeHandles:
         vision model are decoded and bounded by `limits` (serving/vision.py)."""
         if request.n < 1:
             raise InvalidRequest("'n' must be at least 1.", param="n")
-        rendered, images, keys = self.render_images(request, limits)
+        rendered, images, keys = self.render_images(request, limits, bounded=True)
         max_tokens = self.max_tokens_for(request, len(rendered.ids))
         markup = dataclasses.replace(self.markup, prompt_opens_thinking=rendered.opens_thinking)
         if rendered.injected_tools:   # core/prompt.py rule 6: we asked for Hermes calls

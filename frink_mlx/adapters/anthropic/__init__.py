@@ -25,7 +25,7 @@ from ...core.events import choice_events, drain_choice
 from ...http.body import decode_body
 from ...http.errors import anthropic_error, endpoint
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating
+from ..endpoint import Answer, Protocol, generate, generating, translated
 from . import wire
 from .frames import Frame, MessageBuilder
 from .translate import thinking_shown, to_gen_request
@@ -58,7 +58,7 @@ async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:
 
 
 async def start_message(request: Request, body: wire.MessagesRequest) -> Answer:
-    (run,) = await generate(request, [to_gen_request(body)])
+    (run,) = await generate(request, [await translated(request, to_gen_request, body)])
     builder = MessageBuilder(id=_message_id(run), model=run.model,
                              prompt_tokens=run.prompt_tokens, show_thinking=thinking_shown(body))
     return Answer([run], body.stream, lambda: _stream(run, builder),
@@ -71,7 +71,8 @@ create_message = generating(ANTHROPIC, wire.MessagesRequest, start_message)
 @endpoint(anthropic_error)
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, wire.CountTokensRequest)
-    num_tokens = await request.app.state.frink.count_tokens(to_gen_request(body))
+    num_tokens = await request.app.state.frink.count_tokens(
+        await translated(request, to_gen_request, body))
     return JSONResponse({"input_tokens": num_tokens})
 
 

@@ -45,7 +45,7 @@ from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
 from ...http.sse import ndjson_frame
-from ..endpoint import NDJSON_MEDIA_TYPE, Answer, Protocol, generate, generating, json_response
+from ..endpoint import NDJSON_MEDIA_TYPE, Answer, Protocol, generate, generating, json_response, translated
 from ..llamacpp import FIM_STYLES, fim_style
 from . import models, wire
 from .translate import (
@@ -127,8 +127,8 @@ async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
     if not body.messages:
         options_of(body.options)  # still refuse what cannot be honoured
         return await _load_only(request, model_name(body.model), body.stream, True, keep_alive_s)
-    return await _answer(request, chat_request(body), options_of(body.options).num_ctx, clock,
-                         True, keep_alive_s)
+    gen = await translated(request, chat_request, body)
+    return await _answer(request, gen, options_of(body.options).num_ctx, clock, True, keep_alive_s)
 
 
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:

@@ -52,7 +52,7 @@ from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, llama_server_openai_error, openai_error
-from ..endpoint import Answer, Protocol, generate, generating
+from ..endpoint import Answer, Protocol, generate, generating, translated
 from ..llamacpp.frames import timings
 from . import wire
 
@@ -389,7 +389,7 @@ LLAMA_SERVER_OPENAI = Protocol("openai", llama_server_openai_error)  # its un-pr
 
 
 async def start_chat(request: Request, body: wire.ChatCompletionRequest) -> Answer:
-    (run,) = await generate(request, [to_gen_request(body)])
+    (run,) = await generate(request, [await translated(request, to_gen_request, body)])
     want_logprobs = bool(body.logprobs)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -31,6 +31,7 @@ from starlette.routing import BaseRoute, Route
 from ...core.request import Message
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error, openai_error
+from ..endpoint import translated
 from . import responses_wire, wire
 from .chat import to_gen_request
 from .responses import store_of
@@ -45,7 +46,8 @@ def _counted(num_tokens: int) -> JSONResponse:
 async def chat_input_tokens(request: Request) -> Response:
     """Rule 1, for a chat/completions body."""
     body = await decode_body(request, wire.ChatCompletionRequest)
-    return _counted(await request.app.state.frink.count_tokens(to_gen_request(body)))
+    gen = await translated(request, to_gen_request, body)
+    return _counted(await request.app.state.frink.count_tokens(gen))
 
 
 @endpoint(openai_error)
@@ -56,7 +58,7 @@ async def responses_input_tokens(request: Request) -> Response:
     if body.previous_response_id is not None:
         stored = store_of(request).get(body.previous_response_id, param="previous_response_id")
         history = list(stored.messages)
-    gen, _ = responses_gen_request(body, history, request)
+    gen, _ = await translated(request, responses_gen_request, body, history, request)
     return _counted(await request.app.state.frink.count_tokens(gen))
 
 
@@ -64,7 +66,8 @@ async def responses_input_tokens(request: Request) -> Response:
 async def apply_template(request: Request) -> Response:
     """Rule 2."""
     body = await decode_body(request, wire.ChatCompletionRequest)
-    return JSONResponse({"prompt": await request.app.state.frink.render_text(to_gen_request(body))})
+    gen = await translated(request, to_gen_request, body)
+    return JSONResponse({"prompt": await request.app.state.frink.render_text(gen)})
 
 
 routes: list[BaseRoute] = [

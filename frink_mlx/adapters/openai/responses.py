@@ -52,7 +52,7 @@ from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
 from ...http.fields import report, unknown_fields
 from ...http.sse import sse_frame
-from ..endpoint import Answer, generate, generating
+from ..endpoint import Answer, generate, generating, translated
 from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
@@ -294,7 +294,8 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     if req.previous_response_id is not None:
         history = list(store.get(req.previous_response_id, param="previous_response_id").messages)
     offered = offer_tools(req.tools, request)
-    gen, conversation = to_gen_request(req, history, request, offered)
+    gen, conversation = await translated(request, to_gen_request, req, history, request,
+                                         offered)
     (run,) = await generate(request, [gen])
     note_unheld(request, offered, gen, run.markup)
     builder = ResponseBuilder(base=response_base(req, run.model), tools=offered)
