@@ -9,6 +9,8 @@ Rules:
    `messages[0].content`); the message keeps msgspec's full explanation.
 4. Keys the struct does not declare are reported (x-frink-ignored-fields) or,
    under --strict-fields, refused by name: http/fields.py.
+5. JSON nested deeper than http/depth.py allows -> 400 naming the field, also
+   when it is too deep for msgspec to decode at all (RecursionError).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import msgspec
 from starlette.requests import Request
 
 from ..errors import InvalidRequest, PayloadTooLarge
-from .fields import check_unknown
+from .fields import check_unknown, too_deep_error
 
 T = TypeVar("T")
 
@@ -69,6 +71,8 @@ def decode_struct(data: bytes, struct_type: type[T]) -> T:
         raise InvalidRequest(f"Invalid request body: {exc}", param=validation_param(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:   # rule 5
+        raise too_deep_error(data, struct_type) from None
 
 
 async def decode_body(request: Request, struct_type: type[T]) -> T:

@@ -36,13 +36,17 @@ and disconnect detection):
    requests are in flight (running + queued); beyond that, 503 with
    `Retry-After`. `/health`, `/metrics`, `/admin/status` and the page's
    shell are exempt so a flooded daemon still answers them (and can show why).
+7. WebSocket upgrades are refused (closed before accept: 403) ahead of every
+   gate above; no route speaks WebSocket, and none of the gates would see one.
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
 Anthropic for /v1/messages*, llama.cpp for its native routes, Ollama for
 /api/*, OpenAI for the rest (see http/errors.py).
 
 `check_bind(settings)` refuses to start on a non-loopback address without a
-key; the server calls it before binding.
+key, or with `null` or `*` among the CORS origins (`null` is what sandboxed
+iframes and file:// pages send, so allowing it allows any page; `*` is no
+origin); the server calls it before binding, and the middleware again.
 """
 
 from __future__ import annotations
@@ -162,12 +166,22 @@ def check_bind(settings: Settings) -> str | None:
 
     Raises ConfigError naming the setting; the server calls this first.
     """
+    check_cors_origins(settings.cors_origins)
     key = resolve_api_key(settings)
     if not is_loopback_host(settings.host) and not key:
         raise ConfigError(
             f"refusing to listen on {settings.host}: a non-loopback address needs an API key "
             "(--api-key, $FRINK_MLX_API_KEY, or --api-key-file with mode 0600)")
     return key
+
+
+def check_cors_origins(origins: tuple[str, ...]) -> None:
+    """Refuse `null` and `*` as CORS origins (module docstring), naming the setting."""
+    for origin in origins:
+        if origin.strip().lower() in ("null", "*"):
+            raise ConfigError(f"refusing --cors-origin {origin.strip()!r}: it would let any web "
+                              "page call this daemon; name each origin exactly "
+                              "(e.g. http://localhost:3000)")
 
 
 # --- request checks --------------------------------------------------------
@@ -207,10 +221,11 @@ def _presented_key(headers: Headers) -> str | None:
 
 
 class SecurityMiddleware:
-    """Gates 1-6 of the module docstring. State lives on the instance (one per app)."""
+    """Gates 1-7 of the module docstring. State lives on the instance (one per app)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, api_key: str | None) -> None:
         self.app = app
+        check_cors_origins(settings.cors_origins)
         self.api_key = api_key.encode() if api_key else None
         self.hosts = allowed_host_names(settings)
         self.origins = frozenset(o.strip() for o in settings.cors_origins if o.strip())
@@ -220,7 +235,10 @@ class SecurityMiddleware:
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan; the daemon serves no websockets
+        if scope["type"] == "websocket":  # no route speaks it: refused before any gate
+            await _refuse_websocket(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -354,6 +372,17 @@ _REASONS: dict[type, str] = {
     MisdirectedRequest: "host", PermissionDenied: "origin", PayloadTooLarge: "size",
     InvalidRequest: "size", AuthenticationFailed: "auth", Overloaded: "overloaded",
 }
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """A WebSocket upgrade is closed before it is accepted (the server answers 403):
+    none of gates 1-6 would otherwise see it."""
+    metrics = metrics_of(scope.get("app"))
+    if metrics is not None:
+        metrics.observe_rejection("websocket")
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
 
 
 def _is_preflight(scope: Scope, headers: Headers) -> bool:
