@@ -11,6 +11,9 @@ Rules:
    under --strict-fields, refused by name: http/fields.py.
 5. JSON nested deeper than http/depth.py allows -> 400 naming the field, also
    when it is too deep for msgspec to decode at all (RecursionError).
+6. The walk of rules 4-5 is Python, one call per container: for a body over
+   WALK_INLINE_BYTES it runs on a worker thread, so a body of 20,000 tools
+   cannot hold the event loop (and /health) while it is walked.
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ from __future__ import annotations
 import re
 from typing import TypeVar
 
+import anyio
 import msgspec
 from starlette.requests import Request
 
 from ..errors import InvalidRequest, PayloadTooLarge
-from .fields import check_unknown, too_deep_error
+from .fields import check_unknown, find_unknown, report, too_deep_error
 
 T = TypeVar("T")
 
 _PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 _DECODERS: dict[type, msgspec.json.Decoder] = {}
+WALK_INLINE_BYTES = 64 * 1024   # rule 6
 
 
 def _limit(request: Request) -> int:
@@ -76,8 +81,11 @@ def decode_struct(data: bytes, struct_type: type[T]) -> T:
 
 
 async def decode_body(request: Request, struct_type: type[T]) -> T:
-    """Read, size-check and decode the body of `request` into `struct_type` (rules 1-4)."""
+    """Read, size-check and decode the body of `request` into `struct_type` (rules 1-6)."""
     data = await read_body(request)
     body = decode_struct(data, struct_type)
-    check_unknown(request, data, struct_type)
+    if len(data) <= WALK_INLINE_BYTES:
+        check_unknown(request, data, struct_type)
+    else:   # rule 6
+        report(request, await anyio.to_thread.run_sync(find_unknown, data, struct_type))
     return body

@@ -44,9 +44,11 @@ def too_deep(value: Any, budget: int) -> bool:
         node, level = stack.pop()
         if level > budget:
             return True
-        for child in node.values() if type(node) is dict else node:
-            if type(child) is dict or type(child) is list:   # what msgspec decodes JSON to
-                stack.append((child, level + 1))
+        children = node.values() if type(node) is dict else node
+        kinds = set(map(type, children))   # at C speed: most containers hold scalars only
+        if dict in kinds or list in kinds:
+            stack.extend((child, level + 1) for child in children
+                         if type(child) is dict or type(child) is list)  # what JSON decodes to
     return False
 
 

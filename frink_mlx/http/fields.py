@@ -62,33 +62,48 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _nests(value: Any) -> bool:
+    """A container (what JSON decodes to): only these hold fields or depth."""
+    return type(value) is dict or type(value) is list
+
+
 def _walk(raw: Any, info: mi.Type, path: str, out: list[str], level: int) -> None:
-    """`level`: how many containers enclose `raw` in the body."""
-    if isinstance(info, mi.AnyType) or _opaque(info):   # opaque (rule 5): only its depth
-        if too_deep(raw, MAX_JSON_DEPTH - level):
-            raise depth_error(path)
+    """`level`: how many containers enclose `raw` in the body. Only containers are
+    visited: a scalar holds neither fields nor depth."""
+    if isinstance(info, mi.StructType):
+        if type(raw) is dict:
+            _walk_struct(raw, info, path, out, level)
     elif isinstance(info, mi.UnionType):
         _walk_union(raw, info, path, out, level)
-    elif isinstance(info, mi.StructType) and isinstance(raw, dict):
-        fields = _fields(info)
+    elif isinstance(info, mi.AnyType) or _opaque(info):   # opaque (rule 5): only its depth
+        if too_deep(raw, MAX_JSON_DEPTH - level):
+            raise depth_error(path)
+    elif isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)) and type(raw) is list:
+        item = getattr(info, "item_type", None)
+        if item is None or not _may_nest(item):   # list[str], list[int]: nothing to walk
+            return
+        for value in raw:
+            if _nests(value):
+                _walk(value, item, f"{path}[]", out, level + 1)
+    elif isinstance(info, mi.DictType) and type(raw) is dict:
         for key, value in raw.items():
-            if key == info.tag_field:
-                continue
-            field = fields.get(key)
-            if field is None:
+            if _nests(value):
+                _walk(value, info.value_type, f"{path}.{key}" if path else str(key), out,
+                      level + 1)
+
+
+def _walk_struct(raw: dict[str, Any], info: mi.StructType, path: str, out: list[str],
+                 level: int) -> None:
+    fields = _fields(info)
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            if key != info.tag_field:
                 out.append(_join(path, key))
                 if too_deep(value, MAX_JSON_DEPTH - level - 1):
                     raise depth_error(_join(path, key))
-            else:
-                _walk(value, field.type, _join(path, key), out, level + 1)
-    elif isinstance(info, (mi.ListType, mi.TupleType, mi.VarTupleType)) and isinstance(raw, list):
-        item = getattr(info, "item_type", None)
-        for value in raw:
-            if item is not None:
-                _walk(value, item, f"{path}[]", out, level + 1)
-    elif isinstance(info, mi.DictType) and isinstance(raw, dict):
-        for key, value in raw.items():
-            _walk(value, info.value_type, f"{path}.{key}" if path else str(key), out, level + 1)
+        elif _nests(value):
+            _walk(value, field.type, _join(path, key), out, level + 1)
 
 
 _FIELDS: dict[int, dict[str, mi.Field]] = {}
@@ -100,6 +115,15 @@ def _fields(info: mi.StructType) -> dict[str, mi.Field]:
     if fields is None:
         fields = _FIELDS[id(info)] = {f.encode_name: f for f in info.fields}
     return fields
+
+
+_NESTING = (mi.StructType, mi.DictType, mi.ListType, mi.TupleType, mi.VarTupleType, mi.AnyType)
+
+
+def _may_nest(info: mi.Type) -> bool:
+    """Whether a value of this type can hold fields or containers at all."""
+    members = info.types if isinstance(info, mi.UnionType) else (info,)
+    return any(isinstance(m, _NESTING) for m in members)
 
 
 def _opaque(info: mi.Type) -> bool:
@@ -117,7 +141,8 @@ def declared_field(path: list[str], struct_type: Any) -> str:
     for part in path:
         info = _child(info, part)
         taken.append(part)
-        if info is None or isinstance(info, mi.AnyType):
+        members = info.types if isinstance(info, mi.UnionType) else (info,)
+        if info is None or any(isinstance(m, mi.AnyType) or _opaque(m) for m in members):
             break
     return joined(taken)
 
@@ -160,13 +185,19 @@ def _walk_union(raw: Any, info: mi.UnionType, path: str, out: list[str], level: 
 def check_unknown(request: Request | None, data: bytes, struct_type: Any) -> None:
     """Rules 2-3 for a decoded body: report (or refuse) its unknown fields; rule 5's
     depth bound."""
+    report(request, find_unknown(data, struct_type))
+
+
+def find_unknown(data: bytes, struct_type: Any) -> list[str]:
+    """The unknown fields of a body that decoded as `struct_type` (pure: any thread);
+    raises InvalidRequest where it nests too deep."""
     try:
         raw = msgspec.json.decode(data)
     except msgspec.DecodeError:
-        return
+        return []
     except RecursionError:
         raise too_deep_error(data, struct_type) from None
-    report(request, unknown_fields(raw, struct_type))
+    return unknown_fields(raw, struct_type)
 
 
 def too_deep_error(data: bytes, struct_type: Any) -> InvalidRequest:
