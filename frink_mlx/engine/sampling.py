@@ -12,10 +12,11 @@ Rules, in the order they apply (mlx-lm's order):
    aware), presence and frequency penalties over the row's last
    `penalty_context_size` tokens (prompt + output), then the RowConstraint's
    allowed mask (disallowed tokens get -inf). A request's logit_bias becomes
-   one pair of arrays once (`LogitBias`), shared by its rows and their verify
-   positions: a step adds every biased row's pair in one scatter, so its host
-   work is per biased row, not per bias entry (a 500,000-entry bias rebuilt
-   in Python each step had halved a neighbour's decode rate).
+   one dense row of the vocabulary once (`LogitBias`), shared by its rows and
+   their verify positions: a step stacks the rows' bias rows and adds them in
+   one op, so its work is per row, not per bias entry (a 500,000-entry bias
+   rebuilt in Python each step had halved a neighbour's decode rate; a
+   scatter of the entries costs per entry, every step).
 2. logprobs = logits - logsumexp(logits): what `logprobs`/`top_logprobs`
    report and what the filters and the draw see.
 3. Greedy rows (temperature 0) take the argmax. Sampled rows apply top-p,
@@ -54,11 +55,11 @@ _MASK64 = (1 << 64) - 1
 
 @dataclass(slots=True)
 class LogitBias:
-    """Rule 1: one request's logit_bias as (ids, values), uploaded once per vocabulary."""
+    """Rule 1: one request's logit_bias as a dense row of the vocabulary, built once."""
 
     ids: np.ndarray       # int64 token ids
     values: np.ndarray    # float32 biases
-    _uploaded: tuple[int, mx.array, mx.array] | None = None
+    _row: tuple[int, mx.array] | None = None
 
     @classmethod
     def of(cls, bias: dict[int, float] | None) -> "LogitBias | None":
@@ -67,14 +68,14 @@ class LogitBias:
         return cls(np.fromiter(bias.keys(), np.int64, len(bias)),
                    np.fromiter(bias.values(), np.float32, len(bias)))
 
-    def arrays(self, vocab: int) -> tuple[mx.array, mx.array] | None:
-        """The ids within `vocab` and their biases; None when none is."""
-        if self._uploaded is None or self._uploaded[0] != vocab:
+    def row(self, vocab: int) -> mx.array:
+        """(vocab,) float32: each id's bias, 0 elsewhere; ids past `vocab` are dropped."""
+        if self._row is None or self._row[0] != vocab:
+            dense = np.zeros(vocab, np.float32)
             keep = (self.ids >= 0) & (self.ids < vocab)
-            self._uploaded = (vocab, mx.array(self.ids[keep].astype(np.int32)),
-                              mx.array(self.values[keep]))
-        ids, values = self._uploaded[1], self._uploaded[2]
-        return (ids, values) if ids.size else None
+            dense[self.ids[keep]] = self.values[keep]
+            self._row = (vocab, mx.array(dense))
+        return self._row[1]
 
 
 @dataclass(slots=True)
@@ -225,21 +226,16 @@ def _process(logits: mx.array, rows: Sequence[RowSampler], device_masks: bool) -
 
 
 def _add_bias(logits: mx.array, rows: Sequence[RowSampler], vocab: int) -> mx.array:
-    """Rule 1: every biased row's (ids, values) added in one scatter."""
-    at: list[mx.array] = []
-    ids: list[mx.array] = []
-    values: list[mx.array] = []
-    for i, r in enumerate(rows):
-        pair = r.bias.arrays(vocab) if r.bias is not None else None
-        if pair is not None:
-            at.append(mx.full(pair[0].shape, i, mx.int32))
-            ids.append(pair[0])
-            values.append(pair[1])
-    if not ids:
-        return logits
-    if len(ids) == 1:
-        return logits.at[at[0], ids[0]].add(values[0])
-    return logits.at[mx.concatenate(at), mx.concatenate(ids)].add(mx.concatenate(values))
+    """Rule 1: one add of every row's bias row (zeros for rows without one)."""
+    zeros: mx.array | None = None
+    parts: list[mx.array] = []
+    for r in rows:
+        if r.bias is not None:
+            parts.append(r.bias.row(vocab))
+        else:
+            zeros = mx.zeros((vocab,), mx.float32) if zeros is None else zeros
+            parts.append(zeros)
+    return logits + mx.stack(parts)
 
 
 def _recent(r: RowSampler, vocab: int) -> np.ndarray:

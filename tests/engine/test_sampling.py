@@ -92,17 +92,17 @@ def test_logit_bias_and_top_logprobs():
 
 
 def test_logit_bias_is_one_pair_of_arrays_per_request_shared_by_rows_and_positions():
-    """Rule 1: built once, uploaded once per vocabulary; ids past the vocabulary skipped."""
+    """Rule 1: built once, one row per vocabulary; ids past the vocabulary skipped."""
     p = SamplingParams(temperature=0, logit_bias={4: 50.0, 2: -5.0, 10_000: 9.0})
     bias = LogitBias.of(p.logit_bias)
     rows = [RowSampler(p, seed=1, bias=bias), RowSampler(p, seed=2, bias=bias)]
     assert sample(LOGITS, rows).tokens.tolist() == [4, 4]
-    first = bias.arrays(5)
-    assert first is not None and first[0].tolist() == [4, 2]
-    assert bias.arrays(5) is not None and bias.arrays(5)[0] is first[0]   # not rebuilt per step
+    first = bias.row(5)
+    assert first.tolist() == [0.0, 0.0, -5.0, 0.0, 50.0]
+    assert bias.row(5) is first   # not rebuilt per step
     positions = draft_samplers(rows[0], [1, 2])
     assert all(pos.bias is bias for pos in positions)
-    assert LogitBias.of({10_000: 1.0}).arrays(5) is None   # nothing within the vocabulary
+    assert LogitBias.of({10_000: 1.0}).row(5).tolist() == [0.0] * 5
 
 
 def test_a_row_built_without_its_bias_derives_it():
