@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -46,13 +47,15 @@ from . import metrics as metrics_module
 from .adapters import admin, anthropic, llamacpp, ollama, openai, page, status
 from .adapters.openai import embeddings as openai_embeddings
 from .backend import Backend, select_backend
+from .config import ImageLimits
 from .core.checks import check_request
 from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
+from .engine.kv.disk import DiskStats
 from .engine.types import EngineStats
-from .errors import FrinkError, InvalidRequest, NotFound, Unavailable
+from .errors import FrinkError, InvalidRequest, NotFound, Unavailable, UnsupportedField
 from .http import security
 from .http.access import RecentRequests, track_run
 from .http.fields import IgnoredFieldsHeader
@@ -110,7 +113,7 @@ class AppState:
         lease = await self.hub.acquire(req.model)
         try:
             handles = DecodeHandles.take(lease.generation)
-            prepared = handles.prepare(req)
+            prepared = await self._prepare(handles, req)
             constraints = await self._constraints(lease.generation, handles, prepared)
             run = handles.submit(prepared, lease, constraints, self._memory(lease.generation))
         except BaseException:
@@ -121,6 +124,26 @@ class AppState:
         run.on_close = self._forget_run  # a finished Run must not keep its generation alive
         await run.admitted()  # a queue timeout is a real 503 + Retry-After (handles rule 8)
         return run
+
+    async def _prepare(self, handles: DecodeHandles, req: GenRequest) -> Prepared:
+        """handles.prepare, with core/images.py rule 3 first; images decode off the loop."""
+        if req.images and handles.vision is None and self.refuses_images(req.model):
+            raise UnsupportedField(req.images[0].path, "is an image; the model reads text only "
+                                   "(refuse_images is set for it)")
+        if handles.vision is not None and req.images:   # serving/vision.py rule 5
+            return await anyio.to_thread.run_sync(handles.prepare, req, self.image_limits)
+        return handles.prepare(req, self.image_limits)
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return self.settings.image_limits()
+
+    def refuses_images(self, model: str | None) -> bool:
+        """core/images.py rule 3: the entry's `refuse_images` (registry rule 11), else the setting."""
+        routed = self.registry.route(model)
+        own = self.registry.resolve(routed).refuse_images if self.registry.knows(routed or "default") \
+            else None
+        return self.settings.refuse_images if own is None else own
 
     def _memory(self, gen: Generation) -> TurnMemory:
         """The turn memory of `gen` (one live generation's kept; rule 7 of handles.py)."""
@@ -158,7 +181,12 @@ class AppState:
 
     async def count_tokens(self, req: GenRequest) -> int:
         async with self.hub.lease(req.model) as gen:
-            return len(DecodeHandles.take(gen).render(req).ids)
+            handles = DecodeHandles.take(gen)
+            if handles.vision is not None and req.images:   # serving/vision.py rule 5
+                rendered = await anyio.to_thread.run_sync(handles.render_images, req,
+                                                          self.image_limits)
+                return len(rendered[0].ids)
+            return len(handles.render(req).ids)
 
     async def eos_token_ids(self, model: str | None) -> list[int]:
         """The ids that end a generation on `model` (llama.cpp's `ignore_eos` bans them)."""
@@ -260,6 +288,10 @@ class AppState:
         gen = self.hub.current
         return gen.engine.stats() if gen is not None and gen.engine is not None else None
 
+    def disk_stats(self) -> DiskStats | None:
+        """The SSD tier's numbers (engine/kv/disk.py); None when it is not configured."""
+        return self.hub.disk.snapshot() if self.hub.disk is not None else None
+
     def engine_stats_by_model(self) -> dict[str, EngineStats]:
         """Every resident model's engine stats (/metrics labels them `model`)."""
         return {gen.name: gen.engine.stats() for gen in self.hub.resident
@@ -321,7 +353,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub, cluster=cluster)
-        state.metrics = Metrics(stats_fn=state.engine_stats_by_model)
+        state.metrics = Metrics(stats_fn=state.engine_stats_by_model, disk_fn=state.disk_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:

@@ -5,10 +5,15 @@ Rules:
    the base URL as `chat` reaches the daemon (local_daemon rule 1), the key
    `chat` sends (http/security `resolve_api_key`), the entry `--model` names
    (else the registry's default) with its `context_length` and `max_tokens`
-   (else the context length) as the window and the output cap.
+   (else the context length) as the window and the output cap. When the
+   daemon answers `/v1/models` (within PROBE_TIMEOUT_S), the window is what
+   it serves that entry with (the ceiling from the checkpoint and memory,
+   e.g. 8192 for SmolLM2 whose entry names no `context_length`); the
+   entry's own cap wins when it is smaller.
 2. `--print` writes the agent's config to stdout and touches no file;
    otherwise it is merged into the agent's own file (agents.py rule 3) and
-   the path (and the backup) are printed. Nothing here needs a running daemon.
+   the path (and the backup) are printed. Nothing here needs a running daemon
+   (rule 1's lookup is skipped when none answers).
 3. The homes are $HOME, $XDG_CONFIG_HOME and $CODEX_HOME as settings.py reads them.
 """
 
@@ -19,7 +24,7 @@ import sys
 from typing import TextIO
 
 from . import agents
-from .local_daemon import daemon_url
+from .local_daemon import PROBE_TIMEOUT_S, daemon_url
 from .registry import load_registry
 from .settings import Settings, agent_homes
 
@@ -30,8 +35,29 @@ def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
 
     spec = load_registry(settings).resolve(args.model)
     url = daemon_url(settings, argparse.Namespace(url=None))
-    return agents.Target(model=spec.name, base_url=url, api_key=resolve_api_key(settings),
-                         context=spec.context_length, output=spec.max_tokens or spec.context_length)
+    key = resolve_api_key(settings)
+    served = served_context(url, spec.name, key)
+    context = min(c for c in (spec.context_length, served) if c) if (
+        spec.context_length or served) else None
+    return agents.Target(model=spec.name, base_url=url, api_key=key,
+                         context=context, output=spec.max_tokens or context)
+
+
+def served_context(url: str, model: str, key: str | None) -> int | None:
+    """Rule 1: the `context_length` a running daemon lists for `model`, else None."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.get(f"{url}/v1/models", headers=headers, timeout=PROBE_TIMEOUT_S)
+        listed = r.json().get("data", []) if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError):
+        return None
+    for entry in listed if isinstance(listed, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            value = entry.get("context_length")
+            return value if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def launch_command(settings: Settings, args: argparse.Namespace, out: TextIO | None = None) -> int:

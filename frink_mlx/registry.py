@@ -55,9 +55,12 @@ Rules:
    the default; `max_kv_bytes` caps its KV pool below the daemon-wide
    `max_kv_pool_bytes`.
 10. `draft` names another generative entry (not itself, by name or alias) that
-   proposes tokens for speculative decoding (engine/spec/ rule 7); it is
+   proposes tokens for speculative decoding (engine/speculative/ rule 7); it is
    loaded and freed with this entry's generation, and must share its
    tokenizer (checked when loaded, models/draft.py).
+11. `refuse_images` (true/false) overrides the daemon-wide setting of the same
+   name for this entry: image parts sent to it are refused by name (400)
+   instead of replaced by a placeholder (core/images.py rule 3).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     preload: bool = False               # rule 9: load at start-up, next to the default
     max_kv_bytes: Positive | None = None  # rule 9: cap on this model's KV pool
     draft: str | None = None            # rule 10: a generative entry drafting for this one
+    refuse_images: bool | None = None   # rule 11: None = the daemon-wide setting
     description: str = ""
 
 

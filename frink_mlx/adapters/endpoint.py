@@ -44,7 +44,6 @@ from starlette.responses import Response
 from ..core.events import Event
 from ..core.images import OMITTED_HEADER
 from ..core.request import GenRequest
-from ..errors import UnsupportedField
 from ..http.body import decode_body
 from ..http.errors import Envelope, endpoint
 from ..http.sse import StreamResponse, run_until_disconnect
@@ -102,7 +101,6 @@ Start = Callable[[Request, W], Awaitable[Answer]]
 async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     """Submit every request (rule 2); if one is refused, abort those already started."""
     state = request.app.state.frink
-    _note_omitted_images(request, reqs, refuse=state.settings.refuse_images)
     runs: list[Run] = []
     try:
         for req in reqs:
@@ -111,17 +109,14 @@ async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
         for run in runs:
             await run.abort()
         raise
+    if runs and runs[0].images_omitted:
+        note_omitted_images(request, reqs[0])
     return runs
 
 
-def _note_omitted_images(request: Request, reqs: list[GenRequest], *, refuse: bool) -> None:
-    """core/images.py rules 2-3: refuse the first image part, or log them for the header."""
-    paths = reqs[0].omitted_images if reqs else []
-    if not paths:
-        return
-    if refuse:
-        raise UnsupportedField(paths[0], "is an image; the model reads text only "
-                               "(refuse_images is set)")
+def note_omitted_images(request: Request, req: GenRequest) -> None:
+    """core/images.py rule 2: the count for the header, the parts in the log."""
+    paths = [ref.path for ref in req.images]
     request.state.omitted_images = len(paths)
     log.info("%d image part(s) replaced by a placeholder (text-only model): %s",
              len(paths), ", ".join(paths[:8]))

@@ -17,7 +17,7 @@ Fields that no wire struct declares are *unknown*: accepted, listed in the
 `--strict-fields` (http/fields.py). tests/adapters/test_field_policy.py holds
 this table to the wire structs (every declared top-level field has a row,
 every row names a real field) and the README's table to `markdown()`
-(regenerate it with `python -m frink_mlx.adapters.fields`).
+(regenerate it with `python scripts/regen_field_table.py`).
 """
 
 from __future__ import annotations
@@ -77,16 +77,18 @@ _OPENAI_SAMPLING: dict[str, Rule] = {
 
 CHAT: dict[str, Rule] = {
     **_OPENAI_SAMPLING,
-    "messages": (H, "text content parts; image parts become a placeholder text (text-only "
-                 "models; refuse_images refuses them); audio refused by name"),
+    "messages": (H, "text and image_url parts (data: URLs; read by vision models, a "
+                 "placeholder text on text-only ones unless refuse_images); audio refused"),
     "max_completion_tokens": (H, "-1 = no limit"),
     "top_logprobs": (H, ""),
     "tools": (H, f"function tools; strict schemas enforced; {TOOLS}"),
     "tool_choice": (H, "auto / none / required / a function (forced calls are grammar-bound)"),
     "parallel_tool_calls": (H, "false: the turn ends after the first complete call"),
     "response_format": (H, "json_object, json_schema; llama-server's `schema` too"),
-    "reasoning_effort": (H, "none/minimal turn thinking off, others on"),
-    "chat_template_kwargs": (E, "enable_thinking only; other keys refused by name"),
+    "reasoning_effort": (H, "none/minimal turn thinking off, others on; low/medium/high "
+                         "reach a template reading reasoning_effort (gpt-oss)"),
+    "chat_template_kwargs": (E, "keys the model's chat template reads (e.g. preserve_thinking, "
+                             "reasoning_effort); other keys refused by name"),
     "add_generation_prompt": (E, "true together with continue_final_message = 400"),
     "continue_final_message": (E, ""),
 }
@@ -102,11 +104,14 @@ COMPLETIONS: dict[str, Rule] = {
 RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
     "input": (H, "message, function_call, function_call_output, custom_tool_call, "
-              "custom_tool_call_output, reasoning items"),
+              "custom_tool_call_output, reasoning items; input_image parts read by vision "
+              "models, a placeholder text on text-only ones (refuse_images refuses); "
+              "input_file refused"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
-              "input, grammar not enforced); tool_search; hosted tools dropped, listed in "
-              f"x-frink-ignored-fields; {TOOLS}"),
+              "input; a lark or regex grammar enforced on it with JSON tool-call markup, "
+              "else noted in x-frink-ignored-fields); "
+              f"tool_search; hosted tools dropped, listed in x-frink-ignored-fields; {TOOLS}"),
     "tool_choice": (H, ""),
     "max_output_tokens": (H, ""), "temperature": (H, ""), "top_p": (H, ""),
     "reasoning": (H, "effort on/off; summary other than auto/none refused (raw reasoning "
@@ -144,13 +149,17 @@ EMBEDDINGS: dict[str, Rule] = {
 MESSAGES: dict[str, Rule] = {
     "model": (H, "unknown names (claude-...) fall back"), "max_tokens": (H, ""),
     "messages": (H, "text, tool_use, tool_result, thinking blocks; role system where it "
-                 "stands; images become a placeholder text; documents refused"),
+                 "stands; images read by vision models, a placeholder text on text-only ones; "
+                 "documents refused"),
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
     "stop_sequences": (H, STOPS), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
-    "tools": (H, f"client tools; server tools refused by name; {TOOLS}"), "tool_choice": (H, ""),
+    "tools": (H, "client tools; server tools refused by name; defer_loading ones kept out "
+              f"of the prompt until a tool_reference loads them; {TOOLS}"), "tool_choice": (H, ""),
     "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"
-                 "updates a no-op, omitted refused"),
+                 "updates a no-op, omitted leaves the text out"),
+    "context_management": (H, "clear_thinking edits (keep the last N turns' reasoning); "
+                           "clear_tool_uses refused"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "metadata": (N, "user_id is an end-user id"),
     "output_config": (H, "format json_schema enforced; effort low/medium bound the "

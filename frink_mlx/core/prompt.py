@@ -13,7 +13,10 @@ Rules:
    "arguments": <dict when the JSON parses>}}`, tool results with
    `tool_call_id`/`name`, earlier reasoning as `reasoning_content`.
 3. `thinking` None leaves the template's default; True/False is passed as
-   `enable_thinking` (mlx-lm's wrapper renames it for templates that differ).
+   `enable_thinking` (mlx-lm's wrapper renames it for templates that differ),
+   or as `thinking` to a template that reads only that (template_kwargs.py
+   rule 4). The client's `chat_template_kwargs` and reasoning effort reach
+   the template where it reads them (template_kwargs.py rules 1-5).
 4. Raw text prompts are encoded as the tokenizer does, adding BOS unless the
    text already starts with it (mlx_lm's rule); token-id prompts are checked
    against the vocabulary.
@@ -25,7 +28,13 @@ Rules:
    is absent a Hermes tools block (`<tools>` signatures + `<tool_call>`
    instructions, as Qwen2.5 writes it) is added to the system message, earlier
    assistant calls are written into their content as `<tool_call>` markup, and
-   `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls.
+   `RenderedPrompt.injected_tools` tells the parser to expect Hermes calls --
+   unless the model's family has a tools block of its own
+   (family_prompts.py rule 2), which is used instead, its calls left native.
+7. With `image_parts`, a message that holds images (core/images.py rule 4)
+   goes to the template as HF content parts: `{"type": "text"}` pieces and one
+   `{"type": "image"}` where each of its placeholders stands, in order; the
+   vision processor expands the template's image markers (serving/vision.py).
 
 The tokenizer is duck-typed (mlx-lm's TokenizerWrapper or an HF tokenizer):
 `apply_chat_template`, `encode`, `bos_token`, `vocab_size`/`len()`.
@@ -39,7 +48,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequest
+from .family_prompts import FAMILY_TOOL_BLOCKS, arguments_as_text
+from .images import IMAGE_PLACEHOLDER
 from .request import GenRequest, Message, Tool
+from .template_kwargs import client_kwargs, effort_kwargs, template_source, thinking_kwarg
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,12 +69,28 @@ def _arguments(raw: str) -> Any:
         return raw
 
 
-def message_dict(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+def content_parts(message: Message) -> list[dict[str, Any]]:
+    """Rule 7: the message's text split at its first len(images) placeholders."""
+    pieces = message.content.split(IMAGE_PLACEHOLDER, len(message.images))
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(pieces):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def message_dict(message: Message, *, arguments_text: bool = False,
+                 image_parts: bool = False) -> dict[str, Any]:
+    content: Any = content_parts(message) if image_parts and message.images \
+        else message.content
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+             "function": {"name": c.name, "arguments": c.arguments if arguments_text
+                          else _arguments(c.arguments)}}
             for c in message.tool_calls
         ]
     if message.tool_call_id is not None:
@@ -92,10 +120,8 @@ HERMES_TOOLS_TAIL = (
 
 def template_reads_tools(tokenizer: Any, template: str | None) -> bool:
     """Rule 6: whether the chat template in use ever mentions `tools`."""
-    source = template if template is not None else getattr(tokenizer, "chat_template", None)
-    if isinstance(source, dict):   # HF's named templates ("default", "tool_use")
-        source = "\n".join(str(v) for v in source.values())
-    return not isinstance(source, str) or bool(_TOOLS_VAR.search(source))
+    source = template_source(tokenizer, template)
+    return source is None or bool(_TOOLS_VAR.search(source))
 
 
 def hermes_tools_block(tools: list[Tool]) -> str:
@@ -103,20 +129,25 @@ def hermes_tools_block(tools: list[Tool]) -> str:
     return f"{HERMES_TOOLS_HEAD}{lines}\n{HERMES_TOOLS_TAIL}"
 
 
-def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
-    """Rule 6: the tools block in the system message; earlier calls as markup in content."""
+def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool],
+                  tool_format: str | None = None) -> list[dict[str, Any]]:
+    """Rule 6: the tools block in the system message; earlier calls as markup in content
+    (a family block leaves them to the template: family_prompts.py rule 2)."""
+    family_block = FAMILY_TOOL_BLOCKS.get(tool_format or "")
     out = []
     for m in messages:
-        calls = m.pop("tool_calls", None)
+        calls = None if family_block else m.pop("tool_calls", None)
         if calls:
             markup = "".join(
                 "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
                                               "arguments": c["function"]["arguments"]},
                                              ensure_ascii=False) + "\n</tool_call>"
                 for c in calls)
-            m = {**m, "content": (m["content"] + "\n" if m["content"] else "") + markup}
+            m = {**m, "content": [*m["content"], {"type": "text", "text": markup}]
+                 if isinstance(m["content"], list)      # rule 7's parts
+                 else (m["content"] + "\n" if m["content"] else "") + markup}
         out.append(m)
-    block = hermes_tools_block(tools)
+    block = family_block(tools) if family_block else hermes_tools_block(tools)
     if out and out[0]["role"] == "system":
         out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}".lstrip()}
     else:
@@ -124,13 +155,16 @@ def _inject_tools(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dic
     return out
 
 
-def _template_kwargs(request: GenRequest, template: str | None) -> dict[str, Any]:
+def _template_kwargs(request: GenRequest, template: str | None, source: str | None
+                     ) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"add_generation_prompt": request.add_generation_prompt}
     if request.continue_final_message:
         kwargs["continue_final_message"] = True
         kwargs["add_generation_prompt"] = False
     if request.thinking is not None:
-        kwargs["enable_thinking"] = request.thinking
+        kwargs[thinking_kwarg(source)] = request.thinking
+    kwargs.update(effort_kwargs(request.reasoning_effort, source))
+    kwargs.update(client_kwargs(request.template_kwargs, source))
     if request.tools and request.tool_choice != "none":
         kwargs["tools"] = [tool_dict(t) for t in request.tools]
     if template is not None:
@@ -145,26 +179,32 @@ def has_chat_template(tokenizer: Any) -> bool:
     return getattr(tokenizer, "chat_template", None) is not None
 
 
-def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None) -> str:
-    """The chat template applied to `request.messages` (rules 1-3, 5, 6)."""
-    return _render_chat_text(tokenizer, request, template)[0]
+def render_chat_text(tokenizer: Any, request: GenRequest, template: str | None = None,
+                     *, image_parts: bool = False, tool_format: str | None = None) -> str:
+    """The chat template applied to `request.messages` (rules 1-3, 5-7)."""
+    return _render_chat_text(tokenizer, request, template, tool_format, image_parts)[0]
 
 
-def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
+def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None,
+                      tool_format: str | None = None, image_parts: bool = False
                       ) -> tuple[str, bool]:
-    """(text, whether rule 6 injected the tools block)."""
+    """(text, whether rule 6 injected the Hermes tools block)."""
     if not request.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
     if template is None and not has_chat_template(tokenizer):
         raise InvalidRequest(
             "This model has no chat template; send a raw prompt to /v1/completions "
             "or set chat_template for it in models.toml.", param="messages")
-    messages = [message_dict(m) for m in request.messages]
-    kwargs = _template_kwargs(request, template)
+    source = template_source(tokenizer, template)
+    as_text = arguments_as_text(source)   # family_prompts.py rule 1
+    messages = [message_dict(m, arguments_text=as_text, image_parts=image_parts)
+                for m in request.messages]
+    kwargs = _template_kwargs(request, template, source)
     inject = "tools" in kwargs and not template_reads_tools(tokenizer, template)
     if inject:
-        messages = _inject_tools(messages, request.tools)
+        messages = _inject_tools(messages, request.tools, tool_format)
         del kwargs["tools"]
+        inject = tool_format not in FAMILY_TOOL_BLOCKS
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception as exc:  # Jinja raises many types; all are the request's problem
@@ -176,8 +216,8 @@ def _render_chat_text(tokenizer: Any, request: GenRequest, template: str | None
 
 
 def render_chat(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                think_start: str | None = None) -> RenderedPrompt:
-    text, injected = _render_chat_text(tokenizer, request, template)
+                think_start: str | None = None, tool_format: str | None = None) -> RenderedPrompt:
+    text, injected = _render_chat_text(tokenizer, request, template, tool_format)
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     opens = bool(think_start) and text.rstrip().endswith(think_start)  # type: ignore[arg-type]
     return RenderedPrompt(ids, text, opens_thinking=opens, injected_tools=injected)
@@ -230,13 +270,15 @@ def render_raw(tokenizer: Any, request: GenRequest) -> RenderedPrompt:
 
 
 def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None = None,
-                  think_start: str | None = None) -> RenderedPrompt:
+                  think_start: str | None = None, tool_format: str | None = None
+                  ) -> RenderedPrompt:
     """The ids to prefill for `request` (chat or raw)."""
     check_bias_ids(tokenizer, request)
     if request.messages is not None:
         if request.prompt is not None:
             raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")
-        return render_chat(tokenizer, request, template=template, think_start=think_start)
+        return render_chat(tokenizer, request, template=template, think_start=think_start,
+                           tool_format=tool_format)
     if request.prompt is None:
         raise InvalidRequest("The request has neither 'messages' nor 'prompt'.", param="messages")
     rendered = render_raw(tokenizer, request)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .images import ImageRef
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -59,6 +61,20 @@ class Message:
     tool_call_id: str | None = None   # role == "tool": which call this answers
     name: str | None = None           # role == "tool": the tool's name, when known
     reasoning: str | None = None      # assistant's earlier reasoning, if the client sent it back
+    images: list[ImageRef] = field(default_factory=list)  # core/images.py rule 1
+
+
+@dataclass(frozen=True, slots=True)
+class ToolGrammar:
+    """A custom tool's input grammar (Responses `custom` tools' `format`, core/custom_calls.py).
+
+    The tool is offered as a function of one string argument, `argument`; the
+    grammar constrains that string's text."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+    param: str               # the request field it came from, e.g. "tools[3].format.definition"
+    argument: str = "input"
 
 
 @dataclass(slots=True)
@@ -67,6 +83,7 @@ class Tool:
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool = False   # arguments must match `parameters` (core/structured.py rule 6)
+    grammar: ToolGrammar | None = None   # a custom tool's input grammar
 
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a str other than the three = that function's name
@@ -111,8 +128,12 @@ class GenRequest:
     echo: bool = False                     # completions: return the prompt too
     cache_prompt: bool = True              # llama.cpp: False bypasses the prefix cache
     cache_salt: str | None = None
-    speculative: bool = True               # False: no speculative drafts (engine/spec/)
+    speculative: bool = True               # False: no speculative drafts (engine/speculative/)
     thinking: bool | None = None           # None = the template's default
+    reasoning_effort: str | None = None    # the client's effort word (core/template_kwargs.py rule 5)
+    # chat_template_kwargs other than enable_thinking: passed where the template
+    # reads them, refused by name where it does not (core/template_kwargs.py rule 1)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     thinking_budget_tokens: int | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
@@ -126,8 +147,8 @@ class GenRequest:
     request_id: str = ""
     user: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # adapter-specific, documented per adapter
-    # Paths of image parts replaced by a placeholder text (core/images.py rule 1).
-    omitted_images: list[str] = field(default_factory=list)
+    # The image parts of this request's own messages, in order (core/images.py rule 1).
+    images: list[ImageRef] = field(default_factory=list)
     # Names of the `sampling` fields the client actually sent (None = unknown:
     # a field still at its SamplingParams default counts as unsent). Lets the
     # daemon apply models.toml [sampling] defaults only where the client was silent.

@@ -39,7 +39,15 @@ Rules:
    valid one; with `parallel_tool_calls` off at most one call is allowed. Other
    markups (llama3_json has no opening marker, Mistral's is a control token)
    get no grammar, as in rule 5.
-7. Schemas of drafts 4 to 2019-09 keep their meaning: `items` as a list is the
+7. Custom tools with a grammar (`Tool.grammar`, Responses `custom` tools such
+   as Codex's `apply_patch`) take part in rules 5 and 6 like function tools:
+   their call writes its one string argument under the tool's Lark grammar
+   or regex, JSON-quoted (core/custom_calls.py), so a forced call and, under
+   `auto`, every call the model opens holds the grammar. Each definition is
+   held to MAX_SPEC_CHARS and refused empty, naming it. Where rules 5-6 give
+   no grammar (the markup is not JSON, or `response_format` under `auto`),
+   `tool_grammars_held` says so, for the adapter to report.
+8. Schemas of drafts 4 to 2019-09 keep their meaning: `items` as a list is the
    tuple form (2020-12's `prefixItems`; zod-to-json-schema and pydantic v1 still
    write it) and `additionalItems` bounds what follows; llguidance reads both.
 """
@@ -51,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from ..errors import InvalidRequest
+from .custom_calls import Embed, dispatch_body, has_grammar_tools
 from .parsers import MarkupInfo
 from .request import GenRequest, ResponseFormat, Tool
 
@@ -72,16 +81,18 @@ class GrammarSpec:
     """One grammar in llguidance's input languages, plus where it came from.
 
     `text` is canonical (schemas are dumped with sorted keys), so equal specs
-    share one compiled grammar: `key` is the cache key.
+    share one compiled grammar: `key` is the cache key. `embeds` are the nested
+    grammars `text` names (`@tool_input_N`, rule 7).
     """
 
     kind: GrammarKind
     text: str
     param: str = "response_format"
+    embeds: tuple[Embed, ...] = ()
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.kind, self.text)
+    def key(self) -> tuple[str, str, tuple[Embed, ...]]:
+        return (self.kind, self.text, self.embeds)
 
 
 def grammar_for_request(req: GenRequest, markup: MarkupInfo) -> GrammarSpec | None:
@@ -95,6 +106,16 @@ def grammar_for_request(req: GenRequest, markup: MarkupInfo) -> GrammarSpec | No
     return None
 
 
+def tool_grammars_held(req: GenRequest, markup: MarkupInfo) -> bool:
+    """Rule 7: whether the custom tools' grammars of `req` are enforced under `markup`."""
+    if not has_grammar_tools(req.tools) or req.tool_choice == "none":
+        return True
+    if req.tool_choice == "auto":
+        return markup.tool_format == "json_tools" and req.response_format is None
+    forced = [t for t in req.tools if req.tool_choice in ("required", t.name)]
+    return markup.tool_format in TOOL_FORMATS_WITH_GRAMMAR or not has_grammar_tools(forced)
+
+
 def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel: bool
                              ) -> GrammarSpec | None:
     """Rule 6: free text, or schema-valid calls once a call opens."""
@@ -103,9 +124,11 @@ def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel:
     for i, tool in enumerate(tools):
         if tool.strict:
             check_schema(tool.parameters, f"tools[{i}].parameters")
+    check_tool_grammars(tools)
     start = json.dumps(markup.tool_call_start or "<tool_call>")
     end = json.dumps(markup.tool_call_end or "</tool_call>")
     calls = "call*" if parallel else "call?"
+    body, embeds = _body(tools, "arguments", strict_only=True)
     return GrammarSpec("lark", _bounded_tools((
         "%llguidance {}\n"
         f"start: {calls} tail\n"
@@ -113,8 +136,8 @@ def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel:
         "TEXT: /(.|\\n)*/\n"
         f"opening[lazy]: TEXT {start}\n"
         f'call: opening "\\n" body "\\n" {end}\n'
-        f"body: %json {json.dumps(_call_schema(tools, 'arguments', strict_only=True))}\n"
-    )), "tools")
+        f"{body}"
+    )), "tools", embeds)
 
 
 def grammar_for_format(fmt: ResponseFormat) -> GrammarSpec:
@@ -173,8 +196,9 @@ def grammar_for_tools(tools: list[Tool], tool_choice: str, markup: MarkupInfo) -
     for i, tool in enumerate(tools):   # named by the index the client sent
         if repeat or tool.name == tool_choice:
             check_schema(tool.parameters, f"tools[{i}].parameters")
-    return GrammarSpec("lark", _bounded_tools(_tool_call_lark(chosen, markup, repeat=repeat)),
-                       "tools")
+    check_tool_grammars(chosen)
+    text, embeds = _tool_call_lark(chosen, markup, repeat=repeat)
+    return GrammarSpec("lark", _bounded_tools(text), "tools", embeds)
 
 
 def _bounded_tools(text: str) -> str:
@@ -185,14 +209,23 @@ def _bounded_tools(text: str) -> str:
     return text
 
 
-def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> str:
+def check_tool_grammars(tools: list[Tool]) -> None:
+    """Rule 7: each custom tool's definition is non-empty and within MAX_SPEC_CHARS."""
+    for tool in tools:
+        if tool.grammar is not None:
+            what = "a Lark grammar" if tool.grammar.syntax == "lark" else "a regular expression"
+            _require_text(tool.grammar.definition, tool.grammar.param, what)
+
+
+def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool
+                    ) -> tuple[str, tuple[Embed, ...]]:
     """Lark for one (or, when `repeat`, one or more) calls in the model's markup.
 
     json_tools:  <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>  (calls joined by \\n)
     llama3_json: {"name": ..., "parameters": {...}}                           (calls joined by "; ")
     """
     args_key = "parameters" if markup.tool_format == "llama3_json" else "arguments"
-    call_schema = _call_schema(tools, args_key)
+    body, embeds = _body(tools, args_key, strict_only=False)
     if markup.tool_format == "llama3_json":
         separator, call = '"; "', "body"
     else:
@@ -204,21 +237,33 @@ def _tool_call_lark(tools: list[Tool], markup: MarkupInfo, *, repeat: bool) -> s
         "%llguidance {}\n"
         f"start: {calls}\n"
         f"call: {call}\n"
-        f"body: %json {json.dumps(call_schema)}\n"
-    )
+        f"{body}"
+    ), embeds
 
 
-def _call_schema(tools: list[Tool], args_key: str, *, strict_only: bool = False
-                 ) -> dict[str, Any]:
-    """One call object: `name` one of the tools, `args_key` its parameters.
+def _body(tools: list[Tool], args_key: str, *, strict_only: bool
+          ) -> tuple[str, tuple[Embed, ...]]:
+    """The `body` rule (one call object); name-dispatched when a custom tool has a grammar."""
+    if has_grammar_tools(tools):
+        return dispatch_body(tools, args_key, lambda t: {
+            **_arguments_schema(t, strict_only), "x-guidance": JSON_OPTIONS})
+    return f"body: %json {json.dumps(_call_schema(tools, args_key, strict_only))}\n", ()
 
-    `strict_only`: non-strict tools take any JSON object as arguments (rule 6)."""
+
+def _arguments_schema(tool: Tool, strict_only: bool) -> dict[str, Any]:
+    """`strict_only`: non-strict tools take any JSON object as arguments (rule 6)."""
+    if tool.strict or not strict_only:
+        return dict(closed_objects(tool.parameters))
+    return {"type": "object"}
+
+
+def _call_schema(tools: list[Tool], args_key: str, strict_only: bool) -> dict[str, Any]:
+    """One call object: `name` one of the tools, `args_key` its parameters."""
     variants = [
         {
             "type": "object",
             "properties": {"name": {"const": t.name},
-                           args_key: closed_objects(t.parameters)
-                           if t.strict or not strict_only else {"type": "object"}},
+                           args_key: _arguments_schema(t, strict_only)},
             "required": ["name", args_key],
             "additionalProperties": False,
         }
@@ -328,7 +373,7 @@ def _check_node(node: Any, param: str, where: str, depth: int) -> None:
         if key in node:
             _check_node(node[key], param, f"{where}/{key}", depth + 1)
     items = node.get("items")
-    if isinstance(items, list):  # rule 7: draft-04..2019 tuple form
+    if isinstance(items, list):  # rule 8: draft-04..2019 tuple form
         for i, child in enumerate(items):
             _check_node(child, param, f"{where}/items/{i}", depth + 1)
     elif "items" in node:

@@ -11,6 +11,7 @@ Why it is shaped this way:
    Compiling blocks: the daemon calls `build_constraints` (a worker thread via
    anyio), never the event loop, and any grammar error surfaces there as
    `InvalidRequest` -- before a single response byte is sent.
+   `engine/grammars.py` writes a spec as llguidance's grammar text.
 2. Each row owns its matcher; the runner asks `allowed_mask()` before sampling
    and reports the sampled id with `accept()`. A dead end (no token allowed, or
    the matcher errors) only ever finishes that row, with `error` set.
@@ -30,7 +31,7 @@ Why it is shaped this way:
    (`Backend.device_token_masks`: Metal) with llguidance's own kernel
    (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal back-end"
    elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
-6. Speculation (engine/spec/) verifies k drafted tokens in one step, so a
+6. Speculation (engine/speculative/) verifies k drafted tokens in one step, so a
    row needs the masks of all 1 + k positions at once: `masks_along` walks the
    matcher over the draft and rolls it back (it ends where it started). It
    stops at the first draft token the grammar forbids; the masks after it
@@ -54,9 +55,8 @@ from ..core.parsers import MarkupInfo
 from ..core.request import GenRequest
 from ..core.structured import GrammarSpec, grammar_for_request
 from ..errors import InvalidRequest, UnsupportedField
+from .grammars import MAX_ERROR_CHARS, describe, to_llguidance
 from .types import RowConstraint
-
-MAX_ERROR_CHARS = 600
 
 
 @dataclass(slots=True)
@@ -213,7 +213,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.max_cached = max_cached
         self._ll_tokenizer: Any = None
-        self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[tuple[object, ...], CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0
 
@@ -287,31 +287,8 @@ class GrammarCompiler:
         grammar = to_llguidance(spec)
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidRequest(_describe(spec, matcher.get_error()), param=spec.param)
+            raise InvalidRequest(describe(spec, matcher.get_error()), param=spec.param)
         return CompiledGrammar(spec, matcher, time.perf_counter() - t0)
-
-
-def to_llguidance(spec: GrammarSpec) -> str:
-    """The llguidance grammar text for `spec`; InvalidRequest when it cannot be converted."""
-    from llguidance import LLMatcher
-    from llguidance.gbnf_to_lark import any_to_lark
-
-    try:
-        if spec.kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(spec.text)
-        if spec.kind == "regex":
-            return LLMatcher.grammar_from_regex(spec.text)
-        if spec.kind == "gbnf":
-            return LLMatcher.grammar_from_lark(any_to_lark(spec.text))
-        return LLMatcher.grammar_from_lark(spec.text)
-    except Exception as exc:  # noqa: BLE001 - the GBNF converter raises its own types
-        raise InvalidRequest(_describe(spec, str(exc)), param=spec.param) from exc
-
-
-def _describe(spec: GrammarSpec, why: str) -> str:
-    what = {"json_schema": "JSON Schema", "regex": "regular expression",
-            "gbnf": "GBNF grammar", "lark": "grammar"}[spec.kind]
-    return f"The {what} in '{spec.param}' cannot be used: {why.strip()[:MAX_ERROR_CHARS]}"
 
 
 async def build_constraints(req: GenRequest, markup: MarkupInfo,

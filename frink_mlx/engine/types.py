@@ -1,7 +1,7 @@
 """Typed messages between the daemon (event loop) and an engine (its MLX thread).
 
 The engine owns one MLX thread; everything crosses that boundary as these
-plain dataclasses (token ids, never text and never arrays):
+plain dataclasses (token ids, never text; arrays only behind `ImageInputs`):
 
     daemon --SeqRequest--> Engine.submit() --> scheduler/runner (MLX thread)
     daemon <--StepOutput-- SeqStream (async iterator, bounded by step rate)
@@ -14,7 +14,7 @@ which token was chosen. It lives here so the engine never imports llguidance.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -40,6 +40,24 @@ class RowConstraint(Protocol):
         """Why the constraint failed, for the client."""
 
 
+class ImageInputs(Protocol):
+    """A prompt's images as the engine needs them (models/vision.py `ImageFeatures`).
+
+    `positions` are the prompt indices of the image tokens, ascending; the
+    runner puts `features()` row k at position k of a prefill chunk that
+    covers it, over `embed(ids)` for the rest. `features()` runs the vision
+    tower once, on the MLX thread, and only when a chunk needs it (a prefix-cache
+    hit over the image never encodes it)."""
+
+    positions: list[int]
+
+    def features(self) -> Any:
+        """(len(positions), hidden) embedding rows (an mx.array), computed once."""
+
+    def embed(self, ids: Any) -> Any:
+        """The language model's token embeddings of `ids` (B, L) -> (B, L, hidden)."""
+
+
 @dataclass(slots=True)
 class SeqRequest:
     """One sequence to generate. `n > 1` forks n rows that share the prompt's KV."""
@@ -54,7 +72,11 @@ class SeqRequest:
     cache_salt: str | None = None
     constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
     priority: int = 0
-    speculative: bool = True  # rows may draft and verify (engine/spec/); False opts out
+    speculative: bool = True  # rows may draft and verify (engine/speculative/); False opts out
+    images: ImageInputs | None = None  # a vision prompt's images (ImageInputs)
+    # the prompt as the prefix cache keys it: image positions carry their image's
+    # digest instead of the image token id (kv/hashing.py), None = prompt_ids
+    key_ids: list[int] | None = None
 
 
 @dataclass(slots=True)
@@ -68,7 +90,9 @@ class StepOutput:
     """One generated token for one row (`index` < n), or that row's end.
 
     The first output of each row carries `num_prompt_tokens` and
-    `num_cached_tokens` (prefix-cache hit, a multiple of the block size).
+    `num_cached_tokens` (prefix-cache hit, a multiple of the block size), and
+    with the SSD tier `num_disk_cached_tokens`: how many of those were read
+    back from disk (kv/spill.py rule 5).
     A verify step (speculation) yields several outputs of one row at once.
     When `finish` is set, `token_id` may be None (e.g. abort, error).
     """
@@ -81,7 +105,8 @@ class StepOutput:
     error: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
-    # Speculation (engine/spec/): set on the first output of a row's step when the
+    num_disk_cached_tokens: int | None = None
+    # Speculation (engine/speculative/): set on the first output of a row's step when the
     # row may speculate; tokens it drafted for that step and how many were accepted.
     num_drafted: int | None = None
     num_draft_accepted: int | None = None
@@ -102,6 +127,8 @@ class EngineStats:
     generated_tokens_total: int = 0
     context_ceiling: int = 0
     steps_total: int = 0
-    draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec/)
+    draft_tokens_total: int = 0           # speculative tokens drafted (engine/speculative/)
     draft_accepted_tokens_total: int = 0  # ... and accepted by verification
+    state_slots_total: int | None = None  # recurrent-state slots (kv/slots.py); None: no such layers
+    state_slots_used: int | None = None
     extra: dict[str, float] = field(default_factory=dict)

@@ -52,17 +52,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import threading
 import time
 import uuid
-from array import array
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import mlx.nn as nn
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..config import ImageLimits
 from ..core.events import Done, ErrorEvent, Event
 from ..core.output import OutputPipeline, TokenText
 from ..core.parsers import MarkupInfo, detect_format
@@ -73,8 +71,13 @@ from ..engine.stream import SeqStream
 from ..engine.think_budget import with_think_budget
 from ..engine.types import SeqRequest
 from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
+from ..models.vision import ImageFeatures, Vision
 from .generation import Generation
 from .hub import Lease
+from .turn_memory import TurnMemory
+from .vision import render_vision, request_images
+
+NO_LIMITS = ImageLimits(max_images=1 << 30, max_image_bytes=1 << 40, max_image_pixels=1 << 40)
 
 log = logging.getLogger("frink_mlx.handles")
 
@@ -153,37 +156,6 @@ def apply_sampling_defaults(request: GenRequest, defaults: Any) -> SamplingParam
     return dataclasses.replace(request.sampling, **changes) if changes else request.sampling
 
 
-class TurnMemory:
-    """Rule 7: recent (prompt, prompt + answer) id sequences of one generation."""
-
-    def __init__(self, max_turns: int = 64) -> None:
-        self._turns: deque[tuple[int, array[int]]] = deque(maxlen=max_turns)
-        self._lock = threading.Lock()
-
-    def remember(self, prompt_ids: list[int], answer_ids: list[int]) -> None:
-        if answer_ids:
-            with self._lock:
-                self._turns.append((len(prompt_ids), array("i", [*prompt_ids, *answer_ids])))
-
-    def divergence(self, prompt_ids: list[int]) -> int | None:
-        """First index where `prompt_ids` leaves the answer of a turn it continues."""
-        prompt = array("i", prompt_ids)
-        best: int | None = None
-        with self._lock:
-            turns = list(self._turns)
-        for num_prompt, seq in reversed(turns):
-            if num_prompt > len(prompt) or seq[:num_prompt] != prompt[:num_prompt]:
-                continue
-            at = num_prompt
-            end = min(len(seq), len(prompt))
-            while at < end and seq[at] == prompt[at]:
-                at += 1
-            if at == len(seq):
-                return None  # continues this turn exactly: nothing to explain
-            best = at if best is None else max(best, at)
-        return best
-
-
 @dataclass(frozen=True, slots=True)
 class DecodeHandles:
     generation: Generation
@@ -195,6 +167,7 @@ class DecodeHandles:
     text: TokenText
     eos_ids: frozenset[int]
     template: str | None
+    vision: Vision | None = None   # a vision checkpoint's processor and tower (vision.py)
 
     @classmethod
     def take(cls, gen: Generation) -> "DecodeHandles":
@@ -208,11 +181,27 @@ class DecodeHandles:
         ceiling = gen.plan.context_ceiling if gen.plan is not None else gen.loaded.context_length
         # the loader already installed models.toml's chat_template on the tokenizer
         return cls(gen, gen.loaded.model, tok, gen.engine, int(ceiling), markup_of(tok),
-                   token_text(tok), frozenset(getattr(tok, "eos_token_ids", ()) or ()), None)
+                   token_text(tok), frozenset(getattr(tok, "eos_token_ids", ()) or ()), None,
+                   gen.loaded.vision)
 
     def render(self, request: GenRequest) -> RenderedPrompt:
         return render_prompt(self.tokenizer, request, template=self.template,
-                             think_start=self.markup.think_start)
+                             think_start=self.markup.think_start,
+                             tool_format=self.markup.tool_format)
+
+    def render_images(self, request: GenRequest, limits: ImageLimits | None = None
+                      ) -> tuple[RenderedPrompt, ImageFeatures | None, list[int] | None]:
+        """`render`, or on a vision model with images serving/vision.py's rendering:
+        (the prompt, the engine's image inputs, the prefix cache's keys)."""
+        if self.vision is None or not request_images(request):
+            return self.render(request), None, None
+        rendered, images, keys = render_vision(self.vision, self.tokenizer, request,
+                                               self.template, limits or NO_LIMITS,
+                                               self.markup.tool_format)
+        think = self.markup.think_start
+        if think and (rendered.text or "").rstrip().endswith(think):
+            rendered = dataclasses.replace(rendered, opens_thinking=True)
+        return rendered, images, keys
 
     def max_tokens_for(self, request: GenRequest, num_prompt: int) -> int:
         """Rule 3."""
@@ -227,18 +216,20 @@ class DecodeHandles:
             raise InvalidRequest("'max_tokens' must be at least 1.", param="max_tokens")
         return min(request.max_tokens, self.context_ceiling - num_prompt)
 
-    def prepare(self, request: GenRequest) -> "Prepared":
-        """Render, tokenize and check (rules 2-3); nothing is submitted yet."""
+    def prepare(self, request: GenRequest, limits: ImageLimits | None = None) -> "Prepared":
+        """Render, tokenize and check (rules 2-3); nothing is submitted yet. Images on a
+        vision model are decoded and bounded by `limits` (serving/vision.py)."""
         if request.n < 1:
             raise InvalidRequest("'n' must be at least 1.", param="n")
-        rendered = self.render(request)
+        rendered, images, keys = self.render_images(request, limits)
         max_tokens = self.max_tokens_for(request, len(rendered.ids))
         markup = dataclasses.replace(self.markup, prompt_opens_thinking=rendered.opens_thinking)
         if rendered.injected_tools:   # core/prompt.py rule 6: we asked for Hermes calls
             markup = dataclasses.replace(markup, tool_format="json_tools",
                                          tool_call_start="<tool_call>",
                                          tool_call_end="</tool_call>")
-        return Prepared(request, rendered, max_tokens, markup)
+        return Prepared(request, rendered, max_tokens, markup, images, keys,
+                        0 if images is not None else len(request.images))
 
     def submit(self, prepared: "Prepared", lease: Lease | None = None,
                constraints: list[Any] | None = None, memory: TurnMemory | None = None
@@ -253,7 +244,8 @@ class DecodeHandles:
             max_tokens=prepared.max_tokens,
             stop_token_ids=frozenset() if request.ignore_eos else self.eos_ids,
             n=request.n, cache_prompt=request.cache_prompt, cache_salt=request.cache_salt,
-            constraints=constraints, speculative=request.speculative)
+            constraints=constraints, speculative=request.speculative,
+            images=prepared.images, key_ids=prepared.key_ids)
         pipeline = OutputPipeline(request, prepared.markup, self.text,
                                   prompt_tokens=len(rendered.ids), eos_ids=self.eos_ids)
         if memory is not None and request.messages is not None:
@@ -265,6 +257,7 @@ class DecodeHandles:
                    max_tokens=prepared.max_tokens, _stream=stream, _pipeline=pipeline,
                    max_tokens_requested=request.max_tokens, sampling=sampling,
                    context_bound=self._context_bound(prepared),
+                   images_omitted=prepared.images_omitted,
                    _lease=lease, _handles=self, _memory=memory)
 
     def _context_bound(self, prepared: "Prepared") -> bool:
@@ -298,6 +291,9 @@ class Prepared:
     rendered: RenderedPrompt
     max_tokens: int
     markup: MarkupInfo
+    images: ImageFeatures | None = None   # serving/vision.py: the engine's image inputs
+    key_ids: list[int] | None = None      # ... and the prefix cache's keys (rule 4 there)
+    images_omitted: int = 0               # image parts read as placeholders (core/images.py)
 
 
 @dataclass(slots=True)
@@ -319,6 +315,7 @@ class Run:
     max_tokens_requested: int | None = None  # rule 3: what the client asked (None: nothing)
     sampling: SamplingParams | None = None   # rule 4: what it runs with, model defaults applied
     context_bound: bool = False   # rule 3: running out of budget means the context is full
+    images_omitted: int = 0       # image parts the model read as placeholders (core/images.py)
     _memory: TurnMemory | None = None
     _finished: bool = False
     _cut: FrinkError | None = None

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from adapters.scripted import (
+    HARMONY_TEMPLATE,
+    HARMONY_TOKENS,
     THINK_TEMPLATE,
     TOOLS_TEMPLATE,
     ScriptedEngine,
@@ -67,6 +69,22 @@ def THINKER(prompt: str) -> str:
     return "Answer."
 
 
+HARMONY_CALL = ("<|channel|>analysis<|message|>The user wants the weather.<|end|>"
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                '<|message|>{"city": "Paris"}<|call|>')
+
+
+def HARMONY(prompt: str) -> str:
+    """A gpt-oss-like model: analysis, then a call in commentary or the answer in final."""
+    last = prompt.rsplit("<|start|>user<|message|>", 1)[-1]
+    if "<|start|>functions." in last:
+        return "<|channel|>final<|message|>The weather in Paris is 18C.<|return|>"
+    if "namespace functions" in prompt:
+        return HARMONY_CALL
+    return ("<|channel|>analysis<|message|>Simple question.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>Paris.<|return|>")
+
+
 @pytest.fixture(scope="session")
 def adapter_engines() -> dict[str, ScriptedEngine]:
     return {}
@@ -83,13 +101,16 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
     thinker = add_think_tokens(make_tiny_llama(root / "thinker", chat_template=THINK_TEMPLATE))
     coder = add_tokens(make_tiny_llama(root / "coder"), FIM_TOKENS)
     structured = make_tiny_llama(root / "structured", chat_template=TOOLS_TEMPLATE)
+    gptoss = add_tokens(make_tiny_llama(root / "gptoss", chat_template=HARMONY_TEMPLATE),
+                        HARMONY_TOKENS)
     path = write_models_toml(root, {"tiny": tiny, "scripted": scripted, "thinker": thinker,
-                                    "coder": coder, "structured": structured}, default="tiny")
+                                    "coder": coder, "structured": structured,
+                                    "gptoss": gptoss}, default="tiny")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"), fallback=False)
     app = create_app(settings, registry=load_registry(settings),
                      factory=mixed_factory({"scripted": SCRIPT, "thinker": THINKER,
-                                             "structured": STRUCTURED,
+                                             "structured": STRUCTURED, "gptoss": HARMONY,
                                              "coder": lambda prompt: "a, b"},
                                             adapter_engines))
     server = start_server(app)

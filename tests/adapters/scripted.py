@@ -53,6 +53,29 @@ THINK_TEMPLATE = (
     "{% else %}<think>\n{% endif %}{% endif %}"
 )
 
+# gpt-oss's Harmony layout (openai/gpt-oss's template, cut down): the generation
+# prompt is `<|start|>assistant`, so the reply starts inside a message header.
+HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                  "<|return|>", "<|call|>")
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}\n"
+    "# Valid channels: analysis, commentary, final.<|end|>"
+    "{%- if tools %}<|start|>developer<|message|># Tools\nnamespace functions {\n"
+    "{%- for t in tools %}type {{ t.function.name }} = (_: any) => any;\n{% endfor %}"
+    "} // namespace functions<|end|>{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|start|>functions.{{ m.name or 'tool' }} to=assistant"
+    "<|channel|>commentary<|message|>{{ m.content | tojson }}<|end|>"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}{%- for c in m.tool_calls %}"
+    "<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json"
+    "<|message|>{{ c.function.arguments | tojson }}<|call|>{%- endfor %}"
+    "{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>"
+    "{{ m.content }}<|end|>"
+    "{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start|>assistant{%- endif %}"
+)
+
 Script = Callable[[str], str]
 
 

@@ -51,6 +51,23 @@ def test_an_image_part_counts_as_its_placeholder_as_the_route_serves_it(live: An
     assert r.json()["usage"]["prompt_tokens"] == counted.json()["input_tokens"]
 
 
+def test_a_codex_session_with_an_input_image_goes_on_answering(live: Any) -> None:
+    """`codex exec -i shot.png`, then `codex exec resume` replaying it: every turn a 200."""
+    shot = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    history: list[dict[str, Any]] = [
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "what is in the screenshot?"}, shot]}]
+    for turn in range(3):
+        r = post(live, "/v1/responses", model="tiny", input=history, max_output_tokens=3,
+                 store=False)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-frink-images-omitted"] == "1"
+        said = [item for item in r.json()["output"] if item["type"] == "message"]
+        history += [*said,
+                    {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": f"and now? {turn}"}]}]
+
+
 def test_apply_template_renders_what_the_model_is_prompted_with(live: Any) -> None:
     r = post(live, "/apply-template", model="tiny", messages=HI)
     assert r.status_code == 200, r.text

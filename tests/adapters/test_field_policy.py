@@ -49,7 +49,7 @@ def test_every_declared_field_has_a_row_and_every_row_a_field(route: str) -> Non
 def test_readme_carries_the_generated_table() -> None:
     text = README.read_text(encoding="utf-8")
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    assert text[start:end] == markdown(), "regenerate: python -m frink_mlx.adapters.fields"
+    assert text[start:end] == markdown(), "regenerate: python scripts/regen_field_table.py"
 
 
 def test_unknown_fields_are_found_by_path() -> None:

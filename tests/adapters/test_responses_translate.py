@@ -25,6 +25,7 @@ from frink_mlx.core.events import (
     ToolCallStart,
     Usage,
 )
+from frink_mlx.core.images import IMAGE_PLACEHOLDER
 from frink_mlx.core.request import Message, ToolCall
 from frink_mlx.errors import InvalidRequest, NotFound, UnsupportedField
 from frink_mlx.http.body import decode_struct
@@ -82,7 +83,7 @@ def test_string_input_history_and_formats() -> None:
 
 @pytest.mark.parametrize("patch,param", [
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input[0].content[0]"),
     ({"tools": [{"type": "frobnicator"}]}, "tools[0].type"),
     ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),
@@ -92,6 +93,35 @@ def test_unsupported_refused_by_name(patch: dict, param: str) -> None:
     with pytest.raises(UnsupportedField) as err:
         to_gen_request(decode({**ROUND_TRIP, **patch}), [])
     assert err.value.param == param
+
+
+def test_an_input_image_becomes_the_placeholder_where_it_stood() -> None:
+    """core/images.py rule 1: the part's path is recorded, its text is the placeholder."""
+    shot = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    body = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "See: "}, shot]},
+                      {"type": "function_call", "call_id": "c1", "name": "view_image",
+                       "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": [shot]}]}
+    gen, _ = to_gen_request(decode(body), [])
+    assert [r.path for r in gen.images] == ["input[0].content[1]", "input[2].output[0]"]
+    assert gen.images[0].data == "AAAA" and gen.images[0].media_type == "image/png"
+    assert gen.messages is not None
+    assert gen.messages[0].content == "See: " + IMAGE_PLACEHOLDER
+    assert gen.messages[-1].content == IMAGE_PLACEHOLDER
+
+
+def test_input_images_become_placeholders_where_they_stood() -> None:
+    """Rule 8: `codex exec -i` sends an input_image in the user message; Codex's view_image
+    answers with one in a function_call_output."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    gen, _ = to_gen_request(decode({"input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "look: "}, image]},
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [image]}]}), [])
+    assert [r.path for r in gen.images] == ["input[0].content[1]", "input[2].output[0]"]
+    messages = gen.messages or []
+    assert messages[0].content == "look: " + IMAGE_PLACEHOLDER
+    assert messages[2].role == "tool" and messages[2].content == IMAGE_PLACEHOLDER
 
 
 def test_bad_fields_name_the_field() -> None:

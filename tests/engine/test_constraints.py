@@ -101,7 +101,7 @@ def test_json_schema_row_accepts_only_valid_json(smol_tok: Any, smol_compiler: G
                                         ("[\"a\"]", False), ("[1, \"a\", 2]", False)])
 def test_draft07_tuple_items_bind_each_position(tiny_tok: Any, tiny_compiler: GrammarCompiler,
                                                 text: str, fits: bool) -> None:
-    """core/structured.py rule 7: `items` as a list is a tuple, `additionalItems` what follows."""
+    """core/structured.py rule 8: `items` as a list is a tuple, `additionalItems` what follows."""
     schema = {"type": "array", "items": [{"type": "integer"}, {"type": "string"}],
               "additionalItems": False}
     row = tiny_compiler.new_constraints(schema_spec(schema))[0]

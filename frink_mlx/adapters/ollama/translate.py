@@ -62,7 +62,7 @@ from ...core.events import (
     ToolCallEnd,
     ToolCallStart,
 )
-from ...core.images import omit_image
+from ...core.images import ImageRef, attach_images, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
@@ -162,13 +162,17 @@ def _tool_call(call: wire.ToolCall, i: int, k: int) -> ToolCall:
                     json.dumps(call.function.arguments, ensure_ascii=False))
 
 
-def to_messages(messages: list[wire.ChatMessage], omitted: list[str]) -> list[Message]:
+def _images(text: str, data: list[str] | None, where: str, images: list[ImageRef]) -> str:
+    """Ollama's base64 `images` after the text, each as its placeholder (core/images.py)."""
+    for k, b64 in enumerate(data or []):
+        text += ("\n" if text else "") + image_part(ImageRef(f"{where}[{k}]", data=b64), images)
+    return text
+
+
+def to_messages(messages: list[wire.ChatMessage], images: list[ImageRef]) -> list[Message]:
     out = []
     for i, m in enumerate(messages):
-        content = m.content or ""
-        for k in range(len(m.images or [])):          # core/images.py rule 1
-            content += ("\n" if content else "") + omit_image(f"messages[{i}].images[{k}]",
-                                                              omitted)
+        content = _images(m.content or "", m.images, f"messages[{i}].images", images)
         if m.role not in ("system", "user", "assistant", "tool"):
             raise InvalidRequest(f"'messages[{i}].role' must be system, user, assistant or "
                                  f"tool, got {m.role!r}.", param=f"messages[{i}].role")
@@ -270,9 +274,10 @@ def chat_request(body: wire.ChatRequest) -> GenRequest:
     knobs = options_of(body.options)
     if not body.messages:
         raise InvalidRequest("'messages' must contain at least one message.", param="messages")
-    omitted: list[str] = []
-    return GenRequest(messages=to_messages(body.messages, omitted), tools=to_tools(body.tools),
-                      omitted_images=omitted, **_common(body, knobs))
+    images: list[ImageRef] = []
+    messages = attach_images(to_messages(body.messages, images), images)
+    return GenRequest(messages=messages, tools=to_tools(body.tools), images=images,
+                      **_common(body, knobs))
 
 
 def generate_request(body: wire.GenerateRequest, prompt: str | None = None) -> GenRequest:
@@ -290,13 +295,11 @@ def generate_request(body: wire.GenerateRequest, prompt: str | None = None) -> G
                                    "prompt on a text-only model")
         return GenRequest(prompt=prompt if prompt is not None else body.prompt or "",
                           **_common(body, knobs))
-    omitted: list[str] = []
-    text = body.prompt or ""
-    for k in range(len(body.images or [])):          # core/images.py rule 1
-        text += ("\n" if text else "") + omit_image(f"images[{k}]", omitted)
+    images: list[ImageRef] = []
+    text = _images(body.prompt or "", body.images, "images", images)
     messages = ([Message("system", body.system)] if body.system else []) + \
-        [Message("user", text)]
-    return GenRequest(messages=messages, omitted_images=omitted, **_common(body, knobs))
+        [Message("user", text, images=list(images))]
+    return GenRequest(messages=messages, images=images, **_common(body, knobs))
 
 
 # -- response ------------------------------------------------------------------

@@ -14,8 +14,10 @@ Rules:
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
 3. `usage.prompt_tokens` counts the prompt once (n > 1 prefills once);
    completion tokens are summed over choices; `prompt_tokens_details` carries
-   `cached_tokens` and, when measured, the `prefix_divergence` extension;
-   when the request speculated (engine/spec/), the `draft_tokens` /
+   `cached_tokens` and, when measured, the `prefix_divergence` extension and
+   (with the SSD tier on) `disk_cached_tokens`, the cached tokens read back
+   from disk;
+   when the request speculated (engine/speculative/), the `draft_tokens` /
    `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
@@ -46,7 +48,7 @@ from ...core.events import (
     ToolCallStart,
     Usage,
 )
-from ...core.images import omit_image
+from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body, llama_server_openai_error, openai_error
@@ -76,13 +78,19 @@ def sampling_of(body: wire.SamplingWire, *, logprobs: bool, top_logprobs: int
     return params, frozenset(sent)
 
 
-def _content(content: str | list[wire.ContentPart] | None, i: int, omitted: list[str]) -> str:
+def _image_url(part: wire.ContentPart, where: str) -> ImageRef:
+    url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+    return from_url(where, url)
+
+
+def _content(content: str | list[wire.ContentPart] | None, i: int,
+             images: list[ImageRef]) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     texts = []
     for j, part in enumerate(content):
         if part.type == "image_url":                       # core/images.py rule 1
-            texts.append(omit_image(f"messages[{i}].content[{j}]", omitted))
+            texts.append(image_part(_image_url(part, f"messages[{i}].content[{j}]"), images))
             continue
         if part.type != "text" or part.text is None:
             raise UnsupportedField(f"messages[{i}].content[{j}].type",
@@ -91,7 +99,7 @@ def _content(content: str | list[wire.ContentPart] | None, i: int, omitted: list
     return "".join(texts)
 
 
-def _message(m: wire.ChatMessage, i: int, omitted: list[str]) -> Message:
+def _message(m: wire.ChatMessage, i: int, images: list[ImageRef]) -> Message:
     if m.role == "function" or m.function_call is not None:
         raise UnsupportedField(f"messages[{i}].role" if m.role == "function"
                                else f"messages[{i}].function_call",
@@ -101,7 +109,7 @@ def _message(m: wire.ChatMessage, i: int, omitted: list[str]) -> Message:
     calls = [ToolCall(c.id or f"call_{i}_{k}", c.function.name, c.function.arguments or "{}")
              for k, c in enumerate(m.tool_calls or [])]
     role = "system" if m.role == "developer" else m.role
-    return Message(role, _content(m.content, i, omitted), tool_calls=calls,  # type: ignore[arg-type]
+    return Message(role, _content(m.content, i, images), tool_calls=calls,  # type: ignore[arg-type]
                    tool_call_id=m.tool_call_id, name=m.name,
                    reasoning=m.reasoning_content or m.reasoning)
 
@@ -144,12 +152,14 @@ def _response_format(body: wire.ChatCompletionRequest) -> ResponseFormat | None:
     return ResponseFormat("json_schema", schema=js.schema, strict=bool(js.strict), name=js.name)
 
 
+def _template_kwargs(body: wire.ChatCompletionRequest) -> dict[str, Any]:
+    """chat_template_kwargs but enable_thinking: checked against the model's template
+    when the prompt is rendered (core/template_kwargs.py rule 1)."""
+    return {k: v for k, v in (body.chat_template_kwargs or {}).items() if k != "enable_thinking"}
+
+
 def _thinking(body: wire.ChatCompletionRequest) -> bool | None:
-    kwargs = dict(body.chat_template_kwargs or {})
-    thinking = kwargs.pop("enable_thinking", None)
-    for key in kwargs:
-        raise UnsupportedField(f"chat_template_kwargs.{key}", "is not supported "
-                               "(only enable_thinking is passed to templates)")
+    thinking = (body.chat_template_kwargs or {}).get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):
         raise InvalidRequest("'chat_template_kwargs.enable_thinking' must be a boolean.",
                              param="chat_template_kwargs.enable_thinking")
@@ -172,17 +182,18 @@ def to_gen_request(body: wire.ChatCompletionRequest) -> GenRequest:
     sampling, sent = sampling_of(body, logprobs=bool(body.logprobs),
                                  top_logprobs=body.top_logprobs or 0)
     tools, tool_choice = _tools(body)
-    omitted: list[str] = []
+    images: list[ImageRef] = []
+    messages = [_message(m, i, images) for i, m in enumerate(body.messages)]
     return GenRequest(
-        model=body.model or "default", omitted_images=omitted,
-        messages=[_message(m, i, omitted) for i, m in enumerate(body.messages)],
+        model=body.model or "default", images=images, messages=attach_images(messages, images),
         tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls
         is not False, cache_prompt=body.cache_prompt,
         max_tokens=wire.max_tokens(("max_completion_tokens", body.max_completion_tokens),
                                    ("max_tokens", body.max_tokens), ("n_predict", body.n_predict)),
         stop=wire.stop_list(body.stop), sampling=sampling, sampling_sent=sent, n=body.n,
         stream=body.stream, cache_salt=body.cache_salt, speculative=body.speculative,
-        thinking=_thinking(body),
+        thinking=_thinking(body), reasoning_effort=body.reasoning_effort,
+        template_kwargs=_template_kwargs(body),
         response_format=_response_format(body),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=body.continue_final_message, ignore_eos=body.ignore_eos,
@@ -203,6 +214,7 @@ class UsageSum:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    disk_cached_tokens: int | None = None  # extension: of cached_tokens, from the SSD tier
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
     draft_tokens: int | None = None     # extension: speculative tokens drafted / accepted
@@ -214,6 +226,7 @@ class UsageSum:
     def add(self, usage: Usage) -> None:
         self.prompt_tokens = usage.prompt_tokens
         self.cached_tokens = usage.cached_tokens
+        self.disk_cached_tokens = usage.disk_cached_tokens
         self.completion_tokens += usage.completion_tokens
         if usage.prefix_divergence is not None:
             self.prefix_divergence = usage.prefix_divergence
@@ -228,6 +241,8 @@ class UsageSum:
 
     def as_dict(self) -> dict[str, Any]:
         details: dict[str, Any] = {"cached_tokens": self.cached_tokens}
+        if self.disk_cached_tokens is not None:
+            details["disk_cached_tokens"] = self.disk_cached_tokens
         if self.prefix_divergence is not None:
             details["prefix_divergence"] = self.prefix_divergence
         out: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,

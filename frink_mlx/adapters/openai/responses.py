@@ -12,7 +12,8 @@ Request rules (responses_wire.py has the decoding rules):
 2. `instructions` becomes the leading system message for this request only.
 3. `previous_response_id` prepends the stored conversation of that response
    (its input and output); an unknown id is a 404 naming it.
-4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on;
+4. `reasoning.effort` "none"/"minimal" turns thinking off, any other effort on
+   (and low/medium/high reach a template that reads `reasoning_effort`, gpt-oss's);
    reasoning comes back as raw `reasoning_text`, never as a summary, so
    `summary` other than "auto"/"none" is refused by name.
 5. `text.format` json_object/json_schema becomes the structured-output
@@ -27,6 +28,10 @@ Request rules (responses_wire.py has the decoding rules):
    reasoning, tool-call results of hosted tools, image URLs). Refused by name:
    `include: ["message.output_text.logprobs"]`, `top_logprobs`,
    `max_tool_calls`, `background: true`, `conversation`, `prompt`.
+8. `input_image` parts -- in a message, or in a tool's output (Codex's
+   `view_image`) -- become a placeholder text where they stood (core/images.py;
+   `codex exec -i` puts one in the history, which `codex exec resume` replays);
+   `input_file` parts are refused by name.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ...core.events import Done, ErrorEvent, choice_events, drain_choice
+from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
@@ -51,11 +57,11 @@ from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_store import ResponseStore, StoredResponse
-from .responses_tools import Offered, custom_arguments, flat_name, offer_tools
+from .responses_tools import Offered, custom_arguments, flat_name, note_unheld, offer_tools
 
 
 # -- request -------------------------------------------------------------------
-def _part_text(content: str | list[w.ContentPart], where: str) -> str:
+def _part_text(content: str | list[w.ContentPart], where: str, images: list[ImageRef]) -> str:
     if isinstance(content, str):
         return content
     texts = []
@@ -64,6 +70,8 @@ def _part_text(content: str | list[w.ContentPart], where: str) -> str:
             texts.append(part.text)
         elif isinstance(part, w.Refusal):
             texts.append(part.refusal)
+        elif isinstance(part, w.InputImage):
+            texts.append(image_part(from_url(f"{where}[{j}]", part.image_url), images))
         else:
             raise UnsupportedField(f"{where}[{j}]", "is not text; this server serves text-only "
                                    "models")
@@ -92,8 +100,11 @@ def _assistant_turn(out: list[Message]) -> Message:
     return out[-1]
 
 
-def input_messages(items: str | list[dict[str, Any]] | None,
-                   tool_names: dict[str, str], request: Request | None = None) -> list[Message]:
+def input_messages(items: str | list[dict[str, Any]] | None, tool_names: dict[str, str],
+                   request: Request | None = None, images: list[ImageRef] | None = None
+                   ) -> list[Message]:
+    """The Message list `items` stand for; image parts go to `images` (core/images.py)."""
+    images = [] if images is None else images
     if items is None:
         raise InvalidRequest("'input' is required.", param="input")
     if isinstance(items, str):
@@ -102,7 +113,7 @@ def input_messages(items: str | list[dict[str, Any]] | None,
     for i, raw in enumerate(items):
         item = decode_item(raw, i, request)
         if isinstance(item, w.MessageItem):
-            text = _part_text(item.content, f"input[{i}].content")
+            text = _part_text(item.content, f"input[{i}].content", images)
             if item.role == "assistant":
                 turn = _assistant_turn(out)
                 turn.content += text
@@ -114,7 +125,7 @@ def input_messages(items: str | list[dict[str, Any]] | None,
                          else custom_arguments(item.input))
             _assistant_turn(out).tool_calls.append(ToolCall(item.call_id, name, arguments))
         elif isinstance(item, (w.FunctionCallOutputItem, w.CustomToolCallOutputItem)):
-            out.append(Message("tool", _part_text(item.output, f"input[{i}].output"),
+            out.append(Message("tool", _part_text(item.output, f"input[{i}].output", images),
                                tool_call_id=item.call_id,
                                name=flat_name(item.namespace, item.name) if item.name
                                else tool_names.get(item.call_id)))
@@ -122,7 +133,7 @@ def input_messages(items: str | list[dict[str, Any]] | None,
             text = "".join(p.text for p in (item.content or item.summary))
             turn = _assistant_turn(out)
             turn.reasoning = (turn.reasoning or "") + text
-    return out
+    return attach_images(out, images)
 
 
 def to_tool_choice(choice: str | w.FunctionChoice | None) -> str:
@@ -186,13 +197,16 @@ def to_gen_request(req: w.ResponsesRequest, history: list[Message],
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be at least 1.", param="max_output_tokens")
     tool_names = {c.id: c.name for m in history for c in m.tool_calls}
-    conversation = history + input_messages(req.input, tool_names, request)
+    images: list[ImageRef] = []
+    conversation = history + input_messages(req.input, tool_names, request, images)
     messages = ([Message("system", req.instructions)] if req.instructions else []) + conversation
     gen = GenRequest(model=req.model or "default", messages=messages, tools=offered.tools,
+                     images=images,
                      tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=req.parallel_tool_calls is not False,
                      max_tokens=req.max_output_tokens, sampling=to_sampling(req),
                      stream=req.stream, thinking=to_thinking(req.reasoning),
+                     reasoning_effort=req.reasoning.effort if req.reasoning else None,
                      response_format=to_response_format(req.text), user=req.user,
                      sampling_sent=frozenset(name for name in ("temperature", "top_p")
                                              if getattr(req, name) is not None),
@@ -282,6 +296,7 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
     offered = offer_tools(req.tools, request)
     gen, conversation = to_gen_request(req, history, request, offered)
     (run,) = await generate(request, [gen])
+    note_unheld(request, offered, gen, run.markup)
     builder = ResponseBuilder(base=response_base(req, run.model), tools=offered)
 
     def keep() -> None:

@@ -154,7 +154,7 @@ class FunctionTool(msgspec.Struct, forbid_unknown_fields=False):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     tools: list[FunctionTool] | None = None    # namespace: its member function tools
-    format: dict[str, Any] | None = None       # custom: text or grammar (not enforced)
+    format: dict[str, Any] | None = None       # custom: text, or a lark/regex grammar
     execution: str | None = None               # tool_search: "client" in Codex
 
 

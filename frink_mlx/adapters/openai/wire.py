@@ -14,7 +14,7 @@ constraints, so a bad value is a 400 whose `param` names the field.
 Extensions beyond OpenAI (as vLLM / mlx-lm / llama-server accept them): `top_k`,
 `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `speculative` (false opts out of
 speculative decoding; it never changes the output), `chat_template_kwargs`
-(`enable_thinking` only), `add_generation_prompt`, `continue_final_message`,
+(keys the model's template reads; others refused by name), `add_generation_prompt`, `continue_final_message`,
 `reasoning_content` on assistant messages; llama-server's `n_predict`,
 `cache_prompt`, `grammar`, `json_schema`, `response_format.schema`,
 `t_max_predict_ms`, `n_indent` (core/output.py rules 8-9);

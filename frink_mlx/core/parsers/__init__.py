@@ -4,7 +4,8 @@ core/output.py detokenizes the engine's ids into text and feeds it, chunk by
 chunk, to one `StreamParser` per choice, built by `build_parser`. The parser
 splits `<think>`-style reasoning and the model family's tool-call markup out of
 the text, so markup never leaks into `TextDelta`s (stream.py states the rules;
-tool_formats.py the families).
+tool_formats.py and xml_formats.py the families; calls.py what they share).
+gpt-oss's Harmony messages are a structure of their own: harmony.py.
 
 `MarkupInfo` is what the engine side knows about the model's markers (from
 mlx-lm's TokenizerWrapper: `think_start`/`think_end`, `tool_call_start`/
@@ -14,13 +15,16 @@ down as plain data so core imports no MLX.
 Choices made here:
 1. With no think markers known, `<think>`/`</think>` are still recognised -- but
    only as a block at the very start of a reply, where they cannot be prose.
-2. A `tool_format` we have no body parser for (mlx-lm knows more families than
-   the three implemented) still has its markers cut out of the text when
+2. A `tool_format` we have no body parser for (mlx-lm knows a few families we
+   do not implement: pythonic, longcat, ...) still has its markers cut out of the text when
    `tool_call_start` is known; its bodies are tried as Hermes JSON and dropped if
    they do not parse, rather than leaking markup.
 3. A model with no known tool format that is offered tools gets the Hermes
    `<tool_call>` parser: it is what small instruct models (SmolLM2, Qwen, many
    fine-tunes) are trained to write, and the tag is never prose.
+4. `tool_format` "harmony" (gpt-oss, named by `detect_format` from its
+   template) gets the Harmony parser whether or not tools were offered: its
+   channels carry the reasoning and the answer too.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ from typing import Protocol
 
 from ..events import Event, TextDelta
 from ..request import GenRequest
-from .stream import MarkupStreamParser, allowed_tool_names
-from .tool_formats import FORMATS, ToolFormat, detect_format, parse_json_tools
+from .calls import allowed_tool_names
+from .harmony import HarmonyStreamParser
+from .stream import MarkupStreamParser
+from .tool_formats import FORMATS, HARMONY, ToolFormat, detect_format, parse_json_tools
 
 __all__ = ["MarkupInfo", "StreamParser", "PassthroughParser", "MarkupStreamParser",
-           "build_parser", "detect_format", "allowed_tool_names"]
+           "HarmonyStreamParser", "build_parser", "detect_format", "allowed_tool_names",
+           "HARMONY"]
 
 DEFAULT_THINK = ("<think>", "</think>")
 
@@ -45,7 +52,7 @@ class MarkupInfo:
     think_end: str | None = None
     tool_call_start: str | None = None
     tool_call_end: str | None = None
-    tool_format: str | None = None          # e.g. "json_tools" (Hermes/Qwen), "mistral", "llama3_json"
+    tool_format: str | None = None          # e.g. "json_tools" (Hermes/Qwen), "glm47", "harmony"
     prompt_opens_thinking: bool = False     # the rendered prompt ends inside an open think block
 
 
@@ -93,6 +100,8 @@ def build_parser(markup: MarkupInfo, request: GenRequest, index: int = 0) -> Str
     """
     if request.messages is None:
         return PassthroughParser(index)
+    if markup.tool_format == HARMONY:   # choice 4
+        return HarmonyStreamParser(request, index)
     think = (markup.think_start, markup.think_end) if markup.think_start and markup.think_end \
         else DEFAULT_THINK
     tool_format = tool_format_for(markup)

@@ -20,48 +20,28 @@ Rules, in the order they apply to one reply:
 6. A call cut short (the length limit inside its markup) ends with what its
    body holds, minus any beginning of the end marker: `arguments` never carry
    markup (`...}}\n</tool_call` becomes the call's complete arguments).
+7. A family's `after_call` marker (Gemma 4's `<|tool_response>`) right after a
+   call is dropped with the whitespace there; anywhere else it is text.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from typing import Literal
 
-from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd
 from ..request import GenRequest
+from .calls import CallBook, allowed_tool_names, safe_prefix_len
 from .tool_formats import ToolFormat
+
+__all__ = ["MarkupStreamParser", "allowed_tool_names", "safe_prefix_len"]
 
 Mode = Literal["start", "reasoning", "text", "tool", "tool_tail"]
 
 _JSON_CALL_HEAD = re.compile(
     r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
 )
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-def safe_prefix_len(buf: str, markers: list[str]) -> int:
-    """Length of `buf` that cannot be the beginning of any marker (rule 3)."""
-    hold = 0
-    for marker in markers:
-        for k in range(min(len(marker) - 1, len(buf)), hold, -1):
-            if buf.endswith(marker[:k]):
-                hold = k
-                break
-    return len(buf) - hold
-
-
-def allowed_tool_names(request: GenRequest) -> frozenset[str]:
-    offered = frozenset(tool.name for tool in request.tools)
-    if request.tool_choice == "none":
-        return frozenset()
-    if request.tool_choice in ("auto", "required"):
-        return offered
-    return offered & {request.tool_choice}
 
 
 class _OpenCall:
@@ -85,19 +65,19 @@ class MarkupStreamParser:
         self.index = index
         self._think = think
         self._fmt = tool_format
-        self._allowed = allowed_tool_names(request)
-        self._schemas = {tool.name: tool.parameters for tool in request.tools}
-        self._max_calls = None if request.parallel_tool_calls else 1
+        self._book = CallBook(request, index)
         self._reply_start: tuple[str, ...] = ()
-        if tool_format and self._allowed and request.response_format is None:
+        if tool_format and self._book.allowed and request.response_format is None:
             self._reply_start = tool_format.reply_start
         self._mode: Mode = "reasoning" if (think and prompt_opens_thinking) else "start"
         self._thought = self._mode == "reasoning"
         self._skip_ws = False
         self._buf = ""
         self._call: _OpenCall | None = None
-        self._num_calls = 0
-        self.saw_tool_call = False
+
+    @property
+    def saw_tool_call(self) -> bool:
+        return self._book.saw_tool_call
 
     # -- public protocol -------------------------------------------------
     def feed(self, text: str) -> list[Event]:
@@ -160,7 +140,15 @@ class MarkupStreamParser:
     def _step_text(self, out: list[Event], final: bool) -> bool:
         if self._skip_ws:
             self._buf = self._buf.lstrip()
+            trailer = self._fmt.after_call if self._fmt else None
+            if trailer and self._buf.startswith(trailer):  # rule 7
+                self._buf = self._buf[len(trailer):]
+                return True
             if not self._buf:
+                return False
+            if trailer and trailer.startswith(self._buf):   # rule 7, maybe not whole yet
+                if final:
+                    self._buf = ""
                 return False
             self._skip_ws = False
         start = self._fmt.start if self._fmt else None
@@ -229,7 +217,7 @@ class MarkupStreamParser:
         if self._fmt.streams_arguments:
             self._stream_arguments(out, call, body)
         try:
-            parsed = self._fmt.parse(body, self._schemas)
+            parsed = self._fmt.parse(body, self._book.schemas)
         except (ValueError, json.JSONDecodeError):
             if call.guessed:  # it was not a call after all: the reply is text
                 self._emit(out, TextDelta, body)
@@ -255,16 +243,10 @@ class MarkupStreamParser:
 
     def _may_call(self, name: str) -> bool:
         """Rule 2, and rule 5's one-call limit."""
-        if self._max_calls is not None and self._num_calls >= self._max_calls:
-            return False
-        return name in self._allowed
+        return self._book.may_call(name)
 
     def _start_call(self, out: list[Event], name: str) -> int:
-        call_index = self._num_calls
-        self._num_calls += 1
-        self.saw_tool_call = True
-        out.append(ToolCallStart(call_index, new_call_id(), name, index=self.index))
-        return call_index
+        return self._book.start(out, name)
 
     def _emit(self, out: list[Event], kind: type[TextDelta] | type[ReasoningDelta],
               text: str) -> None:

@@ -3,23 +3,31 @@
 mlx-lm ships one `parse_tool_call(text, tools)` module per family under
 `mlx_lm.tool_parsers`, but importing any of them runs `mlx_lm/__init__.py`,
 which imports MLX -- and `core/` must never import MLX (it is used by adapters
-and tests with no accelerator). So the three families we must serve are
-re-implemented here, small, following mlx-lm's modules of the same names:
+and tests with no accelerator). So the families we serve are re-implemented
+here and in xml_formats.py, small, following mlx-lm's modules of the same
+names and the families' own chat templates:
 
 1. `json_tools` (Hermes, Qwen 2.5/3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
    one JSON object per tag pair, tags may repeat.
 2. `mistral`: `[TOOL_CALLS]` then either a JSON list `[{"name", "arguments"}, ...]`
    (v0.3) or repeated `name[ARGS]{...}` (v11+); no end marker, runs to EOS.
-3. `qwen3_coder` (Qwen3-Coder): `<tool_call><function=NAME><parameter=KEY>value
-   </parameter>...</function></tool_call>`; values take the type the tool's
-   schema declares.
+3. `qwen3_coder`, `glm47`, `minimax_m2`, `gemma4`: tags and raw values
+   (xml_formats.py states them).
 4. `llama3_json` (Llama 3.1/3.2 JSON tool calling): the whole reply is
    `{"name": ..., "parameters": {...}}` (several joined by `;`), optionally after
    `<|python_tag|>`; no end marker. Recognised only at the very start of a reply
    and only when tools were offered (a JSON-mode reply must stay text).
+5. `kimi_k2` (Kimi K2): `<|tool_calls_section_begin|>` then, per call,
+   `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`,
+   then `<|tool_calls_section_end|>`; the name is NAME.
+6. `deepseek_v31` (DeepSeek-V3.1, V3.2-Exp's template, R1-0528): `<｜tool▁calls▁begin｜>`
+   then, per call, `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`, then
+   `<｜tool▁calls▁end｜>`; V3's older `function<｜tool▁sep｜>NAME` + a ```json fence is read too.
+7. `harmony` (gpt-oss) is not a tool markup inside text but a whole message
+   structure; harmony.py parses it, `detect_format` only names it.
 
 A body parser takes the body and the offered tools' parameter schemas and
-returns `[(name, arguments_json_text), ...]`; it raises
+returns `[ParsedCall(name, arguments_json_text), ...]`; it raises
 `ValueError` for a body that is not a tool call.
 """
 
@@ -27,28 +35,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
-ParsedCall = tuple[str, str]
-Schemas = Mapping[str, dict[str, Any]]   # tool name -> its JSON-schema parameters
-NO_SCHEMAS: Schemas = MappingProxyType({})
+from .calls import NO_SCHEMAS, ParsedCall, Schemas, arguments_text
+from .xml_formats import parse_gemma4, parse_glm47, parse_minimax_m2, parse_qwen3_coder
 
-
-def _arguments_text(value: Any) -> str:
-    """Arguments as JSON object text; a JSON string holding an object is unwrapped."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError("tool-call arguments are not JSON") from exc
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ValueError("tool-call arguments are not a JSON object")
-    return json.dumps(value, ensure_ascii=False)
+HARMONY = "harmony"
 
 
 def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ParsedCall:
@@ -56,8 +50,8 @@ def _call_from_object(obj: Any, args_keys: tuple[str, ...]) -> ParsedCall:
         raise ValueError("not a tool call object")
     for key in args_keys:
         if key in obj:
-            return obj["name"], _arguments_text(obj[key])
-    return obj["name"], "{}"
+            return ParsedCall(obj["name"], arguments_text(obj[key]))
+    return ParsedCall(obj["name"], "{}")
 
 
 def parse_json_tools(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
@@ -79,7 +73,7 @@ def parse_mistral(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
     pos = 0
     while (match := _MISTRAL_HEADER.match(text, pos)) is not None:
         arguments, pos = decoder.raw_decode(text, match.end())
-        calls.append((match.group(1), _arguments_text(arguments)))
+        calls.append(ParsedCall(match.group(1), arguments_text(arguments)))
         while pos < len(text) and text[pos] in " \n\t,":
             pos += 1
     if not calls or pos != len(text):
@@ -102,36 +96,45 @@ def parse_llama3_json(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCa
     return calls
 
 
-_QWEN_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
-_QWEN_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([\w.\-]+?)(?::\d+)?\s*"
+                        r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL)
+_DEEPSEEK_CALL = re.compile(r"<｜tool▁call▁begin｜>\s*([\w.\-]+)\s*<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>",
+                            re.DOTALL)
+_DEEPSEEK_V3_ARGS = re.compile(r"\s*([\w.\-]+)\s*\n```(?:json)?\s*\n(.*?)\n?```\s*", re.DOTALL)
 
 
-def _qwen_value(raw: str, schema: dict[str, Any] | None) -> Any:
-    """A parameter's text as the JSON type its schema declares (strings stay text)."""
-    kind = str((schema or {}).get("type", "")).lower()
-    if raw.lower() == "null":
-        return None
-    if kind in ("string", "str", "text", "enum"):
-        return raw
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-    if not kind and not isinstance(value, (dict, list)):
-        return raw   # untyped: only structured values are decoded
-    return value
-
-
-def parse_qwen3_coder(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
+def _calls_in(pattern: re.Pattern[str], body: str, family: str,
+              read: Callable[[str, str], ParsedCall]) -> list[ParsedCall]:
+    """Every complete call in `body` that reads; one that does not (cut short, or
+    arguments that are no JSON object) is left out, and a body with none is no call."""
     calls = []
-    for name, inner in _QWEN_FUNCTION.findall(body):
-        props = schemas.get(name, {}).get("properties", {})
-        arguments = {key: _qwen_value(value, props.get(key))
-                     for key, value in _QWEN_PARAMETER.findall(inner)}
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+    for match in pattern.finditer(body):
+        try:
+            calls.append(read(match.group(1), match.group(2)))
+        except ValueError:
+            continue
     if not calls:
-        raise ValueError("not a qwen3_coder tool call")
+        raise ValueError(f"not a {family} tool call")
     return calls
+
+
+def _kimi_call(name: str, args: str) -> ParsedCall:
+    return ParsedCall(name, arguments_text(args.strip()))
+
+
+def _deepseek_call(name: str, args: str) -> ParsedCall:
+    fenced = _DEEPSEEK_V3_ARGS.fullmatch(args) if name == "function" else None
+    if fenced is not None:   # V3: function<｜tool▁sep｜>NAME ```json {...} ```
+        name, args = fenced.group(1), fenced.group(2)
+    return ParsedCall(name, arguments_text(args.strip()))
+
+
+def parse_kimi_k2(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
+    return _calls_in(_KIMI_CALL, body, "kimi_k2", _kimi_call)
+
+
+def parse_deepseek_v31(body: str, schemas: Schemas = NO_SCHEMAS) -> list[ParsedCall]:
+    return _calls_in(_DEEPSEEK_CALL, body, "deepseek_v31", _deepseek_call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,8 @@ class ToolFormat:
     `streams_arguments`: the body is `{"name": "...", "arguments": {...}}`, so the
     arguments can be forwarded as they are generated instead of at the end.
     `reply_start`: extra markers that open a call only at the start of a reply.
+    `after_call`: a marker the family writes right after its calls (Gemma 4's
+    `<|tool_response>`, asking for the results); dropped there, never text.
     """
 
     name: str
@@ -149,6 +154,7 @@ class ToolFormat:
     parse: Callable[[str, Schemas], list[ParsedCall]]
     streams_arguments: bool = False
     reply_start: tuple[str, ...] = ()
+    after_call: str | None = None
 
 
 FORMATS: dict[str, ToolFormat] = {
@@ -158,25 +164,45 @@ FORMATS: dict[str, ToolFormat] = {
     "qwen3_coder": ToolFormat("qwen3_coder", "<tool_call>", "</tool_call>", parse_qwen3_coder),
     "llama3_json": ToolFormat("llama3_json", "<|python_tag|>", None, parse_llama3_json,
                               reply_start=("{",)),
+    "glm47": ToolFormat("glm47", "<tool_call>", "</tool_call>", parse_glm47),
+    "minimax_m2": ToolFormat("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>",
+                             parse_minimax_m2),
+    "gemma4": ToolFormat("gemma4", "<|tool_call>", "<tool_call|>", parse_gemma4,
+                         after_call="<|tool_response>"),
+    "kimi_k2": ToolFormat("kimi_k2", "<|tool_calls_section_begin|>",
+                          "<|tool_calls_section_end|>", parse_kimi_k2),
+    "deepseek_v31": ToolFormat("deepseek_v31", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                               parse_deepseek_v31),
 }
+
+# (marker in the template -> format), first match wins: mlx-lm's own order
+# (tokenizer_utils._infer_tool_parser), plus the families it has no parser for.
+_TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("<|channel|>", "<|message|>"), HARMONY),
+    (("<minimax:tool_call>",), "minimax_m2"),
+    (("<|tool_call>", "<tool_call|>"), "gemma4"),
+    (("<arg_key>",), "glm47"),
+    (("<tool_call>\\n<function=",), "qwen3_coder"),
+    (("<tool_call>\n<function=",), "qwen3_coder"),
+    (("<|tool_calls_section_begin|>",), "kimi_k2"),
+    (("<｜tool▁calls▁begin｜>",), "deepseek_v31"),
+    (("<tool_call>",), "json_tools"),
+    (("[TOOL_CALLS]",), "mistral"),
+    (("<|python_tag|>",), "llama3_json"),
+    (("<|start_header_id|>", '"parameters"'), "llama3_json"),
+)
 
 
 def detect_format(chat_template: str | None) -> str | None:
     """The tool format a chat template speaks, for templates mlx-lm leaves undetected.
 
     mlx-lm's own detection (`tokenizer_utils._infer_tool_parser`) is preferred by
-    the daemon; this covers the Llama 3.1 JSON style, which mlx-lm has no parser for.
+    the daemon; this covers the families it has no parser for (gpt-oss Harmony,
+    DeepSeek-V3.1, Llama 3.1 JSON) and templates installed after loading.
     """
     if not chat_template:
         return None
-    if "<tool_call>\\n<function=" in chat_template or "<tool_call>\n<function=" in chat_template:
-        return "qwen3_coder"
-    if "<tool_call>" in chat_template:
-        return "json_tools"
-    if "[TOOL_CALLS]" in chat_template:
-        return "mistral"
-    if "<|python_tag|>" in chat_template or (
-        "<|start_header_id|>" in chat_template and '"parameters"' in chat_template
-    ):
-        return "llama3_json"
+    for markers, name in _TEMPLATE_MARKERS:
+        if all(marker in chat_template for marker in markers):
+            return name
     return None

@@ -1,0 +1,205 @@
+"""Vision-language checkpoints: mlx-vlm's towers and processors, our paged engine.
+
+Why mlx-vlm: it is the well-kept library of MLX vision-language models -- the
+vision towers, projectors, image processors and chat templates of each family,
+checked against their upstream references. We reuse its model code whole and
+run only its *language model* on frink's engine, so batching, the prefix
+cache, speculation, structured output and residency work for image requests as
+for text: the image features go into the language model as input embeddings at
+the image token positions, which is also how mlx-vlm itself feeds them.
+
+Installed part (the `vision` extra): `mlx-vlm` with `--no-deps` plus Pillow.
+mlx-vlm declares audio (mlx-audio, miniaudio), video (opencv-python), dataset
+(datasets) and server (fastapi) dependencies that its image path never imports;
+the rest of what it imports (transformers, jinja2, numpy, huggingface_hub)
+frink-mlx already depends on.
+
+Rules:
+1. A checkpoint is a vision checkpoint when its config.json has a
+   `vision_config` and its `model_type` is in `VISION_FAMILIES` (the families
+   whose language model speaks mlx-lm's cache protocol with standard RoPE
+   positions, so the paged cache can hold it; tests/models/test_vision.py
+   holds each to mlx-vlm's own greedy ids). Any other multimodal checkpoint
+   loads as text through mlx-lm, as before.
+2. `VisionLM` is what the engine runs: mlx-vlm's language model behind
+   mlx-lm's call signature (`model(ids, cache=..., input_embeddings=...)` ->
+   logits), exposing `layers` for the paged cache's geometry.
+3. `Vision.prepare(text, images)` runs mlx-vlm's processor: the rendered
+   prompt's image markers expanded to the image token run, the pixel inputs
+   for the tower. It is CPU work on decoded images; call it off the event loop.
+4. `Vision.features(prepared)` runs the tower and projector (MLX: the engine
+   thread) and returns one embedding row per image token, in prompt order,
+   exactly the rows mlx-vlm's `get_input_embeddings` puts at those positions.
+5. `Vision.embed(ids)` is the language model's own token embedding (what the
+   language model would compute from ids), so a prefill chunk that holds image
+   positions is the text embeddings with the feature rows put in their place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..errors import ModelFormatError
+
+VISION_FAMILIES = frozenset({"gemma3"})
+
+
+def vision_family(path: Path) -> str | None:
+    """Rule 1: the mlx-vlm family of the checkpoint at `path`, or None (text)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    family = config.get("model_type")
+    if "vision_config" not in config or family not in VISION_FAMILIES:
+        return None
+    return str(family)
+
+
+def vision_available() -> bool:
+    try:
+        import mlx_vlm  # noqa: F401
+        import PIL  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class VisionLM(nn.Module):
+    """Rule 2."""
+
+    def __init__(self, vlm: nn.Module) -> None:
+        super().__init__()
+        self.vlm = vlm
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return list(self.vlm.language_model.layers)
+
+    def make_cache(self) -> list[Any]:
+        """mlx-vlm's cache entries as the mlx-lm classes they mirror (engine/kv/specs.py
+        reads kinds by mlx-lm's classes); any other kind is left for it to refuse."""
+        from mlx_lm.models import cache as lm
+
+        out: list[Any] = []
+        for entry in self.vlm.language_model.make_cache():
+            kind = type(entry).__name__
+            if kind == "KVCache":
+                out.append(lm.KVCache())
+            elif kind == "RotatingKVCache":
+                out.append(lm.RotatingKVCache(max_size=entry.max_size, keep=entry.keep))
+            else:
+                out.append(entry)
+        return out
+
+    def __call__(self, inputs: mx.array, cache: Any = None,
+                 input_embeddings: mx.array | None = None) -> mx.array:
+        out = self.vlm.language_model(inputs, inputs_embeds=input_embeddings, cache=cache)
+        return out.logits if hasattr(out, "logits") else out
+
+
+@dataclass(frozen=True, slots=True)
+class VisionPrompt:
+    """What the processor made of one prompt and its images (rule 3)."""
+
+    ids: list[int]
+    inputs: dict[str, mx.array]   # pixel_values and whatever else the tower takes
+    positions: list[int]          # prompt indices of the image tokens, in order
+    spans: list[tuple[int, int]]  # (start, length) of each image's token run
+
+
+class Vision:
+    """One loaded vision checkpoint's processor, tower and embeddings (rules 3-5)."""
+
+    def __init__(self, vlm: nn.Module, processor: Any, family: str) -> None:
+        self.vlm = vlm
+        self.processor = processor
+        self.family = family
+        self.image_token_id = int(vlm.config.image_token_index)
+
+    def prepare(self, text: str, images: list[Any]) -> VisionPrompt:
+        """Rule 3: `images` are PIL images, in the order their markers stand in `text`."""
+        from mlx_vlm.utils import prepare_inputs
+
+        out = prepare_inputs(self.processor, images=images, prompts=[text],
+                             image_token_index=self.image_token_id)
+        ids = [int(i) for i in np.array(out["input_ids"][0])]
+        positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if not positions:
+            raise ModelFormatError("the processor put no image tokens in the prompt")
+        inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+        return VisionPrompt(ids, inputs, positions, _runs(positions))
+
+    def features(self, prompt: VisionPrompt) -> mx.array:
+        """Rule 4: (num image tokens, hidden) rows, in prompt order."""
+        ids = mx.array([prompt.ids])
+        mask = mx.ones(ids.shape, dtype=mx.int32)
+        embedded = self.vlm.get_input_embeddings(ids, mask=mask, **prompt.inputs)
+        rows = embedded.inputs_embeds[0]
+        return rows[mx.array(prompt.positions, dtype=mx.int32)]
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """Rule 5."""
+        return self.vlm.language_model.model.embed_tokens(ids)
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for p in positions:
+        if spans and spans[-1][0] + spans[-1][1] == p:
+            spans[-1] = (spans[-1][0], spans[-1][1] + 1)
+        else:
+            spans.append((p, 1))
+    return spans
+
+
+def load_vision(path: Path, name: str, tokenizer_config: dict[str, Any] | None = None
+                ) -> tuple[VisionLM, Vision, Any, dict[str, Any]]:
+    """(engine model, Vision, mlx-lm tokenizer, config) of the checkpoint at `path`;
+    `tokenizer_config` as mlx_lm.load takes it (the registry's chat_template)."""
+    if not vision_available():
+        raise ModelFormatError(
+            f"model {name!r} is a vision-language checkpoint; install mlx-vlm and Pillow "
+            "to serve it (pip install Pillow && pip install --no-deps mlx-vlm==0.7.10, as "
+            "`make` does; or pip install 'frink-mlx[vision]')")
+    from mlx_lm.utils import load_tokenizer
+    from mlx_vlm.utils import load_model, load_processor
+
+    family = vision_family(path) or "?"
+    try:
+        vlm = load_model(path)
+        processor = load_processor(path, add_detokenizer=False)
+    except (ValueError, FileNotFoundError, KeyError, OSError) as exc:
+        raise ModelFormatError(f"model {name!r}: cannot load {path} ({family}): {exc}") from None
+    config = json.loads((path / "config.json").read_text())
+    text_config = dict(config.get("text_config") or {})
+    merged = {**config, **{k: v for k, v in text_config.items() if k not in config}}
+    eos = config.get("eos_token_id")
+    tokenizer = load_tokenizer(path, tokenizer_config_extra=tokenizer_config,
+                               eos_token_ids=eos if isinstance(eos, list) else None)
+    return VisionLM(vlm), Vision(vlm, processor, family), tokenizer, merged
+
+
+class ImageFeatures:
+    """engine/types.py `ImageInputs` for one prepared prompt: features computed once."""
+
+    def __init__(self, vision: Vision, prompt: VisionPrompt) -> None:
+        self.vision = vision
+        self.prompt = prompt
+        self.positions = prompt.positions
+        self._rows: mx.array | None = None
+
+    def features(self) -> mx.array:
+        if self._rows is None:
+            self._rows = self.vision.features(self.prompt)
+        return self._rows
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.vision.embed(ids)

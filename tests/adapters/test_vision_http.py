@@ -1,0 +1,166 @@
+"""Images over HTTP on a vision model: every protocol reads them, the prefix cache keys them,
+bad images are 400s naming the part (serving/vision.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("mlx_vlm")
+pytest.importorskip("PIL")
+
+from vision_support import make_tiny_gemma3_vlm, mlx_vlm_greedy, png_base64, png_image  # noqa: E402
+
+PROMPT = "describe the image please"
+
+
+@pytest.fixture(scope="module")
+def vlive(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from conftest import make_tiny_llama
+    from daemon_support import start_server
+
+    from adapters.scripted import write_models_toml
+    from frink_mlx.app import create_app
+    from frink_mlx.registry import load_registry
+    from frink_mlx.settings import Settings
+
+    root = tmp_path_factory.mktemp("vision")
+    vlm = make_tiny_gemma3_vlm(root / "vlm")
+    path = write_models_toml(root, {"vlm": vlm, "tiny": make_tiny_llama(root / "tiny")},
+                             default="vlm")
+    settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
+                             cache_dir=str(root / "cache"), fallback=False, max_images=8)
+    server = start_server(create_app(settings, registry=load_registry(settings)))
+    server.vlm_path = vlm
+    yield server
+    server.stop()
+
+
+def post(live: Any, path: str, **body: Any) -> httpx.Response:
+    return httpx.post(live.url + path, json=body, timeout=120)
+
+
+def data_url(seed: int = 0) -> str:
+    return "data:image/png;base64," + png_base64(seed)
+
+
+def chat(live: Any, content: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    return post(live, "/v1/chat/completions", model="vlm", max_tokens=8, temperature=0,
+                messages=[{"role": "user", "content": content}], **extra)
+
+
+def _reference_text(live: Any, seed: int) -> str:
+    from mlx_lm.utils import load_tokenizer
+
+    ids = mlx_vlm_greedy(Path(live.vlm_path), [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": PROMPT}]}], [png_image(seed)], 8)
+    ids = [i for i in ids if i not in (2, 4)]
+    return load_tokenizer(Path(live.vlm_path)).decode(ids)
+
+
+def test_openai_chat_reads_the_image_as_mlx_vlm_does(vlive: Any) -> None:
+    r = chat(vlive, [{"type": "image_url", "image_url": {"url": data_url(0)}},
+                     {"type": "text", "text": PROMPT}])
+    assert r.status_code == 200, r.text
+    assert "x-frink-images-omitted" not in r.headers
+    assert r.json()["choices"][0]["message"]["content"] == _reference_text(vlive, 0)
+
+
+def test_every_protocol_takes_images(vlive: Any) -> None:
+    b64 = png_base64(1)
+    answers = [
+        post(vlive, "/v1/messages", model="vlm", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "read it"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                               "input": {"file_path": "a.png"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": b64}}]}]}]),
+        post(vlive, "/v1/responses", model="vlm", max_output_tokens=4, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": PROMPT},
+                                         {"type": "input_image", "image_url": data_url(1)}]}]),
+        post(vlive, "/api/chat", model="vlm", stream=False, options={"num_predict": 4},
+             messages=[{"role": "user", "content": PROMPT, "images": [b64]}]),
+        post(vlive, "/api/generate", model="vlm", stream=False, prompt=PROMPT, images=[b64],
+             options={"num_predict": 4}),
+    ]
+    for r in answers:
+        assert r.status_code == 200, r.text
+        assert "x-frink-images-omitted" not in r.headers
+
+
+def test_turn_two_hits_the_cache_over_the_image_and_another_image_misses(vlive: Any) -> None:
+    first = [{"type": "image_url", "image_url": {"url": data_url(2)}},
+             {"type": "text", "text": PROMPT}]
+    r1 = chat(vlive, first)
+    assert r1.status_code == 200, r1.text
+    answer = r1.json()["choices"][0]["message"]["content"]
+
+    def turn_two(content: list[dict[str, Any]]) -> dict[str, Any]:
+        r = post(vlive, "/v1/chat/completions", model="vlm", max_tokens=4, temperature=0,
+                 messages=[{"role": "user", "content": content},
+                           {"role": "assistant", "content": answer},
+                           {"role": "user", "content": "and the second one?"}])
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+
+    same = turn_two(first)
+    # the image's 4 tokens stand at 8..11: <bos> <start_of_turn> user \n \n\n <start_of_image>
+    image_start, image_end = 8, 12
+    assert same["prompt_tokens_details"]["cached_tokens"] >= image_end
+    other = turn_two([{"type": "image_url", "image_url": {"url": data_url(3)}},
+                      {"type": "text", "text": PROMPT}])
+    assert other["prompt_tokens_details"]["cached_tokens"] <= image_start
+
+
+def _png_bytes(image: Any) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _bad_images() -> list[tuple[str, str]]:
+    from PIL import Image
+
+    whole = base64.b64decode(png_base64(4))
+    svg = base64.b64encode(b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>')
+    return [
+        ("truncated", "data:image/png;base64," + base64.b64encode(whole[:len(whole) // 2]).decode()),
+        ("base64", "data:image/png;base64,@@not base64@@"),
+        ("huge", "data:image/png;base64," + _png_bytes(Image.new("1", (20000, 20000)))),
+        ("svg", "data:image/svg+xml;base64," + svg.decode()),
+        ("pdf", "data:application/pdf;base64," + base64.b64encode(b"%PDF-1.4\n").decode()),
+        ("remote", "https://example.com/cat.png"),
+    ]
+
+
+@pytest.mark.parametrize("kind,url", _bad_images(), ids=[k for k, _ in _bad_images()])
+def test_bad_images_are_400s_naming_the_part(vlive: Any, kind: str, url: str) -> None:
+    r = chat(vlive, [{"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": {"url": url}}])
+    assert r.status_code == 400, (kind, r.text)
+    assert r.json()["error"]["param"] == "messages[0].content[1]"
+    ok = chat(vlive, [{"type": "image_url", "image_url": {"url": data_url(0)}},
+                      {"type": "text", "text": PROMPT}])
+    assert ok.status_code == 200
+
+
+def test_too_many_images_and_the_anthropic_envelope(vlive: Any) -> None:
+    many = [{"type": "image_url", "image_url": {"url": data_url(0)}}] * 100
+    r = chat(vlive, [*many, {"type": "text", "text": PROMPT}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[8]"
+    r = post(vlive, "/v1/messages", model="vlm", max_tokens=4, messages=[
+        {"role": "user", "content": [{"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    assert "messages[0].content[0]" in r.json()["error"]["message"]
+
+
+def test_a_text_only_model_beside_it_still_gets_the_placeholder(vlive: Any) -> None:
+    r = post(vlive, "/v1/chat/completions", model="tiny", max_tokens=2, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}}]}])
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"

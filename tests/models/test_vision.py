@@ -1,0 +1,90 @@
+"""models/vision.py + serving/vision.py on the paged engine: mlx-vlm's greedy ids, exactly.
+
+A tiny random Gemma 3 VLM (tests/vision_support.py) runs through frink's scheduler
+and runner -- chunked prefill that cuts through an image's token run, batched
+beside text-only rows, two images in one prompt, n=2 -- and every row's greedy
+ids equal mlx-vlm's own `generate` for the same image and prompt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+pytest.importorskip("PIL")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+
+from test_runner_parity import drive  # noqa: E402
+from vision_support import make_tiny_gemma3_vlm, mlx_vlm_greedy, png_base64, png_image  # noqa: E402
+
+from frink_mlx.config import ImageLimits  # noqa: E402
+from frink_mlx.core.images import IMAGE_PLACEHOLDER, ImageRef  # noqa: E402
+from frink_mlx.core.request import GenRequest, Message, SamplingParams  # noqa: E402
+from frink_mlx.engine.types import SeqRequest  # noqa: E402
+from frink_mlx.models.vision import load_vision  # noqa: E402
+from frink_mlx.serving.vision import render_vision  # noqa: E402
+
+LIMITS = ImageLimits(max_images=8, max_image_bytes=1 << 20, max_image_pixels=1 << 20)
+GREEDY = SamplingParams(temperature=0)
+N_OUT = 8
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple]:
+    path = make_tiny_gemma3_vlm(tmp_path_factory.mktemp("gemma3-vlm"))
+    return path, load_vision(path, "tiny-vlm")
+
+
+def _request(text: str, seeds: list[int]) -> GenRequest:
+    refs = [ImageRef(f"messages[0].content[{k}]", data=png_base64(s)) for k, s in enumerate(seeds)]
+    content = "".join(IMAGE_PLACEHOLDER for _ in seeds) + text
+    return GenRequest(model="m", messages=[Message("user", content, images=refs)], images=refs)
+
+
+def _reference(path: Path, text: str, seeds: list[int]) -> list[int]:
+    parts = [{"type": "image"} for _ in seeds] + [{"type": "text", "text": text}]
+    return mlx_vlm_greedy(path, [{"role": "user", "content": parts}],
+                          [png_image(s) for s in seeds], N_OUT)
+
+
+def _seq(vlm: tuple, rid: str, text: str, seeds: list[int], n: int = 1) -> SeqRequest:
+    _, (model, vision, tokenizer, _) = vlm
+    rendered, images, keys = render_vision(vision, tokenizer, _request(text, seeds), None, LIMITS)
+    return SeqRequest(rid, rendered.ids, GREEDY, N_OUT, n=n, images=images, key_ids=keys)
+
+
+def test_greedy_ids_equal_mlx_vlm_alone_and_batched_with_text(vlm: tuple) -> None:
+    path, (model, _, tokenizer, _) = vlm
+    one = _seq(vlm, "one", "describe the image please", [0])
+    two = _seq(vlm, "two", "and the second one?", [1, 2])
+    text_ids = tokenizer.encode("<bos>hello world", add_special_tokens=False)
+    text = SeqRequest("text", text_ids, GREEDY, N_OUT)
+    alone = drive(model, {0: [SeqRequest("text", text_ids, GREEDY, N_OUT)]})["text"][0]
+    outs = drive(model, {0: [one, text], 1: [two]}, chunk=5)   # chunks cut the image runs
+    assert outs["one"][0] == _reference(path, "describe the image please", [0])
+    assert outs["two"][0] == _reference(path, "and the second one?", [1, 2])
+    assert outs["text"][0] == alone
+
+
+def test_n2_rows_share_the_image_prompt(vlm: tuple) -> None:
+    path, (model, *_rest) = vlm
+    outs = drive(model, {0: [_seq(vlm, "pair", "describe the image please", [3], n=2)]})
+    want = _reference(path, "describe the image please", [3])
+    assert outs["pair"][0] == want and outs["pair"][1] == want
+
+
+def test_key_ids_tell_images_apart_and_keep_text(vlm: tuple) -> None:
+    a = _seq(vlm, "a", "describe the image please", [0])
+    b = _seq(vlm, "b", "describe the image please", [1])
+    again = _seq(vlm, "c", "describe the image please", [0])
+    assert a.prompt_ids == b.prompt_ids            # the same image token ids ...
+    assert a.key_ids != b.key_ids                  # ... keyed apart by their images
+    assert a.key_ids == again.key_ids
+    assert a.images is not None and a.key_ids is not None
+    text = [i for i in range(len(a.prompt_ids)) if i not in set(a.images.positions)]
+    assert all(a.key_ids[i] == a.prompt_ids[i] for i in text)
+    assert all(a.key_ids[i] < 0 for i in a.images.positions)
