@@ -33,7 +33,7 @@ from .settings import Settings, environ_snapshot
 
 def _auth_headers(settings: Settings) -> dict[str, str]:
     try:
-        from .http.security import resolve_api_key
+        from .http.binding import resolve_api_key
 
         key = resolve_api_key(settings)
     except Exception:  # noqa: BLE001 - an unreadable key file: talk without one

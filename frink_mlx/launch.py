@@ -3,7 +3,7 @@
 Rules:
 1. The target (agents.py rule 1) comes from the settings and the registry:
    the base URL as `chat` reaches the daemon (local_daemon rule 1), the key
-   `chat` sends (http/security `resolve_api_key`), the entry `--model` names
+   `chat` sends (http/binding.py `resolve_api_key`), the entry `--model` names
    (else the registry's default) with its `context_length` and `max_tokens`
    (else the context length) as the window and the output cap. When the
    daemon answers `/v1/models` (within PROBE_TIMEOUT_S), the window is what
@@ -31,7 +31,7 @@ from .settings import Settings, agent_homes
 
 def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
     """Rule 1."""
-    from .http.security import resolve_api_key
+    from .http.binding import resolve_api_key
 
     spec = load_registry(settings).resolve(args.model)
     url = daemon_url(settings, argparse.Namespace(url=None))

@@ -19,7 +19,10 @@ Two sources feed it:
    `disk_fn() -> DiskStats | None` the same way, unlabelled.
 
 Label cardinality is bounded: `route` is the matched route template (unknown
-paths are "<unmatched>"), `model` is a registry name, `status` an HTTP code.
+paths are "<unmatched>"), `method` one of KNOWN_METHODS (anything else is
+"other": requests are counted before the Host and key checks, so a client
+sending made-up methods must not grow the series), `model` is a registry name,
+`status` an HTTP code.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ DiskFn = Callable[[], "DiskStats | None"]
 # Seconds. CPU-backend TTFTs run from milliseconds (tiny models) to tens of seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -98,6 +102,7 @@ class Metrics:
 
     def observe_request(self, route: str, status: int, duration_s: float,
                         method: str = "GET") -> None:
+        method = method if method in KNOWN_METHODS else "other"
         self.requests.labels(route=route, method=method, status=str(status)).inc()
         self.request_duration.labels(route=route).observe(max(duration_s, 0.0))
 

@@ -5,7 +5,7 @@ Rules:
    backend that may re-exec with OpenBLAS (backend/select.py rule 3).
 2. Start-up refusals are one `frink-mlx: error: ...` line with a hint and
    exit 2, checked before anything loads: a non-loopback bind without an API
-   key (http/security.py `check_bind`), a bad models.toml, a default model
+   key (http/binding.py `check_bind`), a bad models.toml, a default model
    whose source is missing (registry rule 5; with models/sources.py's check
    installed, so a Hugging Face repo offline and not cached or a missing
    Ollama model counts), a port that is busy or not
@@ -55,7 +55,7 @@ Rules:
    `access_log_file` to that file alone, rotated past `access_log_max_bytes`
    with `access_log_backups` old files kept.
 11. TLS: with `ssl_certfile` and `ssl_keyfile` uvicorn serves HTTPS on the
-   same socket and the ready line's URL says https (http/security.py
+   same socket and the ready line's URL says https (http/binding.py
    `check_tls` refuses half a pair or an unreadable file first; a
    non-loopback address without TLS is one warning).
 """
@@ -285,7 +285,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
 
     backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
-    from .http.security import check_bind
+    from .http.binding import check_bind
 
     check_bind(settings)
     raise_open_files(settings.max_connections)

@@ -52,7 +52,7 @@ from xml.sax.saxutils import escape
 import frink_mlx
 
 from .errors import ConfigError
-from .http.security import default_key_file, is_loopback_host, read_key_file
+from .http.binding import default_key_file, is_loopback_host, read_key_file
 from .settings import Settings, user_config_home
 
 LABEL = "dev.frink.mlx"

@@ -39,6 +39,16 @@ def test_a_busy_port_is_one_line_and_exit_2(tmp_path: Path, tiny_llama_dir: Path
         "or --port 0 for a free one)"]
 
 
+@pytest.mark.parametrize("origin", ["null", "*"])
+def test_a_null_or_star_cors_origin_is_one_line_and_exit_2(origin: str) -> None:
+    done = serve_refused("--port", "0", "--cors-origin", "http://localhost:3000",
+                         "--cors-origin", origin)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"frink-mlx: error: refusing --cors-origin {origin!r}: it would let any web page call "
+        "this daemon; name each origin exactly (e.g. http://localhost:3000)"]
+
+
 def test_a_missing_default_model_is_one_line_and_exit_2(tmp_path: Path) -> None:
     registry = tmp_path / "models.toml"
     missing = tmp_path / "nowhere" / "model.gguf"

@@ -82,6 +82,22 @@ async def test_counters_move_with_requests(tmp_path: Path) -> None:
     assert value(after, "frink_request_duration_seconds_count", route="/metrics") == 1
 
 
+async def test_methods_outside_the_known_ones_are_one_other_series(tmp_path: Path) -> None:
+    """Counted before the Host and key checks: made-up methods must not grow the series."""
+    app = make_app(Settings(config_dir=str(tmp_path)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://127.0.0.1:8177") as c:
+        for i in range(5):
+            await c.request(f"BREW{i}", "/v1/chat/completions")
+        await c.request("BREW0", "/nowhere", headers={"host": "evil.example"})
+        text = (await c.get("/metrics")).text
+    assert "BREW" not in text
+    assert value(text, "frink_requests_total", route="/v1/chat/completions", method="other",
+                 status="405") == 5
+    assert value(text, "frink_requests_total", route="<unmatched>", method="other",
+                 status="421") == 1
+
+
 def test_engine_gauges_are_lazy_and_absent_without_engine() -> None:
     metrics = Metrics()
     assert "frink_queue_depth" not in metrics.render().decode()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.checks import MAX_LOGIT_BIAS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_TOOLS
 from .anthropic import wire as anthropic_wire
 from .llamacpp import wire as llamacpp_wire
 from .openai import responses_wire
@@ -32,12 +33,16 @@ from .openai.embeddings import EmbeddingsRequest
 
 Rule = tuple[str, str]   # (treatment, note)
 H, E, N, R = "honoured", "extension", "no-op", "refused"
+# core/checks.py rule 4, the same on every protocol
+STOPS = f"at most {MAX_STOP_SEQUENCES}, each at most {MAX_STOP_CHARS} characters"
+TOOLS = f"at most {MAX_TOOLS}"
 
 _OPENAI_SAMPLING: dict[str, Rule] = {
     "model": (H, "registry name or alias; null = default; unknown names fall back (README)"),
     "max_tokens": (H, "-1 = no limit (up to the context ceiling)"),
-    "temperature": (H, ""), "top_p": (H, ""), "seed": (H, ""), "stop": (H, "at most 16"),
-    "presence_penalty": (H, ""), "frequency_penalty": (H, ""), "logit_bias": (H, ""),
+    "temperature": (H, ""), "top_p": (H, ""), "seed": (H, ""), "stop": (H, STOPS),
+    "presence_penalty": (H, ""), "frequency_penalty": (H, ""),
+    "logit_bias": (H, f"token ids of the model; at most {MAX_LOGIT_BIAS}"),
     "n": (H, ""), "stream": (H, ""), "stream_options": (H, "include_usage"),
     "logprobs": (H, ""),
     "user": (N, "an end-user id for the client's own records"),
@@ -76,7 +81,7 @@ CHAT: dict[str, Rule] = {
                  "placeholder text on text-only ones unless refuse_images); audio refused"),
     "max_completion_tokens": (H, "-1 = no limit"),
     "top_logprobs": (H, ""),
-    "tools": (H, "function tools; strict schemas enforced"),
+    "tools": (H, f"function tools; strict schemas enforced; {TOOLS}"),
     "tool_choice": (H, "auto / none / required / a function (forced calls are grammar-bound)"),
     "parallel_tool_calls": (H, "false: the turn ends after the first complete call"),
     "response_format": (H, "json_object, json_schema; llama-server's `schema` too"),
@@ -90,7 +95,8 @@ CHAT: dict[str, Rule] = {
 
 COMPLETIONS: dict[str, Rule] = {
     **_OPENAI_SAMPLING,
-    "prompt": (H, "text, token ids, or a batch of either"),
+    "prompt": (H, "text, token ids, or a batch of either (at most max_batch choices in "
+               "all, prompts times n)"),
     "echo": (H, "not with logprobs"),
     "logprobs": (H, "0..5 alternatives"),
 }
@@ -105,7 +111,7 @@ RESPONSES: dict[str, Rule] = {
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
               "input; a lark or regex grammar enforced on it with JSON tool-call markup, "
               "else noted in x-frink-ignored-fields); "
-              "tool_search; hosted tools dropped, listed in x-frink-ignored-fields"),
+              f"tool_search; hosted tools dropped, listed in x-frink-ignored-fields; {TOOLS}"),
     "tool_choice": (H, ""),
     "max_output_tokens": (H, ""), "temperature": (H, ""), "top_p": (H, ""),
     "reasoning": (H, "effort on/off; summary other than auto/none refused (raw reasoning "
@@ -146,10 +152,10 @@ MESSAGES: dict[str, Rule] = {
                  "stands; images read by vision models, a placeholder text on text-only ones; "
                  "documents refused"),
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
-    "stop_sequences": (H, ""), "stream": (H, ""),
+    "stop_sequences": (H, STOPS), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
     "tools": (H, "client tools; server tools refused by name; defer_loading ones kept out "
-              "of the prompt until a tool_reference loads them"), "tool_choice": (H, ""),
+              f"of the prompt until a tool_reference loads them; {TOOLS}"), "tool_choice": (H, ""),
     "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"
                  "updates a no-op, omitted leaves the text out"),
     "context_management": (H, "clear_thinking edits (keep the last N turns' reasoning); "
@@ -170,13 +176,14 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
                   "no tokens returned"),
     "temperature": (H, ""), "top_k": (H, ""), "top_p": (H, ""), "min_p": (H, ""),
     "repeat_penalty": (H, ""), "repeat_last_n": (H, ""), "presence_penalty": (H, ""),
-    "frequency_penalty": (H, ""), "seed": (H, ""), "stop": (H, ""), "stream": (H, ""),
+    "frequency_penalty": (H, ""), "seed": (H, ""), "stop": (H, STOPS), "stream": (H, ""),
     "cache_prompt": (H, "false bypasses the prefix cache"),
     "ignore_eos": (H, "end-of-generation tokens banned (logit bias -inf), as llama-server"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "n_probs": (H, "completion_probabilities"), "return_tokens": (H, "tokens"),
     "json_schema": (H, "enforced"), "grammar": (H, "GBNF, enforced; invalid = 400"),
-    "logit_bias": (H, "ids, or texts (the bias applies to each of their tokens)"),
+    "logit_bias": (H, "ids, or texts (the bias applies to each of their tokens); at most "
+                   f"{MAX_LOGIT_BIAS} entries, before and after tokenizing"),
     "response_fields": (H, "non-streaming: the result cut to these paths"),
     "id_slot": (N, "one shared prefix cache, no slots to pin"),
     "n_indent": (H, "the first later line indented less ends the completion, cut after "
@@ -197,7 +204,8 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
 COMPLETION: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "prompt": (H, "text, token ids, a mix, {prompt_string} objects (multimodal_data refused), "
-               "or several prompts (an array of results; not with stream)")}
+               "or several prompts (an array of results; not with stream; at most max_batch "
+               "results in all)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

@@ -13,7 +13,10 @@ Rules:
    halves (the sliding prefix/read-offset scheme of TGI and vLLM).
 2. Stop strings are matched on the accumulated text, across token boundaries.
    Text that could still be the start of a stop is held back, so a partial stop
-   never leaks; the stop itself is never sent.
+   never leaks; the stop itself is never sent. The stops are prepared once per
+   request (`StopSet`) and what is held is shorter than the longest stop, so a
+   token's matching costs what its stops are (count and length, bounded by
+   core/checks.py rule 4), never how much text came before.
 3. An end-of-sequence token (one of `eos_ids`) ends the row without text.
 4. Finish reasons: eos / stop string -> "stop" ("tool_calls" when the parser
    emitted a tool call), the engine's length -> "length", abort -> "abort";
@@ -40,6 +43,7 @@ Rules:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -91,21 +95,55 @@ class IncrementalDetokenizer:
         return text[len(prefix_text):] if len(text) > len(prefix_text) else ""
 
 
-class StopMatcher:
-    """Rule 2: find the earliest stop string; hold back what may begin one."""
+@dataclass(frozen=True, slots=True)
+class StopSet:
+    """A request's stop strings, prepared once for all its choices (rule 2).
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
+    `ordered` is sorted, so the stops that begin with some text sit together
+    and one bisection finds whether any does; `max_len` bounds the text that
+    can still be the start of one."""
+
+    stops: tuple[str, ...]
+    ordered: tuple[str, ...]
+    firsts: frozenset[str]
+    max_len: int
+
+    @classmethod
+    def of(cls, stops: Sequence[str]) -> "StopSet":
+        kept = tuple(dict.fromkeys(s for s in stops if s))
+        return cls(kept, tuple(sorted(kept)), frozenset(s[0] for s in kept),
+                   max((len(s) for s in kept), default=0))
+
+    def starts_one(self, text: str) -> bool:
+        """True when some stop string begins with `text`."""
+        at = bisect.bisect_left(self.ordered, text)
+        return at < len(self.ordered) and self.ordered[at].startswith(text)
+
+
+class StopMatcher:
+    """Rule 2: find the earliest stop string; hold back what may begin one.
+
+    Per call the work is bounded by the stops' count and longest length, never
+    by the text so far: the held tail is shorter than the longest stop."""
+
+    def __init__(self, stops: Sequence[str] | StopSet) -> None:
+        self.set = stops if isinstance(stops, StopSet) else StopSet.of(stops)
         self._held = ""
         self.matched: str | None = None
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return self.set.stops
 
     def feed(self, text: str) -> str:
         """Text safe to release; sets `matched` once a stop is found."""
         if self.matched is not None:
             return ""
+        if not self.set.stops:
+            return text
         buf = self._held + text
         hit_at, hit = len(buf) + 1, None
-        for stop in self.stops:
+        for stop in self.set.stops:
             at = buf.find(stop)
             if at != -1 and at < hit_at:
                 hit_at, hit = at, stop
@@ -117,13 +155,12 @@ class StopMatcher:
         return buf[:len(buf) - keep]
 
     def _partial_len(self, buf: str) -> int:
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(buf)), best, -1):
-                if buf.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+        """The longest tail of `buf` some stop begins with (no stop is in `buf`)."""
+        stops = self.set
+        for at in range(max(0, len(buf) - stops.max_len + 1), len(buf)):
+            if buf[at] in stops.firsts and stops.starts_one(buf[at:]):
+                return len(buf) - at
+        return 0
 
     def flush(self) -> str:
         held, self._held = self._held, ""
@@ -191,8 +228,9 @@ class OutputPipeline:
         self.usage = Usage(prompt_tokens=prompt_tokens)
         self.started_at = time.monotonic() if started_at is None else started_at
         self.want_logprobs = request.sampling.logprobs
+        stops = StopSet.of(request.stop)   # once per request, shared by its choices
         self.choices = [
-            ChoiceState(i, IncrementalDetokenizer(text.decode), StopMatcher(request.stop),
+            ChoiceState(i, IncrementalDetokenizer(text.decode), StopMatcher(stops),
                         build_parser(markup, request, i),
                         indent=IndentLimit(request.min_indent) if request.min_indent else None)
             for i in range(request.n)

@@ -21,7 +21,8 @@ Rules:
    text already starts with it (mlx_lm's rule); token-id prompts are checked
    against the vocabulary.
 5. Template errors (Jinja exceptions, a missing template) -> InvalidRequest
-   with `param="messages"`; bad token ids -> `param="prompt"`.
+   with `param="messages"`; bad token ids -> `param="prompt"`; a logit_bias id
+   outside the vocabulary -> the protocol's `logit_bias` (core/checks.py rule 5).
 6. Offered tools reach the model even when its template never reads `tools`
    (SmolLM2's own): the template source is checked for the name, and when it
    is absent a Hermes tools block (`<tools>` signatures + `<tool_call>`
@@ -269,6 +270,19 @@ def check_token_ids(tokenizer: Any, ids: list[Any], param: str = "prompt") -> li
     return list(ids)
 
 
+def check_bias_ids(tokenizer: Any, request: GenRequest) -> None:
+    """Rule 5: every logit_bias key is a token id of this model."""
+    bias = request.sampling.logit_bias
+    if not bias:
+        return
+    limit = _vocab_size(tokenizer)
+    bad = next((t for t in bias if not 0 <= t < limit), None)
+    if bad is not None:
+        param = request.param_names.get("logit_bias", "logit_bias")
+        raise InvalidRequest(f"'{param}' names token {bad}, which is not a token id of this "
+                             f"model (0..{limit - 1}).", param=param)
+
+
 def render_raw(tokenizer: Any, request: GenRequest, ceiling: int | None = None) -> RenderedPrompt:
     prompt = request.prompt
     if isinstance(prompt, str):
@@ -284,6 +298,7 @@ def render_prompt(tokenizer: Any, request: GenRequest, *, template: str | None =
                   think_start: str | None = None, tool_format: str | None = None,
                   ceiling: int | None = None) -> RenderedPrompt:
     """The ids to prefill for `request` (chat or raw); `ceiling`: rule 8."""
+    check_bias_ids(tokenizer, request)
     if request.messages is not None:
         if request.prompt is not None:
             raise InvalidRequest("Send either 'messages' or 'prompt', not both.", param="prompt")

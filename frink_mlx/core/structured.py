@@ -129,7 +129,7 @@ def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel:
     end = json.dumps(markup.tool_call_end or "</tool_call>")
     calls = "call*" if parallel else "call?"
     body, embeds = _body(tools, "arguments", strict_only=True)
-    return GrammarSpec("lark", (
+    return GrammarSpec("lark", _bounded_tools((
         "%llguidance {}\n"
         f"start: {calls} tail\n"
         "tail: TEXT\n"
@@ -137,7 +137,7 @@ def grammar_for_strict_tools(tools: list[Tool], markup: MarkupInfo, *, parallel:
         f"opening[lazy]: TEXT {start}\n"
         f'call: opening "\\n" body "\\n" {end}\n'
         f"{body}"
-    ), "tools", embeds)
+    )), "tools", embeds)
 
 
 def grammar_for_format(fmt: ResponseFormat) -> GrammarSpec:
@@ -193,11 +193,20 @@ def grammar_for_tools(tools: list[Tool], tool_choice: str, markup: MarkupInfo) -
         repeat = False
     if markup.tool_format not in TOOL_FORMATS_WITH_GRAMMAR:
         return None
-    for i, tool in enumerate(chosen):
-        check_schema(tool.parameters, f"tools[{i}].parameters")
+    for i, tool in enumerate(tools):   # named by the index the client sent
+        if repeat or tool.name == tool_choice:
+            check_schema(tool.parameters, f"tools[{i}].parameters")
     check_tool_grammars(chosen)
     text, embeds = _tool_call_lark(chosen, markup, repeat=repeat)
-    return GrammarSpec("lark", text, "tools", embeds)
+    return GrammarSpec("lark", _bounded_tools(text), "tools", embeds)
+
+
+def _bounded_tools(text: str) -> str:
+    """A tool grammar is held to the grammar limit like any other (rule 1)."""
+    if len(text) > MAX_SPEC_CHARS:
+        raise InvalidRequest(f"The tools' parameter schemas make a grammar of {len(text)} "
+                             f"characters; the limit is {MAX_SPEC_CHARS}.", param="tools")
+    return text
 
 
 def check_tool_grammars(tools: list[Tool]) -> None:

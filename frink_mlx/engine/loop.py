@@ -49,7 +49,7 @@ from .kv.paged import PagedKVStore
 from .kv.spill import STEP_SNAPSHOT_BYTES, DiskLink
 from .outputs import OutputRouter
 from .runner import Runner, StepResult
-from .sampling import RowSampler
+from .sampling import LogitBias, RowSampler
 from .scheduler import Finished, Scheduler, SchedulerOutput
 from .stream import SeqStream
 from .turns import PrefillSlicer
@@ -206,10 +206,11 @@ class StepLoop:
         self._recount_queue()
         router.streams[seq.request_id] = stream
         base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
+        bias = LogitBias.of(seq.sampling.logit_bias)   # once per request (sampling rule 1)
         for row in group.seqs:
             constraint = seq.constraints[row.index] if seq.constraints else None
             router.samplers[row.seq_id] = RowSampler(seq.sampling, base_seed + row.index,
-                                                     constraint, list(seq.prompt_ids))
+                                                     constraint, list(seq.prompt_ids), bias=bias)
 
     def _expire_waiting(self) -> None:
         """Failure rule 2: requests refused KV space for `queue_timeout_s` end with Overloaded."""

@@ -9,9 +9,12 @@ Rules:
    `messages[0].content`); the message keeps msgspec's full explanation.
 4. Keys the struct does not declare are reported (x-frink-ignored-fields) or,
    under --strict-fields, refused by name: http/fields.py.
-5. A large body (core/offload.py rule 2: `request.state.body_bytes`, which
-   `read_body` sets) is decoded and walked for unknown keys in a worker
-   thread: on a body of 70,000 short messages that is seconds of CPU.
+5. JSON nested deeper than http/depth.py allows -> 400 naming the field, also
+   when it is too deep for msgspec to decode at all (RecursionError).
+6. A large body (core/offload.py rule 2: `request.state.body_bytes`, which
+   `read_body` sets) is decoded and walked for unknown keys (rules 4-5) in a
+   worker thread: on a body of 70,000 short messages or 20,000 tools that is
+   seconds of CPU, which would otherwise hold the event loop (and /health).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import msgspec
 from starlette.requests import Request
 
 from ..errors import InvalidRequest, PayloadTooLarge
-from .fields import report, unknown_fields
+from .fields import find_unknown, report, too_deep_error
 
 T = TypeVar("T")
 
@@ -73,10 +76,12 @@ def decode_struct(data: bytes, struct_type: type[T]) -> T:
         raise InvalidRequest(f"Invalid request body: {exc}", param=validation_param(exc)) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:   # rule 5
+        raise too_deep_error(data, struct_type) from None
 
 
 async def decode_body(request: Request, struct_type: type[T]) -> T:
-    """Read, size-check and decode the body of `request` into `struct_type` (rules 1-4)."""
+    """Read, size-check and decode the body of `request` into `struct_type` (rules 1-6)."""
     data = await read_body(request)
     offload = getattr(getattr(request.app.state, "frink", None), "offload", None)
     if offload is None:
@@ -88,10 +93,6 @@ async def decode_body(request: Request, struct_type: type[T]) -> T:
 
 
 def _decode_checked(data: bytes, struct_type: type[T]) -> tuple[T, list[str]]:
-    """The body decoded, and the names of the keys `struct_type` does not declare."""
-    body = decode_struct(data, struct_type)
-    try:
-        raw = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return body, []
-    return body, unknown_fields(raw, struct_type)
+    """The body decoded, and the names of the keys `struct_type` does not declare (rules
+    4-5; pure: any thread)."""
+    return decode_struct(data, struct_type), find_unknown(data, struct_type)

@@ -36,26 +36,21 @@ and disconnect detection):
    requests are in flight (running + queued); beyond that, 503 with
    `Retry-After`. `/health`, `/metrics`, `/admin/status` and the page's
    shell are exempt so a flooded daemon still answers them (and can show why).
+7. WebSocket upgrades are refused (closed before accept: 403) ahead of every
+   gate above; no route speaks WebSocket, and none of the gates would see one.
 
 Refusals are rendered in the protocol's own envelope, chosen by path:
 Anthropic for /v1/messages*, llama.cpp for its native routes, Ollama for
 /api/*, OpenAI for the rest (see http/errors.py).
 
-`check_bind(settings)` refuses to start on a non-loopback address without a
-key, and a TLS setting without its pair or with a file it cannot read; a
-non-loopback address served without TLS is one warning (the key and every
-prompt cross the network in cleartext). The server calls it before binding.
+Keys and what the daemon may bind to: http/binding.py.
 """
 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
-import os
 import re
-import stat
-from pathlib import Path
 
 import anyio
 from starlette.datastructures import Headers
@@ -64,7 +59,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import (
     AuthenticationFailed,
-    ConfigError,
     FrinkError,
     InvalidRequest,
     MisdirectedRequest,
@@ -76,6 +70,7 @@ from ..errors import (
 from ..metrics import metrics_of
 from ..settings import Settings
 from .access import PRE_AUTH_REFUSAL, AccessLogMiddleware
+from .binding import LOOPBACK_NAMES, check_cors_origins, resolve_api_key
 from .errors import Envelope, anthropic_error, llamacpp_error, ollama_error, openai_error
 
 log = logging.getLogger("frink_mlx.http")
@@ -89,8 +84,6 @@ LLAMACPP_PATHS = frozenset({
     "/completion", "/completions", "/tokenize", "/detokenize", "/infill", "/embedding",
     "/props", "/slots", "/apply-template",
 })
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-KEY_FILE_NAME = "api_key"
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 CORS_EXPOSE = ("request-id, x-request-id, retry-after, frink-max-tokens, "
                "frink-max-tokens-requested, x-frink-ignored-fields")
@@ -107,95 +100,6 @@ def envelope_for_path(path: str) -> Envelope:
     if path.startswith("/api/"):
         return ollama_error
     return openai_error
-
-
-# --- keys and binding ------------------------------------------------------
-
-def default_key_file(settings: Settings) -> Path:
-    """Where `frink-mlx service install --generate-key` writes the key."""
-    return Path(settings.config_dir) / KEY_FILE_NAME
-
-
-def read_key_file(path: Path) -> str:
-    """The key in `path`; the file must be a regular file readable by its owner only."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise ConfigError(f"api key file {path} does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"api key file {path} is not a regular file")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"api key file {path} has mode {mode:04o}; it must not be readable by group or "
-            f"others (run: chmod 600 {path})")
-    key = path.read_text(encoding="utf-8").strip()
-    if not key:
-        raise ConfigError(f"api key file {path} is empty")
-    return key
-
-
-def resolve_api_key(settings: Settings) -> str | None:
-    """The key the daemon enforces and clients send, or None (no auth).
-
-    Precedence: `settings.api_key` (--api-key, $FRINK_MLX_API_KEY) >
-    `settings.api_key_file` (--api-key-file, must exist, mode 0600) > the
-    default key file `<config_dir>/api_key` when it exists (also checked).
-    """
-    if settings.api_key:
-        return settings.api_key
-    if settings.api_key_file:
-        return read_key_file(Path(settings.api_key_file).expanduser())
-    default = default_key_file(settings)
-    if default.exists():
-        return read_key_file(default)
-    return None
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for names/addresses only this machine can reach (bind addresses)."""
-    name = host.strip().strip("[]").lower()
-    if name in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(settings: Settings) -> str | None:
-    """Refuse a non-loopback bind without a key; returns the key (or None).
-
-    Raises ConfigError naming the setting; the server calls this first.
-    """
-    key = resolve_api_key(settings)
-    if not is_loopback_host(settings.host) and not key:
-        raise ConfigError(
-            f"refusing to listen on {settings.host}: a non-loopback address needs an API key "
-            "(--api-key, $FRINK_MLX_API_KEY, or --api-key-file with mode 0600)")
-    tls = check_tls(settings)
-    if not is_loopback_host(settings.host) and not tls:
-        log.warning("listening on %s without TLS: the API key and every prompt cross the "
-                    "network in cleartext (--ssl-certfile/--ssl-keyfile, or bind 127.0.0.1)",
-                    settings.host)
-    return key
-
-
-def check_tls(settings: Settings) -> bool:
-    """True when the daemon serves HTTPS; a certificate without its key (or the other way
-    round) or a file it cannot read is a ConfigError naming the setting."""
-    pair = {"ssl_certfile": settings.ssl_certfile, "ssl_keyfile": settings.ssl_keyfile}
-    given = {name: path for name, path in pair.items() if path}
-    if not given:
-        return False
-    if len(given) == 1:
-        (name,) = given
-        other = "ssl_keyfile" if name == "ssl_certfile" else "ssl_certfile"
-        raise ConfigError(f"--{name.replace('_', '-')} needs --{other.replace('_', '-')} too")
-    for name, path in given.items():
-        if not os.access(Path(path).expanduser(), os.R_OK):
-            raise ConfigError(f"--{name.replace('_', '-')}: cannot read {path}")
-    return True
 
 
 # --- request checks --------------------------------------------------------
@@ -235,10 +139,11 @@ def _presented_key(headers: Headers) -> str | None:
 
 
 class SecurityMiddleware:
-    """Gates 1-6 of the module docstring. State lives on the instance (one per app)."""
+    """Gates 1-7 of the module docstring. State lives on the instance (one per app)."""
 
     def __init__(self, app: ASGIApp, settings: Settings, api_key: str | None) -> None:
         self.app = app
+        check_cors_origins(settings.cors_origins)
         self.api_key = api_key.encode() if api_key else None
         self.hosts = allowed_host_names(settings)
         self.origins = frozenset(o.strip() for o in settings.cors_origins if o.strip())
@@ -248,7 +153,10 @@ class SecurityMiddleware:
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":  # lifespan; the daemon serves no websockets
+        if scope["type"] == "websocket":  # no route speaks it: refused before any gate
+            await _refuse_websocket(scope, receive, send)
+            return
+        if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -386,6 +294,17 @@ _REASONS: dict[type, str] = {
 }
 
 
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """A WebSocket upgrade is closed before it is accepted (the server answers 403):
+    none of gates 1-6 would otherwise see it."""
+    metrics = metrics_of(scope.get("app"))
+    if metrics is not None:
+        metrics.observe_rejection("websocket")
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
+
+
 _PRE_AUTH = (MisdirectedRequest, PermissionDenied, AuthenticationFailed)
 
 
@@ -407,6 +326,5 @@ def build_middleware(settings: Settings) -> list[Middleware]:
 
 
 __all__ = [
-    "OPEN_PATHS", "OPEN_PREFIXES", "SecurityMiddleware", "build_middleware", "check_bind", "default_key_file",
-    "envelope_for_path", "is_loopback_host", "read_key_file", "resolve_api_key",
+    "OPEN_PATHS", "OPEN_PREFIXES", "SecurityMiddleware", "build_middleware", "envelope_for_path",
 ]

@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from frink_mlx.core.checks import check_request, check_sampling
-from frink_mlx.core.request import GenRequest, SamplingParams
+from frink_mlx.core.checks import (
+    MAX_LOGIT_BIAS,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOOLS,
+    check_batch,
+    check_request,
+    check_sampling,
+    token_id_of,
+)
+from frink_mlx.core.request import GenRequest, SamplingParams, Tool
 from frink_mlx.errors import InvalidRequest
 
 BAD = [
@@ -66,3 +75,52 @@ def test_max_tokens_below_one_is_refused_by_the_protocol_name() -> None:
     with pytest.raises(InvalidRequest) as err:
         check_request(req, max_n=4)
     assert err.value.param == "n_predict"
+
+
+@pytest.mark.parametrize("wire", ["stop", "stop_sequences", "options.stop"])
+def test_stop_strings_are_bounded_in_count_and_length_by_the_protocols_name(wire: str) -> None:
+    names = {"stop": wire}
+    many = GenRequest(model="m", prompt="hi", stop=["x"] * (MAX_STOP_SEQUENCES + 1),
+                      param_names=names)
+    with pytest.raises(InvalidRequest) as err:
+        check_request(many, max_n=4)
+    assert err.value.param == wire and f"at most {MAX_STOP_SEQUENCES}" in err.value.message
+    long = GenRequest(model="m", prompt="hi", stop=["ok", "y" * (MAX_STOP_CHARS + 1)],
+                      param_names=names)
+    with pytest.raises(InvalidRequest) as err:
+        check_request(long, max_n=4)
+    assert err.value.param == wire and f"'{wire}[1]'" in err.value.message
+    assert len(err.value.message) < 200   # the value itself is never echoed
+    check_request(GenRequest(model="m", prompt="hi", stop=["y" * MAX_STOP_CHARS] *
+                             MAX_STOP_SEQUENCES), max_n=4)
+
+
+def test_logit_bias_entries_and_tools_are_bounded() -> None:
+    bias = {i: 1.0 for i in range(MAX_LOGIT_BIAS + 1)}
+    with pytest.raises(InvalidRequest) as err:
+        check_request(GenRequest(model="m", prompt="hi", sampling=SamplingParams(logit_bias=bias)),
+                      max_n=4)
+    assert err.value.param == "logit_bias"
+    tools = [Tool(f"f{i}") for i in range(MAX_TOOLS + 1)]
+    with pytest.raises(InvalidRequest) as err:
+        check_request(GenRequest(model="m", prompt="hi", tools=tools), max_n=4)
+    assert err.value.param == "tools"
+
+
+def test_a_batch_is_bounded_by_prompts_times_n() -> None:
+    check_batch(4, 4, max_n=16)
+    check_batch(1, 16, max_n=16)   # one prompt: n alone is check_request's
+    with pytest.raises(InvalidRequest) as err:
+        check_batch(17, 1, max_n=16)
+    assert err.value.param == "prompt" and "17 in all" in err.value.message
+    with pytest.raises(InvalidRequest):
+        check_batch(5, 4, max_n=16)
+
+
+@pytest.mark.parametrize("key,token", [("7", 7), ("0", 0), ("-3", -3), ("4294967295", 4294967295),
+                                       ("\u00b2", None), ("\u0663", None), ("9" * 4400, None),
+                                       ("12345678901", None), ("", None), ("1.5", None),
+                                       (" 7", None), ("hello", None)])
+def test_token_ids_are_ascii_digits_only(key: str, token: int | None) -> None:
+    """"\u00b2" passes str.isdigit and int() of 4,400 digits raises: both were 500s."""
+    assert token_id_of(key) == token

@@ -82,6 +82,50 @@ def test_earliest_of_several_stops_wins():
     assert m.matched == "lo w"
 
 
+class _NaiveStops:
+    """The matcher's rule 2 written the slow, obvious way: the reference."""
+
+    def __init__(self, stops):
+        self.stops, self.held, self.matched = [s for s in stops if s], "", None
+
+    def feed(self, text):
+        if self.matched is not None:
+            return ""
+        buf = self.held + text
+        hits = [(buf.find(s), s) for s in self.stops if s in buf]
+        if hits:
+            at, self.matched = min(hits, key=lambda h: h[0])
+            self.held = ""
+            return buf[:at]
+        keep = max([n for s in self.stops for n in range(1, len(s)) if buf.endswith(s[:n])],
+                   default=0)
+        self.held = buf[len(buf) - keep:]
+        return buf[:len(buf) - keep]
+
+
+def test_stop_matching_agrees_with_the_obvious_reference_on_random_text():
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        stops = ["".join(rng.choice("ab\u00e9") for _ in range(rng.randint(1, 6)))
+                 for _ in range(rng.randint(1, 5))]
+        text = "".join(rng.choice("ab\u00e9c") for _ in range(rng.randint(0, 40)))
+        fast, slow = StopMatcher(stops), _NaiveStops(stops)
+        at = 0
+        while at < len(text):
+            step = rng.randint(1, 4)
+            assert fast.feed(text[at:at + step]) == slow.feed(text[at:at + step]), (stops, text)
+            at += step
+        assert fast.matched == slow.matched and fast.flush() == ("" if slow.matched else slow.held)
+
+
+def test_one_stop_set_is_shared_by_a_requests_choices():
+    p = pipeline(n=3, stop=["END", "STOP"])
+    sets = {id(c.stops.set) for c in p.choices}
+    assert len(sets) == 1 and p.choices[0].stops.set.max_len == 4
+
+
 def test_eos_ends_without_text_and_counts_usage():
     events = run(pipeline(), ids_of("hi") + [EOS])
     done = events[-1]

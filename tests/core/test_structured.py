@@ -141,6 +141,26 @@ def test_unknown_tool_name_and_missing_tools_are_400() -> None:
         grammar_for_tools([], "required", HERMES)
 
 
+def test_tool_grammars_are_held_to_the_grammar_limit() -> None:
+    """Forced and strict tool grammars were built past MAX_SPEC_CHARS unchecked."""
+    enum = [f"value-{i:06d}" for i in range(MAX_SPEC_CHARS // 10)]
+    big = Tool("pick", "", {"type": "object", "properties": {"v": {"enum": enum}}})
+    with pytest.raises(InvalidRequest, match="the limit is") as info:
+        grammar_for_tools([WEATHER, big], "required", HERMES)
+    assert info.value.param == "tools"
+    strict = Tool("pick", "", big.parameters, strict=True)
+    req = GenRequest(model="m", messages=[Message("user", "hi")], tools=[strict])
+    with pytest.raises(InvalidRequest, match="the limit is") as info:
+        grammar_for_request(req, HERMES)
+    assert info.value.param == "tools"
+
+
+def test_a_named_tools_bad_schema_is_named_by_its_own_index() -> None:
+    bad = Tool("broken", "", {"type": "objekt"})
+    with pytest.raises(InvalidRequest, match=r"tools\[1\]\.parameters"):
+        grammar_for_tools([WEATHER, bad], "broken", HERMES)
+
+
 def test_llama3_json_calls_are_bare_objects_with_parameters() -> None:
     llama3 = MarkupInfo(tool_call_start="<|python_tag|>", tool_format="llama3_json")
     spec = grammar_for_tools([WEATHER, TIME], "required", llama3)

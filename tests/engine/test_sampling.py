@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.sampling import RowSampler, sample, step_key
+from frink_mlx.engine.sampling import LogitBias, RowSampler, draft_samplers, sample, step_key
 
 LOGITS = mx.array([[0.0, 2.0, 1.0, -1.0, 0.5], [3.0, 0.0, 0.0, 0.0, 2.9]])
 
@@ -89,3 +89,33 @@ def test_logit_bias_and_top_logprobs():
     assert out.top_ids.tolist()[0] == [3, 1]
     top = out.top_logprobs.tolist()[0]
     assert top[0] >= top[1] and abs(top[0] - out.logprobs.tolist()[0]) < 1e-6
+
+
+def test_logit_bias_is_one_pair_of_arrays_per_request_shared_by_rows_and_positions():
+    """Rule 1: built once, one row per vocabulary; ids past the vocabulary skipped."""
+    p = SamplingParams(temperature=0, logit_bias={4: 50.0, 2: -5.0, 10_000: 9.0})
+    bias = LogitBias.of(p.logit_bias)
+    rows = [RowSampler(p, seed=1, bias=bias), RowSampler(p, seed=2, bias=bias)]
+    assert sample(LOGITS, rows).tokens.tolist() == [4, 4]
+    first = bias.row(5)
+    assert first.tolist() == [0.0, 0.0, -5.0, 0.0, 50.0]
+    assert bias.row(5) is first   # not rebuilt per step
+    positions = draft_samplers(rows[0], [1, 2])
+    assert all(pos.bias is bias for pos in positions)
+    assert LogitBias.of({10_000: 1.0}).row(5).tolist() == [0.0] * 5
+
+
+def test_a_row_built_without_its_bias_derives_it():
+    row = RowSampler(SamplingParams(temperature=0, logit_bias={3: 10.0}), seed=0)
+    assert row.bias is not None and sample(LOGITS[:1], [row]).tokens.tolist() == [3]
+
+
+def test_verify_positions_see_the_drafts_before_them_in_their_penalty_window():
+    p = SamplingParams(temperature=0, presence_penalty=2.0, penalty_context_size=3)
+    row = RowSampler(p, seed=0, history=[0, 1, 2])
+    positions = draft_samplers(row, [4, 1])
+    assert all(pos.history is row.history for pos in positions)   # shared, not copied
+    # logits [3, 0, 0, 0, 2.9]; windows [0, 1, 2], [1, 2, 4], [2, 4, 1]: only the first
+    # penalises token 0 (then 4 wins); a window of history + drafts would penalise it in all
+    out = sample(mx.repeat(LOGITS[1:2], 3, axis=0), positions)
+    assert out.tokens.tolist() == [4, 0, 0]

@@ -26,13 +26,8 @@ from starlette.routing import Route
 from frink_mlx import metrics as metrics_mod
 from frink_mlx.errors import ConfigError
 from frink_mlx.http.access import note_generation
-from frink_mlx.http.security import (
-    build_middleware,
-    check_bind,
-    default_key_file,
-    is_loopback_host,
-    resolve_api_key,
-)
+from frink_mlx.http.binding import check_bind, default_key_file, is_loopback_host, resolve_api_key
+from frink_mlx.http.security import SecurityMiddleware, build_middleware
 from frink_mlx.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -115,6 +110,17 @@ def test_non_loopback_bind_without_key_refused(tmp_path: Path) -> None:
     assert check_bind(make_settings(tmp_path, host="0.0.0.0", api_key=KEY)) == KEY
     assert check_bind(make_settings(tmp_path)) is None
     assert check_bind(make_settings(tmp_path, host="::1")) is None
+
+
+@pytest.mark.parametrize("origin", ["null", "*", " NULL "])
+def test_null_and_star_origins_are_refused_at_start_up(tmp_path: Path, origin: str) -> None:
+    """`null` is what sandboxed iframes and file:// pages send: allowing it allows any page."""
+    settings = make_settings(tmp_path, cors_origins=("http://localhost:3000", origin))
+    with pytest.raises(ConfigError, match="would let any web page call this daemon"):
+        check_bind(settings)
+    with pytest.raises(ConfigError):
+        SecurityMiddleware(lambda *a: None, settings, None)  # type: ignore[arg-type]
+    assert check_bind(make_settings(tmp_path, cors_origins=("http://localhost:3000",))) is None
 
 
 @pytest.mark.parametrize("host,loop", [("127.0.0.1", True), ("127.8.9.1", True), ("::1", True),

@@ -15,7 +15,7 @@ import pytest
 from daemon_support import DaemonProcess, write_registry
 
 from frink_mlx.errors import ConfigError
-from frink_mlx.http.security import check_bind
+from frink_mlx.http.binding import check_bind
 from frink_mlx.settings import Settings
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")

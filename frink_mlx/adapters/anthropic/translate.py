@@ -281,6 +281,7 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
     gen.max_tokens = req.max_tokens
     gen.speculative = req.speculative
     gen.stop = list(req.stop_sequences or [])
+    gen.param_names["stop"] = "stop_sequences"   # core/checks.py rule 4 names it so
     gen.stream = req.stream
     sampling = SamplingParams()
     if req.temperature is not None:

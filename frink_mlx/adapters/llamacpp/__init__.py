@@ -40,9 +40,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from ...core.checks import MAX_LOGIT_BIAS, token_id_of
 from ...core.events import ErrorEvent, choice_events
 from ...core.request import GenRequest, SamplingParams
-from ...errors import NotSupported, UnsupportedField
+from ...errors import InvalidRequest, NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.sse import sse_frame
@@ -83,11 +84,14 @@ async def resolve_logit_bias(state: Any, model: str | None,
     """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text."""
     if raw is None:
         return None
+    if len(raw) > MAX_LOGIT_BIAS:   # before any text is tokenized (core/checks.py rule 4)
+        raise InvalidRequest(f"'logit_bias' holds {len(raw)} entries; at most {MAX_LOGIT_BIAS} "
+                             "are accepted.", param="logit_bias")
     pairs = [list(p) for p in raw.items()] if isinstance(raw, dict) else raw
     out: list[list[Any]] = []
     for pair in pairs:
         token = pair[0] if isinstance(pair, list) and pair else None
-        if not isinstance(token, str) or token.lstrip("-").isdigit() or len(pair) != 2:
+        if not isinstance(token, str) or token_id_of(token) is not None or len(pair) != 2:
             out.append(pair)   # ids (and malformed pairs, refused by translate.py)
             continue
         out += [[i, pair[1]] for i in await state.tokenize(model, token, add_special=False)]
@@ -154,7 +158,8 @@ async def _answer(request: Request, body: wire._Sampling,
 
 async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
     state = request.app.state.frink
-    prompts = split_prompts(body.prompt, stream=body.stream)
+    prompts = split_prompts(body.prompt, stream=body.stream, n=body.n_cmpl,
+                            max_n=state.settings.max_batch)
     for prompt in prompts:
         check_prompt(prompt)
     return await _answer(request, body,

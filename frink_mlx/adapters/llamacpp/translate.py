@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...core.checks import check_batch, token_id_of
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
 from ..openai.wire import indent_limit, time_budget_ms
@@ -74,8 +75,8 @@ def logit_bias(raw: list[list[Any]] | dict[str, Any] | None) -> dict[int, float]
             raise InvalidRequest(f"'logit_bias[{i}]' must be a [token_id, bias] pair.",
                                  param=f"logit_bias[{i}]")
         token, bias = pair
-        if isinstance(token, str) and token.lstrip("-").isdigit():
-            token = int(token)
+        if isinstance(token, str):
+            token = token_id_of(token)   # texts were tokenized by the route (rule 5)
         if not isinstance(token, int) or isinstance(token, bool):
             raise InvalidRequest(f"'logit_bias[{i}]' must name a token id or a text.",
                                  param=f"logit_bias[{i}]")
@@ -129,8 +130,10 @@ def _text_of(prompt: Any) -> Any:
     return prompt.prompt_string
 
 
-def split_prompts(prompt: wire.Prompts, *, stream: bool) -> list[str | list[int | str]]:
-    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`."""
+def split_prompts(prompt: wire.Prompts, *, stream: bool, n: int = 1, max_n: int | None = None
+                  ) -> list[str | list[int | str]]:
+    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`;
+    with `max_n`, at most that many choices in all (core/checks.py rule 4)."""
     prompt = [_text_of(p) for p in prompt] if isinstance(prompt, list) else _text_of(prompt)
     if not isinstance(prompt, list) or not prompt:
         return [prompt]   # type: ignore[list-item]
@@ -145,6 +148,8 @@ def split_prompts(prompt: wire.Prompts, *, stream: bool) -> list[str | list[int 
     if stream:
         raise UnsupportedField("prompt", "holds several prompts, which cannot be streamed; "
                                "send one per request or stream: false")
+    if max_n is not None:
+        check_batch(len(prompt), n, max_n=max_n)
     return list(prompt)   # type: ignore[arg-type]
 
 

@@ -52,7 +52,10 @@ from .translate import model_name
 def _iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    try:   # a models.toml keep_alive of 1e308 seconds is no date (requests' are clamped)
+        stamp = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
     return stamp.isoformat().replace("+00:00", "Z")
 
 

@@ -22,7 +22,8 @@ documented, cannot change the answer):
 |                           | returned apart, as `thinking`                                  |
 | keep_alive                | seconds or a Go duration ("5m", "1h30m"): how long the model   |
 |                           | stays resident once idle; 0 = unload when idle (with nothing to|
-|                           | generate: unload now), negative = pinned (serving/room.py)     |
+|                           | generate: unload now), negative = pinned (serving/room.py);    |
+|                           | past 100 years (or infinite) it is 100 years; NaN refused      |
 | logprobs                  | false/absent only; true refused by name                        |
 | options.*                 | see OPTION_TREATMENT                                           |
 
@@ -45,11 +46,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.checks import MAX_STOP_SEQUENCES
 from ...core.events import (
     Done,
     ErrorEvent,
@@ -89,7 +92,7 @@ PARAM_NAMES = {"temperature": "options.temperature", "top_k": "options.top_k",
                "penalty_context_size": "options.repeat_last_n",
                "presence_penalty": "options.presence_penalty",
                "frequency_penalty": "options.frequency_penalty",
-               "max_tokens": "options.num_predict"}
+               "max_tokens": "options.num_predict", "stop": "options.stop"}
 WHOLE_CONTEXT = 1 << 31
 
 
@@ -128,6 +131,9 @@ def _apply(knobs: Knobs, name: str, value: Any) -> None:
         number = int(_number(name, value))
         knobs.max_tokens = None if number in (-1, -2) else number  # -1 forever, -2 fill context
     elif kind == "stop":
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:  # before the walk
+            raise InvalidRequest(f"'options.stop' holds {len(value)} stop sequences; at most "
+                                 f"{MAX_STOP_SEQUENCES} are accepted.", param=param)
         if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
             raise InvalidRequest("'options.stop' must be a list of strings.", param=param)
         knobs.stop = list(value)
@@ -214,23 +220,38 @@ _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h)")
 
 def keep_alive_seconds(value: wire.KeepAlive) -> float | None:
     """`keep_alive` as Ollama reads it: a number of seconds or a Go duration string
-    ("5m", "1h30m", "-1m"); any negative = pinned. None = not given."""
+    ("5m", "1h30m", "-1m"); any negative = pinned. None = not given. Past
+    MAX_KEEP_ALIVE_S (an infinite one included) it is that long: a deadline
+    years away still has to be a date /api/ps can write. NaN is refused."""
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _bounded_keep_alive(float(value), value)
     text = str(value).strip()
     sign = -1.0 if text.startswith("-") else 1.0
     body = text.lstrip("+-")
     try:
-        return sign * float(body)  # "300", "-1": seconds
+        return _bounded_keep_alive(sign * float(body), value)  # "300", "-1": seconds
     except ValueError:
         pass
     parts = _DURATION.findall(body)
     if not body or "".join(n + u for n, u in parts) != body:
-        raise InvalidRequest(f"'keep_alive' must be seconds or a duration such as \"5m\", "
-                             f"got {value!r}.", param="keep_alive")
-    return sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+        raise _bad_keep_alive(value)
+    return _bounded_keep_alive(sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts), value)
+
+
+MAX_KEEP_ALIVE_S = 100 * 365 * 24 * 3600.0
+
+
+def _bounded_keep_alive(seconds: float, sent: object) -> float:
+    if math.isnan(seconds):
+        raise _bad_keep_alive(sent)
+    return max(-MAX_KEEP_ALIVE_S, min(seconds, MAX_KEEP_ALIVE_S))
+
+
+def _bad_keep_alive(sent: object) -> InvalidRequest:
+    return InvalidRequest(f"'keep_alive' must be seconds or a duration such as \"5m\", "
+                          f"got {str(sent)[:64]!r}.", param="keep_alive")
 
 
 def model_name(name: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
+from ...core.checks import check_batch
 from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
@@ -30,14 +31,16 @@ from . import wire
 from .chat import OPENAI, ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, sampling_of
 
 
-def _prompts(prompt: Any) -> list[Any]:
-    """Rule 1: one prompt or a batch, each a string or a token-id list."""
+def _prompts(prompt: Any, n: int, max_n: int) -> list[Any]:
+    """Rule 1: one prompt or a batch, each a string or a token-id list; a batch is at
+    most `max_n` choices (core/checks.py rule 4), checked before it is walked."""
     if prompt is None or prompt == [] or prompt == "":
         raise InvalidRequest("'prompt' is required and may not be empty.", param="prompt")
     if isinstance(prompt, str):
         return [prompt]
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
+    check_batch(len(prompt), n, max_n=max_n)
     if not (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)):
         raise InvalidRequest("'prompt' must be a string, a list of token ids, a list of strings "
                              "or a list of token-id lists.", param="prompt")
@@ -55,7 +58,8 @@ def _logprobs_n(value: Any) -> int | None:
     return value
 
 
-def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int | None]:
+def to_gen_requests(body: wire.CompletionRequest, *, max_n: int
+                    ) -> tuple[list[GenRequest], int | None]:
     wire.refuse_unsupported(body)
     top = _logprobs_n(body.logprobs)
     if body.echo and top is not None:
@@ -74,7 +78,7 @@ def to_gen_requests(body: wire.CompletionRequest) -> tuple[list[GenRequest], int
                        max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),
                        min_indent=wire.indent_limit(body.n_indent),
                        param_names={"top_logprobs": "logprobs"})
-            for p in _prompts(body.prompt)]
+            for p in _prompts(body.prompt, body.n, max_n)]
     return reqs, top
 
 
@@ -184,7 +188,7 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
 
 
 async def start_completions(request: Request, body: wire.CompletionRequest) -> Answer:
-    reqs, top = to_gen_requests(body)
+    reqs, top = to_gen_requests(body, max_n=request.app.state.frink.settings.max_batch)
     runs = await generate(request, reqs)
     try:
         echo = await Echo([]).of(runs, request.app.state.frink) if body.echo else None

@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
+from ...core.checks import MAX_LOGIT_BIAS, MAX_STOP_SEQUENCES, token_id_of
 from ...core.request import ResponseFormat
 from ...errors import InvalidRequest, UnsupportedField
 
@@ -248,26 +249,34 @@ def llamacpp_format(req: SamplingWire, rf: ResponseFormatWire | None = None
 
 
 def logit_bias_ids(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """Keys must spell token ids (core/checks.py rule 5); values within OpenAI's +-100."""
     if not bias:
         return None
+    if len(bias) > MAX_LOGIT_BIAS:   # before a key is parsed (core/checks.py rule 4)
+        raise InvalidRequest(f"'logit_bias' holds {len(bias)} entries; at most "
+                             f"{MAX_LOGIT_BIAS} are accepted.", param="logit_bias")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        if not key.lstrip("-").isdigit() or int(key) < 0:
-            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {key!r}.",
+        token = token_id_of(key)
+        if token is None or token < 0:
+            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {key[:32]!r}.",
                                  param="logit_bias")
         if not -100.0 <= value <= 100.0:
             raise InvalidRequest(f"'logit_bias[{key}]' must be between -100 and 100.",
                                  param="logit_bias")
-        out[int(key)] = float(value)
+        out[token] = float(value)
     return out
 
 
 def stop_list(stop: str | list[str] | None) -> list[str]:
+    """The stop strings, empty ones dropped; their count and lengths are checked for
+    every protocol alike (core/checks.py rule 4)."""
     if stop is None:
         return []
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > 16:
-        raise InvalidRequest("'stop' may hold at most 16 sequences.", param="stop")
+    stops = [stop] if isinstance(stop, str) else stop
+    if len(stops) > MAX_STOP_SEQUENCES:   # before the list is copied
+        raise InvalidRequest(f"'stop' holds {len(stops)} stop sequences; at most "
+                             f"{MAX_STOP_SEQUENCES} are accepted.", param="stop")
     return [s for s in stops if s]
 
 
