@@ -100,6 +100,7 @@ class DecodeRow:
     token_id: int | None  # None: the token the previous step sampled (still on device)
     draft: list[int] = field(default_factory=list)  # verified after token_id (engine/spec/)
     num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/spec/ rule 7)
+    images: ImageInputs | None = None  # the request's images (runner: M-RoPE positions)
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
-"""Images over HTTP on a vision model: every protocol reads them, the prefix cache keys them,
-bad images are 400s naming the part (serving/vision.py)."""
+"""Images over HTTP on vision models (Gemma 3; Qwen2.5-VL's M-RoPE): every protocol reads them,
+the prefix cache keys them, bad images are 400s naming the part (serving/vision.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import pytest
 pytest.importorskip("mlx_vlm")
 pytest.importorskip("PIL")
 
-from vision_support import make_tiny_gemma3_vlm, mlx_vlm_greedy, png_base64, png_image  # noqa: E402
+from vision_support import (  # noqa: E402
+    make_tiny_gemma3_vlm,
+    make_tiny_qwen2_5_vl,
+    mlx_vlm_greedy,
+    png_base64,
+    png_image,
+)
 
 PROMPT = "describe the image please"
 
@@ -31,12 +37,14 @@ def vlive(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     root = tmp_path_factory.mktemp("vision")
     vlm = make_tiny_gemma3_vlm(root / "vlm")
-    path = write_models_toml(root, {"vlm": vlm, "tiny": make_tiny_llama(root / "tiny")},
-                             default="vlm")
+    qvlm = make_tiny_qwen2_5_vl(root / "qvlm")
+    path = write_models_toml(root, {"vlm": vlm, "qvlm": qvlm,
+                                    "tiny": make_tiny_llama(root / "tiny")}, default="vlm")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"), fallback=False, max_images=8)
     server = start_server(create_app(settings, registry=load_registry(settings)))
     server.vlm_path = vlm
+    server.qvlm_path = qvlm
     yield server
     server.stop()
 
@@ -116,6 +124,38 @@ def test_turn_two_hits_the_cache_over_the_image_and_another_image_misses(vlive: 
     other = turn_two([{"type": "image_url", "image_url": {"url": data_url(3)}},
                       {"type": "text", "text": PROMPT}])
     assert other["prompt_tokens_details"]["cached_tokens"] <= image_start
+
+
+def test_qwen_turn_two_hits_the_cache_over_the_image_and_reads_as_mlx_vlm(vlive: Any) -> None:
+    """M-RoPE (models/vision.py rule 6): turn 2's uncached tail sits at index + rope_delta."""
+    from mlx_lm.utils import load_tokenizer
+
+    path = Path(vlive.qvlm_path)
+    tokenizer = load_tokenizer(path)
+
+    def reference(messages: list[dict[str, Any]]) -> str:
+        ids = mlx_vlm_greedy(path, messages, [png_image(5)], 8)
+        return tokenizer.decode([i for i in ids if i not in tokenizer.eos_token_ids])
+
+    def ask(messages: list[dict[str, Any]]) -> httpx.Response:
+        r = post(vlive, "/v1/chat/completions", model="qvlm", max_tokens=8, temperature=0,
+                 messages=messages)
+        assert r.status_code == 200, r.text
+        return r
+
+    first = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(5)}},
+                                          {"type": "text", "text": PROMPT}]}]
+    answer = ask(first).json()["choices"][0]["message"]["content"]
+    assert answer == reference([{"role": "user", "content": [{"type": "image"},
+                                                             {"type": "text", "text": PROMPT}]}])
+    follow = [{"role": "assistant", "content": answer},
+              {"role": "user", "content": "and the second one?"}]
+    r2 = ask(first + follow).json()
+    # <|im_start|> user \n <|vision_start|> at 0..4, then the image's 9 tokens at 5..13
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 14
+    assert r2["choices"][0]["message"]["content"] == reference(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]},
+         *follow])
 
 
 def _png_bytes(image: Any) -> str:
