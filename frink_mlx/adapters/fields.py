@@ -192,8 +192,9 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
 
 COMPLETION: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
-    "prompt": (H, "text, token ids, a mix, {prompt_string} objects (multimodal_data refused), "
-               "or several prompts (an array of results; not with stream)")}
+    "prompt": (H, "text, token ids, a mix, {prompt_string, multimodal_data} objects (base64 "
+               "images at <__media__> markers: read by vision models, a placeholder text on "
+               "text-only ones), or several prompts (an array of results; not with stream)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

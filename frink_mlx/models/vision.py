@@ -65,6 +65,10 @@ import numpy as np
 from ..errors import ModelFormatError
 
 VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl"})
+# what each family's chat template writes for one image part: the text a raw
+# prompt's image stands for (serving/vision.py rule 6), as mtmd's markers are
+IMAGE_MARKUP = {"gemma3": "<start_of_image>",
+                "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 MROPE_FAMILIES = frozenset({"qwen2_5_vl"})   # rule 6
 
 
@@ -146,6 +150,7 @@ class Vision:
         token = getattr(config, "image_token_index", None)
         self.image_token_id = int(token if token is not None else config.image_token_id)
         self.mrope = family in MROPE_FAMILIES
+        self.image_markup = IMAGE_MARKUP.get(family, "")
 
     def prepare(self, text: str, images: list[Any]) -> VisionPrompt:
         """Rule 3: `images` are PIL images, in the order their markers stand in `text`."""

@@ -204,3 +204,50 @@ def test_a_text_only_model_beside_it_still_gets_the_placeholder(vlive: Any) -> N
     r = post(vlive, "/v1/chat/completions", model="tiny", max_tokens=2, messages=[
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}}]}])
     assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+
+
+# --- llama.cpp /completion: multimodal_data behind <__media__> markers (translate.py rule 10) ---
+
+RAW = {"vlm": "<bos><start_of_turn>user\n<__media__>" + PROMPT +
+       "<end_of_turn>\n<start_of_turn>model\n",
+       "qvlm": "<|im_start|>user\n<__media__>" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n"}
+
+
+@pytest.mark.parametrize("model", ["vlm", "qvlm"])
+def test_llamacpp_media_markers_read_as_the_chat_route_does(vlive: Any, model: str) -> None:
+    props = httpx.get(vlive.url + "/props", params={"model": model}, timeout=30).json()
+    assert props["modalities"]["vision"] is True and props["media_marker"] == "<__media__>"
+    r = post(vlive, "/completion", model=model, n_predict=8, temperature=0, prompt={
+        "prompt_string": RAW[model], "multimodal_data": [png_base64(6)]})
+    assert r.status_code == 200, r.text
+    assert "x-frink-images-omitted" not in r.headers
+    chat = post(vlive, "/v1/chat/completions", model=model, max_tokens=8, temperature=0,
+                messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": data_url(6)}},
+                    {"type": "text", "text": PROMPT}]}])
+    assert r.json()["content"] == chat.json()["choices"][0]["message"]["content"]
+    assert r.json()["tokens_evaluated"] == chat.json()["usage"]["prompt_tokens"]
+
+
+def test_llamacpp_media_on_a_text_only_model_and_bad_media(vlive: Any) -> None:
+    assert httpx.get(vlive.url + "/props", params={"model": "tiny"},
+                     timeout=30).json()["modalities"]["vision"] is False
+    body = {"prompt_string": "look: <__media__> and say", "multimodal_data": [png_base64(0)]}
+    r = post(vlive, "/completion", model="tiny", n_predict=2, prompt=body)
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+    many = post(vlive, "/completion", model="vlm", n_predict=2, prompt={
+        "prompt_string": "no marker", "multimodal_data": [png_base64(0)]})
+    assert many.status_code == 400 and "prompt.multimodal_data" in many.json()["error"]["message"]
+    bad = post(vlive, "/completion", model="vlm", n_predict=2, prompt=[
+        "first", {"prompt_string": "<__media__>", "multimodal_data": ["@@not base64@@"]}])
+    assert bad.status_code == 400
+    assert "prompt[1].multimodal_data[0]" in bad.json()["error"]["message"]
+
+
+def test_models_and_status_say_which_models_read_images(vlive: Any) -> None:
+    """Known from the checkpoint before a load (serving/embeddings.py `describe`)."""
+    listed = {m["id"]: m["vision"] for m in
+              httpx.get(vlive.url + "/v1/models", timeout=30).json()["data"]}
+    assert listed == {"vlm": True, "qvlm": True, "tiny": False}
+    status = httpx.get(vlive.url + "/admin/status", timeout=30).json()
+    assert {m["name"]: m["vision"] for m in status["models"]} == listed
