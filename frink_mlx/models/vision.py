@@ -40,8 +40,10 @@ Rules:
    its grid, not its length, so every index after it is shifted by
    `rope_delta` (the largest position + 1 - the prompt's length) and a
    generated token at index i sits at i + rope_delta. mlx-vlm keeps this as
-   the language model's state for one sequence; the engine batches many, so
-   `VisionLM` passes explicit `position_ids` on every forward: the layer
+   the language model's state for one sequence (and reads the cache offset
+   back to the host every step); the engine batches many rows and keeps steps
+   in flight, so `VisionLM` runs the language model's body with explicit
+   `position_ids` on every forward, then its head: the layer
    caches' `rope_positions` (kv/paged.py rule 3, which the runner fills from
    each row's `ImageInputs.rope_positions`), or, when no row of the forward
    has images, each row's offset + 0..L-1 (what `get_rope_index` gives text).
@@ -110,9 +112,13 @@ class VisionLM(nn.Module):
 
     def __call__(self, inputs: mx.array, cache: Any = None,
                  input_embeddings: mx.array | None = None) -> mx.array:
-        extra = {"position_ids": mrope_ids(inputs.shape, cache)} if self.mrope else {}
-        out = self.vlm.language_model(inputs, inputs_embeds=input_embeddings, cache=cache,
-                                      **extra)
+        lm = self.vlm.language_model
+        if self.mrope:   # rule 6: its body with explicit ids, then its head; no state
+            hidden = lm.model(inputs, inputs_embeds=input_embeddings, cache=cache,
+                              position_ids=mrope_ids(inputs.shape, cache))
+            tied = getattr(lm.args, "tie_word_embeddings", False)
+            return lm.model.embed_tokens.as_linear(hidden) if tied else lm.lm_head(hidden)
+        out = lm(inputs, inputs_embeds=input_embeddings, cache=cache)
         return out.logits if hasattr(out, "logits") else out
 
 
