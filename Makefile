@@ -4,6 +4,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.frink-installed
 TEST_STAMP := $(VENV)/.frink-test-installed
+# The real agent CLIs tests/agent_clis drives, from the npm registry at the versions in
+# tests/agent_clis/pins.txt, into a folder of the venv (never global).
+AGENTS       := $(VENV)/agents
+AGENTS_PINS  := tests/agent_clis/pins.txt
+AGENTS_STAMP := $(AGENTS)/.installed
 # MLX's Linux CPU wheel bundles reference BLAS; Debian's OpenBLAS is ~30x faster.
 # The daemon re-executes itself with it preloaded; tests get it here.
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
@@ -12,7 +17,7 @@ OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /u
 CORETYPE = $(shell $(BIN)/python -m frink_mlx.backend.cpu.blas 2>/dev/null)
 TEST_ENV = $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS) $(if $(CORETYPE),OPENBLAS_CORETYPE=$(CORETYPE),),)
 
-.PHONY: venv run test test-fast lint bench install-service uninstall-service clean
+.PHONY: venv run test test-fast agents lint bench install-service uninstall-service clean
 
 # `make run` on a fresh machine takes minutes (pip downloads ~300 MB): each step says what
 # it does, pip shows what it collects and downloads, and serve logs converting and loading.
@@ -43,13 +48,27 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
 	touch $(TEST_STAMP)
 
+# Without npm the agent tests skip, saying so; a failed install (no network) warns and
+# leaves no stamp, so the next `make test` tries again.
+$(AGENTS_STAMP): $(AGENTS_PINS)
+	@if command -v npm >/dev/null 2>&1; then \
+	  printf '\n==> %s\n' "installing the agent CLIs from the npm registry into $(AGENTS) ($$(grep -v '^#' $(AGENTS_PINS) | tr '\n' ' '))"; \
+	  npm install -g --prefix $(AGENTS) --no-fund --no-audit --loglevel=error $$(grep -v '^#' $(AGENTS_PINS)) \
+	    && touch $(AGENTS_STAMP) \
+	    || echo "warning: npm could not install the agent CLIs; tests/agent_clis will skip"; \
+	else \
+	  echo "note: npm is absent; tests/agent_clis (the real agent CLIs) will skip"; \
+	fi
+
+agents: $(AGENTS_STAMP)
+
 venv: $(STAMP)
 
 run: $(STAMP)
 	$(STEP) "starting the daemon: the first start converts the GGUF once (cached), then loads it; the JSON ready line follows"
 	$(BIN)/frink-mlx serve
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) agents
 	$(TEST_ENV) $(BIN)/python -m pytest -q -ra
 
 lint: $(TEST_STAMP)
@@ -57,7 +76,7 @@ lint: $(TEST_STAMP)
 	$(BIN)/python -m mypy
 
 test-fast: $(TEST_STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow and not agents"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/serve_bench.py

@@ -156,6 +156,7 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    disk_cached_tokens: int | None = None  # frink-mlx usage extension (the SSD tier)
     draft_tokens: int | None = None    # frink-mlx usage extension (speculative decoding)
     draft_accepted: int | None = None
     finish_reason: str | None = None
@@ -205,6 +206,7 @@ def _take_chunk(reply: Reply, chunk: dict[str, Any], now: float) -> None:
         reply.completion_tokens = usage.get("completion_tokens")
         details = usage.get("prompt_tokens_details") or {}
         reply.cached_tokens = details.get("cached_tokens")
+        reply.disk_cached_tokens = details.get("disk_cached_tokens")
         reply.draft_tokens = usage.get("draft_tokens")
         reply.draft_accepted = usage.get("draft_accepted")
     for choice in chunk.get("choices") or []:

@@ -1,6 +1,6 @@
 """What a verify step costs: the engine's own Runner timed by rows, width and context.
 
-Why: engine/spec/ rule 3 prices a step of B rows of L positions at contexts
+Why: engine/speculative/ rule 3 prices a step of B rows of L positions at contexts
 up to T; this measures the real curve on this machine (fp32 SmolLM2 through
 the CPU backend's kernels, paged KV), so the cost model's prior and its
 context term rest on numbers, not guesses. Each (B, L, T) is one hand-built

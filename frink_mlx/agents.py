@@ -11,9 +11,14 @@ Rules:
    stands).
 2. Each agent gets the keys it reads: Codex its config.toml (a `frink`
    provider on the Responses API; a keyed daemon's key is read from
-   $FRINK_MLX_API_KEY through `env_key`), Claude Code the `env` block of its
-   settings.json, OpenCode its opencode.json (an `@ai-sdk/openai-compatible`
-   provider). Telemetry, error reporting and update checks are turned off.
+   $FRINK_MLX_API_KEY through `env_key`; the window as `model_context_window`,
+   no output cap: Codex 0.169 ignores `model_max_output_tokens`), Claude Code the
+   `env` block of its settings.json (the window as CLAUDE_CODE_MAX_CONTEXT_TOKENS,
+   its window for a model name it does not know, where it would assume 1M tokens;
+   CLAUDE_CODE_AUTO_COMPACT_WINDOW would not do: it reads anything under 100k as
+   100k; the cap as CLAUDE_CODE_MAX_OUTPUT_TOKENS), OpenCode its opencode.json (an
+   `@ai-sdk/openai-compatible` provider). Telemetry, error reporting and update
+   checks are turned off.
 3. Writing merges into the existing file: the keys set here replace theirs,
    tables merge key by key, every other key is kept; the old file is kept as
    `<name>.bak`. A file that does not parse is refused, never overwritten.
@@ -61,8 +66,6 @@ def codex_config(t: Target) -> dict[str, Any]:
                               "check_for_update_on_startup": False}
     if t.context:
         config["model_context_window"] = t.context
-    if t.output:
-        config["model_max_output_tokens"] = t.output
     config["model_providers"] = {"frink": provider}
     config["analytics"] = {"enabled": False}
     return config
@@ -71,6 +74,8 @@ def codex_config(t: Target) -> dict[str, Any]:
 def claude_config(t: Target) -> dict[str, Any]:
     env = {"ANTHROPIC_BASE_URL": t.base_url, "ANTHROPIC_AUTH_TOKEN": t.token,
            "ANTHROPIC_MODEL": t.model, "ANTHROPIC_SMALL_FAST_MODEL": t.model}
+    if t.context:
+        env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(t.context)
     if t.output:
         env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(t.output)
     env.update({"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",

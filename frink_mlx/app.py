@@ -53,6 +53,7 @@ from .core.prompt import check_token_ids, encode_text
 from .core.request import GenRequest
 from .engine import constraints
 from .engine.constraints import GrammarCompiler
+from .engine.kv.disk import DiskStats
 from .engine.types import EngineStats
 from .errors import FrinkError, InvalidRequest, NotFound, Unavailable, UnsupportedField
 from .http import security
@@ -287,6 +288,10 @@ class AppState:
         gen = self.hub.current
         return gen.engine.stats() if gen is not None and gen.engine is not None else None
 
+    def disk_stats(self) -> DiskStats | None:
+        """The SSD tier's numbers (engine/kv/disk.py); None when it is not configured."""
+        return self.hub.disk.snapshot() if self.hub.disk is not None else None
+
     def engine_stats_by_model(self) -> dict[str, EngineStats]:
         """Every resident model's engine stats (/metrics labels them `model`)."""
         return {gen.name: gen.engine.stats() for gen in self.hub.resident
@@ -348,7 +353,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
             reg.source_check = source_checker(settings.load_config())
         hub = Hub(settings.hub_config(), reg, backend=chosen, factory=factory or build_generation)
         state = AppState(settings, reg, hub, cluster=cluster)
-        state.metrics = Metrics(stats_fn=state.engine_stats_by_model)
+        state.metrics = Metrics(stats_fn=state.engine_stats_by_model, disk_fn=state.disk_stats)
         hub.on_load = lambda gen: _on_load(state, gen)
         app.state.frink = state
         if load_default:

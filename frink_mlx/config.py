@@ -10,7 +10,8 @@ the slice they need without a whole daemon's configuration.
     Settings ── hub_config() ─> HubConfig ─┬─ load:   LoadConfig     models/loader.py
                                             │    └─ encoder: EncoderConfig  models/encoder/
                                             ├─ budget: BudgetConfig   models/budget.py
-                                            └─ engine: EngineLimits   engine/engine.py (EngineConfig)
+                                            ├─ engine: EngineLimits   engine/engine.py (EngineConfig)
+                                            └─ disk:   DiskConfig     engine/kv/disk.py (None: off)
     Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
 
 The slices hold no defaults of their own: Settings is the one source of
@@ -68,7 +69,7 @@ class EngineLimits(_Slice, frozen=True):
     pipeline: bool | None          # None = the backend decides
     max_queue: int
     queue_timeout_s: float
-    speculative: bool = True       # prompt-lookup speculation (engine/spec/)
+    speculative: bool = True       # prompt-lookup speculation (engine/speculative/)
     spec_max_draft: int = 8        # most tokens a row drafts per step
     spec_ngram: int = 4            # longest suffix n-gram looked up
     spec_max_rows: int = 8         # steps decoding more rows than this do not speculate
@@ -81,6 +82,14 @@ class ImageLimits(_Slice, frozen=True):
     max_images: int                # image parts per request
     max_image_bytes: int           # decoded bytes of one image
     max_image_pixels: int          # width x height of one image
+    fetch_urls: bool = False       # http(s) image URLs are fetched (else refused by name)
+
+
+class DiskConfig(_Slice, frozen=True):
+    """The SSD tier of the prefix cache (engine/kv/disk.py), one per daemon."""
+
+    directory: str                 # block files live here
+    budget_bytes: int              # their bytes never exceed this (LRU)
 
 
 class HubConfig(_Slice, frozen=True):
@@ -95,6 +104,7 @@ class HubConfig(_Slice, frozen=True):
     load: LoadConfig
     budget: BudgetConfig
     engine: EngineLimits
+    disk: DiskConfig | None = None  # None: the prefix cache stays in RAM only
 
 
 class BackendConfig(_Slice, frozen=True):

@@ -14,7 +14,9 @@ Two sources feed it:
    prefix-cache hits) are read lazily from `stats_fn() -> {model: EngineStats}`,
    bound with `bind_stats`: one sample per resident model, labelled `model`
    (several models are resident at once, serving/residency.py). No model loaded
-   exports nothing rather than zeros: absent means "not measured".
+   exports nothing rather than zeros: absent means "not measured". The SSD
+   tier of the prefix cache (engine/kv/disk.py, one per daemon) is read from
+   `disk_fn() -> DiskStats | None` the same way, unlabelled.
 
 Label cardinality is bounded: `route` is the matched route template (unknown
 paths are "<unmatched>"), `model` is a registry name, `status` an HTTP code.
@@ -32,11 +34,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from .engine.kv.disk import DiskStats
 from .engine.types import EngineStats
 
 log = logging.getLogger(__name__)
 
 StatsFn = Callable[[], "Mapping[str, EngineStats]"]  # resident model name -> its engine
+DiskFn = Callable[[], "DiskStats | None"]
 
 # Seconds. CPU-backend TTFTs run from milliseconds (tiny models) to tens of seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -47,7 +51,7 @@ REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 class Metrics:
     """Every metric the daemon exports, on its own `CollectorRegistry`."""
 
-    def __init__(self, stats_fn: StatsFn | None = None) -> None:
+    def __init__(self, stats_fn: StatsFn | None = None, disk_fn: DiskFn | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -83,7 +87,9 @@ class Metrics:
             "frink_model_loads", "Model loads (initial, swaps and reloads).", ["model"],
             registry=r)
         self._stats_fn: StatsFn | None = stats_fn
+        self._disk_fn = disk_fn
         r.register(_EngineCollector(self))
+        r.register(_DiskCollector(self))
 
     # --- push side -------------------------------------------------------
     def bind_stats(self, stats_fn: StatsFn | None) -> None:
@@ -126,6 +132,15 @@ class Metrics:
             log.debug("engine stats unavailable during scrape", exc_info=True)
             return {}
 
+    def disk_stats(self) -> DiskStats | None:
+        if self._disk_fn is None:
+            return None
+        try:
+            return self._disk_fn()
+        except Exception:  # a scrape must never fail
+            log.debug("disk tier stats unavailable during scrape", exc_info=True)
+            return None
+
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""
         return generate_latest(self.registry)
@@ -155,6 +170,47 @@ class _EngineCollector:
                     yield family
 
 
+class _DiskCollector:
+    """The SSD tier's gauges and counters, read at scrape time (module source 2)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._metrics.disk_stats()
+        if stats is None:
+            return
+        for kind, families in ((GaugeMetricFamily, _DISK_GAUGES), (CounterMetricFamily, _DISK_COUNTERS)):
+            for name, doc, field in families:
+                yield kind(name, doc, value=float(getattr(stats, field)))
+
+
+_DISK_GAUGES = [
+    ("frink_kv_disk_enabled", "1 while the prefix cache's SSD tier is on, 0 once it turned off.",
+     "enabled"),
+    ("frink_kv_disk_bytes", "Bytes of KV block files in the SSD tier.", "used_bytes"),
+    ("frink_kv_disk_budget_bytes", "The SSD tier's byte budget.", "budget_bytes"),
+    ("frink_kv_disk_files", "KV block files in the SSD tier.", "num_files"),
+    ("frink_kv_disk_queued_bytes", "Snapshots waiting for the SSD tier's writer.", "queued_bytes"),
+]
+_DISK_COUNTERS = [
+    ("frink_kv_disk_reads", "Prompts that read a run of blocks back from the SSD tier.",
+     "read_requests_total"),
+    ("frink_kv_disk_hit_blocks", "KV blocks read back from the SSD tier and verified.",
+     "hit_blocks_total"),
+    ("frink_kv_disk_written_blocks", "KV blocks written to the SSD tier.", "written_blocks_total"),
+    ("frink_kv_disk_dropped_blocks", "KV block snapshots the SSD tier's queue had no room for.",
+     "dropped_blocks_total"),
+    ("frink_kv_disk_refused_files", "Torn, corrupt, foreign or outdated block files deleted.",
+     "refused_files_total"),
+    ("frink_kv_disk_evicted_files", "Block files deleted to keep the SSD tier in its budget.",
+     "evicted_files_total"),
+]
+
+
 def _extra(key: str) -> Callable[[EngineStats], float | None]:
     return lambda s: s.extra.get(key)
 
@@ -175,6 +231,8 @@ _GAUGES: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
 _COUNTERS: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
     ("frink_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
      lambda s: s.prefix_hit_tokens_total),
+    ("frink_prefix_cache_disk_hit_tokens", "Of those, tokens read back from the SSD tier.",
+     _extra("disk_hit_tokens_total")),
     ("frink_engine_steps", "Engine steps run by the model's current generation.",
      lambda s: s.steps_total),
     ("frink_spec_draft_tokens", "Speculative tokens drafted (prompt lookup and draft model).",

@@ -55,7 +55,7 @@ Rules:
    the default; `max_kv_bytes` caps its KV pool below the daemon-wide
    `max_kv_pool_bytes`.
 10. `draft` names another generative entry (not itself, by name or alias) that
-   proposes tokens for speculative decoding (engine/spec/ rule 7); it is
+   proposes tokens for speculative decoding (engine/speculative/ rule 7); it is
    loaded and freed with this entry's generation, and must share its
    tokenizer (checked when loaded, models/draft.py).
 11. `refuse_images` (true/false) overrides the daemon-wide setting of the same

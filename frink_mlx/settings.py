@@ -35,6 +35,7 @@ from .backend.distributed import SPLIT_CHOICES, GroupConfig
 from .config import (
     BackendConfig,
     BudgetConfig,
+    DiskConfig,
     EncoderConfig,
     EngineLimits,
     HubConfig,
@@ -80,6 +81,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_images: int = 32                         # image parts per request (vision models)
     max_image_bytes: int = 20 * 1024 * 1024      # one image's decoded bytes
     max_image_pixels: int = 50_000_000           # one image's width x height
+    fetch_image_urls: bool = False               # http(s) image URLs: fetch them (else 400)
                                                  # text (core/images.py)
     header_timeout_s: float = 30.0               # request line + headers must arrive in this
                                                  # long (in total); else 408 / close
@@ -121,7 +123,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                                                  # MLX streams (backend/cpu/split.py); None = one
                                                  # per usable core (at most 8), 1 = off
     speculative: bool = True                     # speculative decoding in the batch: prompt lookup,
-                                                 # and an entry's `draft` model (engine/spec/); per
+                                                 # and an entry's `draft` model (engine/speculative/); per
                                                  # request `speculative: false`
     spec_max_draft: AtLeast1 = 8                 # most tokens a row drafts per step
     spec_ngram: AtLeast2 = 4                     # longest suffix n-gram looked up in the context
@@ -130,6 +132,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
+    kv_disk_dir: str | None = None               # the prefix cache's SSD tier; None = <cache_dir>/kv
+    kv_disk_bytes: int = 10 * 1024**3            # its byte budget (LRU beyond it); 0 = tier off
     max_queue: int = 64                          # requests waiting beyond this get 503
     queue_timeout_s: float = 30.0                # a request waiting on a full KV pool this long gets 503
     # --- lifecycle ---
@@ -233,7 +237,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,
-                           max_image_pixels=self.max_image_pixels)
+                           max_image_pixels=self.max_image_pixels,
+                           fetch_urls=self.fetch_image_urls)
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,
@@ -241,7 +246,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                          max_resident_models=self.max_resident_models,
                          evict_wait_s=self.evict_wait_s,
                          load=self.load_config(), budget=self.budget_config(),
-                         engine=self.engine_limits())
+                         engine=self.engine_limits(), disk=self.disk_config())
+
+    def disk_config(self) -> DiskConfig | None:
+        """The SSD tier, or None when its budget is 0 or the daemon is a distributed rank
+        (each rank holds its own shard of the KV pools)."""
+        if self.kv_disk_bytes <= 0 or self.distributed:
+            return None
+        directory = self.kv_disk_dir or str(Path(self.cache_dir).expanduser() / "kv")
+        return DiskConfig(directory=directory, budget_bytes=self.kv_disk_bytes)
 
 
 def _foreign_stores() -> dict[str, Any]:
@@ -293,6 +306,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "max_image_bytes": SettingDoc("most decoded bytes of one image (400 naming the part)"),
     "max_image_pixels": SettingDoc("most pixels (width x height) of one image, checked before "
                                    "it is decoded (400 naming the part)"),
+    "fetch_image_urls": SettingDoc("fetch http(s) image URLs for vision models (10 s, "
+                                   "max_image_bytes; off: such a part is a 400 naming it, so "
+                                   "a client cannot make the daemon reach other hosts)"),
     "refuse_images": SettingDoc("refuse image parts by name (400) instead of replacing each "
                                 "with a short placeholder text (x-frink-images-omitted)"),
     # --- models ---
@@ -353,6 +369,12 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
                                            "KV pool"),
     "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
+    "kv_disk_dir": SettingDoc("where the prefix cache's SSD tier keeps KV blocks (they survive "
+                              "restarts, swaps and evictions)",
+                              default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, "
+                                      "else $XDG_CACHE_HOME/frink-mlx/kv or ~/.cache/frink-mlx/kv"),
+    "kv_disk_bytes": SettingDoc("byte budget of the SSD tier (least recently used blocks go "
+                                "first); 0 turns the tier off"),
     "max_queue": SettingDoc("requests waiting beyond this many get 503 with Retry-After"),
     "queue_timeout_s": SettingDoc("a request waiting this long for KV room gets 503"),
     "speculative": SettingDoc("speculative decoding inside the batch: prompt lookup, and the "

@@ -216,15 +216,18 @@ class DaemonProcess:
     """`python -m frink_mlx.cli serve --port 0 ...` as a child process.
 
     stdout is the ready line; stderr (the log) goes to a file so a chatty
-    daemon can never block on a full pipe. `ready()` waits for the line."""
+    daemon can never block on a full pipe. `ready()` waits for the line. The prefix
+    cache's SSD tier writes under `tmp` unless the test says where (never into the
+    user's cache, where a later run would find this one's blocks)."""
 
     def __init__(self, tmp: Path, *args: str, **settings: object) -> None:
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("w")
+        kv_disk = {} if "cache_dir" in settings else {"kv_disk_dir": str(tmp / "kv-disk")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "frink_mlx.cli", "serve", "--port", "0", *args],
             stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=ROOT,
-            env=daemon_env(**{"log_level": "info", **settings}))
+            env=daemon_env(**{"log_level": "info", **kv_disk, **settings}))
         self.url = ""
         self.ready_line: dict[str, Any] = {}
 

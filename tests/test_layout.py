@@ -20,6 +20,14 @@ MAX_FUNCTION_LINES = 60
 MAX_FOLDER_SHARE = 1 / 3
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+# Files allowed past MAX_FILE_LINES, each with its own cap and the reason it stays one
+# piece (split by concern, never by line count): a newcomer reads the exception here.
+LONG_FILES = {
+    "engine/scheduler.py": (440, "one admission and step policy whose numbered rules cite "
+                                 "each other; a split would scatter them over files"),
+    "settings.py": (460, "the one table of settings with their flag docs beside them; "
+                         "the docs move onto the fields themselves later (issue 33)"),
+}
 
 
 def _lines(path: Path) -> int:
@@ -27,8 +35,17 @@ def _lines(path: Path) -> int:
 
 
 def test_no_file_is_long() -> None:
-    long = {str(p.relative_to(PACKAGE)): n for p in SOURCES if (n := _lines(p)) > MAX_FILE_LINES}
+    long = {name: n for p in SOURCES
+            if (n := _lines(p)) > LONG_FILES.get(name := str(p.relative_to(PACKAGE)),
+                                                 (MAX_FILE_LINES, ""))[0]}
     assert long == {}
+
+
+def test_the_long_files_list_names_real_long_files() -> None:
+    """An allowance outlives its need silently unless checked."""
+    sizes = {str(p.relative_to(PACKAGE)): _lines(p) for p in SOURCES}
+    stale = {name for name in LONG_FILES if sizes.get(name, 0) <= MAX_FILE_LINES}
+    assert stale == set()
 
 
 def test_no_function_is_long() -> None:

@@ -2,7 +2,9 @@
 
     GET  /health               state ready/loading/idle/unavailable/draining, model,
                                generation, uptime, context ceiling, KV blocks, queue, the
-                               running load's `progress`; 503 + Retry-After when nothing is
+                               running load's `progress`, the SSD tier (`kv_disk`: on,
+                               bytes, files, hits, reads, writes; null when not
+                               configured); 503 + Retry-After when nothing is
                                loaded and no request would load one (idle -> 200), while the
                                first model loads, while draining, and when the distributed
                                group is lost (`reason` says why; `ranks` is the group size on
@@ -69,8 +71,26 @@ def load_progress(hub: Any) -> dict[str, Any] | None:
 def _kv(stats: Any) -> dict[str, Any] | None:
     if stats is None:
         return None
-    return {"blocks_total": stats.num_blocks_total, "blocks_used": stats.num_blocks_used,
-            "blocks_cached": stats.num_blocks_cached, "block_size": stats.block_size}
+    kv = {"blocks_total": stats.num_blocks_total, "blocks_used": stats.num_blocks_used,
+          "blocks_cached": stats.num_blocks_cached, "block_size": stats.block_size}
+    if getattr(stats, "state_slots_total", None) is not None:  # recurrent layers (engine/kv/slots.py)
+        kv["state_slots_total"] = stats.state_slots_total
+        kv["state_slots_used"] = stats.state_slots_used
+    return kv
+
+
+def disk_report(stats: Any) -> dict[str, Any] | None:
+    """The SSD tier of the prefix cache (engine/kv/disk.py DiskStats), for /health and
+    the status page."""
+    if stats is None:
+        return None
+    return {"enabled": stats.enabled, "error": stats.error, "directory": stats.directory,
+            "bytes": stats.used_bytes, "budget_bytes": stats.budget_bytes,
+            "files": stats.num_files, "reads": stats.read_requests_total,
+            "hit_blocks": stats.hit_blocks_total, "written_blocks": stats.written_blocks_total,
+            "dropped_blocks": stats.dropped_blocks_total,
+            "refused_files": stats.refused_files_total,
+            "evicted_files": stats.evicted_files_total}
 
 
 async def health(request: Request) -> Response:
@@ -85,6 +105,7 @@ async def health(request: Request) -> Response:
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
         "models": state.model_states(), "memory": state.memory_report(),
+        "kv_disk": disk_report(state.disk_stats()),
     }
     serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
     lost = getattr(state.cluster, "lost", None)

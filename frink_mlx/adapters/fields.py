@@ -99,7 +99,8 @@ RESPONSES: dict[str, Rule] = {
     "model": _OPENAI_SAMPLING["model"],
     "input": (H, "message, function_call, function_call_output, custom_tool_call, "
               "custom_tool_call_output, reasoning items; input_image parts read by vision "
-              "models, a placeholder text on text-only ones (refuse_images refuses)"),
+              "models, a placeholder text on text-only ones (refuse_images refuses); "
+              "input_file refused"),
     "instructions": (H, ""),
     "tools": (H, "function; namespace (members offered as `ns__name`); custom (one string "
               "input; a lark or regex grammar enforced on it with JSON tool-call markup, "
@@ -147,9 +148,12 @@ MESSAGES: dict[str, Rule] = {
     "system": (H, "string or text blocks; Claude Code's billing-header line dropped"),
     "stop_sequences": (H, ""), "stream": (H, ""),
     "temperature": (H, ""), "top_p": (H, ""), "top_k": (H, ""),
-    "tools": (H, "client tools; server tools refused by name"), "tool_choice": (H, ""),
+    "tools": (H, "client tools; server tools refused by name; defer_loading ones kept out "
+              "of the prompt until a tool_reference loads them"), "tool_choice": (H, ""),
     "thinking": (H, "enabled (budget enforced), adaptive, disabled; display summarized/"
-                 "updates a no-op, omitted refused"),
+                 "updates a no-op, omitted leaves the text out"),
+    "context_management": (H, "clear_thinking edits (keep the last N turns' reasoning); "
+                           "clear_tool_uses refused"),
     "speculative": (E, "frink: false opts out of speculative decoding; the answer is the same"),
     "metadata": (N, "user_id is an end-user id"),
     "output_config": (H, "format json_schema enforced; effort low/medium bound the "

@@ -29,7 +29,10 @@ Rules:
    generation; null before its first prompt.
 4. `recent` is the access ring (http/access.py rule 5), oldest first; `seq`
    grows by one per record, so a poller knows which records it has not seen.
-5. Each model's `vision` says whether it reads image parts (the playground
+5. `kv_disk` is the prefix cache's SSD tier as /health reports it (admin.py
+   `disk_report`; null when not configured); `disk_hit_tokens_total` counts
+   the current generation's prefix hits read back from it (null without it).
+6. Each model's `vision` says whether it reads image parts (the playground
    then takes a pasted or dropped image): `AppState.model_facts`, null when
    not known until it is loaded.
 """
@@ -48,6 +51,7 @@ from .. import __version__
 from ..backend.info import DeviceFacts
 from ..http.access import AccessRecord, RecentRequests
 from ..http.errors import endpoint, openai_error
+from .admin import disk_report
 from .openai.models import context_length_of
 
 if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
@@ -82,7 +86,7 @@ class ModelState(msgspec.Struct):
     generation: int | None = None
     loading_s: float | None = None
     progress: dict[str, Any] | None = None
-    vision: bool | None = None      # rule 5
+    vision: bool | None = None      # rule 6
 
 
 class Backend(msgspec.Struct):
@@ -113,6 +117,7 @@ class Counters(msgspec.Struct):
     generated_tokens_total: int
     steps_total: int
     prefix_hit_rate: float | None
+    disk_hit_tokens_total: int | None = None   # rule 5
 
 
 class Status(msgspec.Struct):
@@ -130,6 +135,7 @@ class Status(msgspec.Struct):
     queued: int | None
     counters: Counters | None
     recent: list[AccessRecord]
+    kv_disk: dict[str, Any] | None = None     # rule 5
 
 
 def model_states(hub: Hub, registry: Registry, now: float) -> list[ModelState]:
@@ -180,10 +186,12 @@ def _memory(gen: Generation | None, facts: DeviceFacts) -> Memory:
 def _counters(stats: EngineStats) -> Counters:
     prompt = int(stats.prompt_tokens_total)
     hits = int(stats.prefix_hit_tokens_total)
+    disk = stats.extra.get("disk_hit_tokens_total")
     return Counters(prompt_tokens_total=prompt, prefix_hit_tokens_total=hits,
                     generated_tokens_total=int(stats.generated_tokens_total),
                     steps_total=int(stats.steps_total),
-                    prefix_hit_rate=round(hits / prompt, 4) if prompt else None)
+                    prefix_hit_rate=round(hits / prompt, 4) if prompt else None,
+                    disk_hit_tokens_total=int(disk) if disk is not None else None)
 
 
 def collect(state: StatusSource) -> Status:
@@ -205,7 +213,8 @@ def collect(state: StatusSource) -> Status:
         running=stats.num_running if stats else None,
         queued=stats.num_waiting if stats else None,
         counters=_counters(stats) if stats is not None else None,
-        recent=state.recent_requests.snapshot())
+        recent=state.recent_requests.snapshot(),
+        kv_disk=disk_report(state.disk_stats()) if hasattr(state, "disk_stats") else None)
 
 
 _ENCODER = msgspec.json.Encoder()

@@ -35,11 +35,13 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # Of cached_tokens, read back from the SSD tier (frink extension; None = tier off).
+    disk_cached_tokens: int | None = None
     # Where the re-rendered prompt stopped matching the ids generated earlier
     # in this conversation (frink extension; None = no divergence measured).
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
-    # Speculative decoding (engine/spec/): tokens drafted and accepted for this
+    # Speculative decoding (engine/speculative/): tokens drafted and accepted for this
     # choice; None = the request did not speculate (off, or opted out).
     draft_tokens: int | None = None
     draft_accepted: int | None = None

@@ -208,6 +208,8 @@ class OutputPipeline:
             self.usage.prompt_tokens = step.num_prompt_tokens
         if step.num_cached_tokens is not None:
             self.usage.cached_tokens = step.num_cached_tokens
+        if step.num_disk_cached_tokens is not None:
+            self.usage.disk_cached_tokens = step.num_disk_cached_tokens
         if step.num_drafted is not None:
             self.usage.draft_tokens = (self.usage.draft_tokens or 0) + step.num_drafted
             self.usage.draft_accepted = (self.usage.draft_accepted or 0) + \

@@ -128,7 +128,7 @@ class GenRequest:
     echo: bool = False                     # completions: return the prompt too
     cache_prompt: bool = True              # llama.cpp: False bypasses the prefix cache
     cache_salt: str | None = None
-    speculative: bool = True               # False: no speculative drafts (engine/spec/)
+    speculative: bool = True               # False: no speculative drafts (engine/speculative/)
     thinking: bool | None = None           # None = the template's default
     reasoning_effort: str | None = None    # the client's effort word (core/template_kwargs.py rule 5)
     # chat_template_kwargs other than enable_thinking: passed where the template

@@ -31,7 +31,7 @@ Why it is shaped this way:
    (`Backend.device_token_masks`: Metal) with llguidance's own kernel
    (`llguidance.mlx.apply_token_bitmask`, which raises "No Metal back-end"
    elsewhere), otherwise with numpy-unpacked masks and `mx.where`.
-6. Speculation (engine/spec/) verifies k drafted tokens in one step, so a
+6. Speculation (engine/speculative/) verifies k drafted tokens in one step, so a
    row needs the masks of all 1 + k positions at once: `masks_along` walks the
    matcher over the draft and rolls it back (it ends where it started). It
    stops at the first draft token the grammar forbids; the masks after it

@@ -36,6 +36,17 @@ Failure rules:
    pools (their contents are unknown) and ends every live row. The thread
    keeps serving either way: no request ever hangs.
 
+Cache kinds (kv/specs.py): the model's own `make_cache()` says which entries
+it needs; each attention entry gets its own paged pool (its geometry), each
+recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
+Until recurrent-state snapshots exist, a model with recurrent layers runs
+with the prefix cache off (a hit would skip the state of the tokens it
+covers) and without speculation (a rejected draft would leave its tokens in
+the state); both are logged once when the engine starts.
+SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
+daemon's block files and reads prompts' runs back (kv/spill.py); not for a
+distributed group (each rank holds its own shard of the pools).
+
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
 rule 1); once the channel is lost (channel.py) `submit` answers `Unavailable`
@@ -48,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import queue
 import secrets
 import time
@@ -64,19 +76,25 @@ from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
 from .gate import DecodeGate
+from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
+from .kv.recurrent import StateStore
+from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
+from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
-from .spec import SpecConfig
-from .spec.model import DraftModel
+from .speculative import SpecConfig
+from .speculative.model import DraftModel
 from .stream import SeqStream
 from .turns import PrefillSlicer
 from .types import EngineStats, SeqRequest
 
 __all__ = ["Engine", "EngineConfig", "EngineModel", "SeqStream"]
+
+log = logging.getLogger("frink_mlx.engine.engine")
 
 
 class EngineModel(Protocol):
@@ -101,31 +119,36 @@ class EngineConfig:
     shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
     pipeline: bool | None = None             # None: the backend decides; see the module docstring
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
-    spec: SpecConfig | None = None           # speculative decoding (engine/spec/); None = off
+    spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
+    num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
 
 
 class Engine:
     def __init__(self, loaded: EngineModel, config: EngineConfig, gate: DecodeGate,
                  backend: Backend, *, channel: PlanChannel | None = None,
-                 draft: EngineModel | None = None) -> None:
+                 draft: EngineModel | None = None, disk: DiskTier | None = None) -> None:
         """`backend` prepares the model for the engine's forwards (backend/base.py);
         `channel`: this engine is rank 0 of a distributed group (module docstring);
-        `draft`: the generation's draft model (engine/spec/ rule 7; not distributed)."""
+        `draft`: the generation's draft model (engine/speculative/ rule 7; not distributed);
+        `disk`: the daemon's SSD tier (module docstring)."""
         self.loaded = loaded
         self._channel = channel
         if channel is not None:
             config = dataclasses.replace(config, pipeline=False)
         elif config.pipeline is None:
             config = dataclasses.replace(config, pipeline=backend.pipelines_steps())
+        model = loaded.model
+        self.cache_spec = self._cache_spec(loaded, channel)
+        config = self._without_state_features(config)
         self._draft = draft if config.spec is not None and channel is None else None
         config = dataclasses.replace(config, spec=self._spec_config(config, loaded))
         self.config = config
         self.gate = gate
-        model = loaded.model
-        self._geometry = model_kv_geometry(model)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         self._stream: Any = workers.stream_for(mx.default_device())
-        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        has_state = self.cache_spec is not None and self.cache_spec.has_state
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, enable_caching=not has_state,
+                                 num_state_slots=config.num_state_slots if has_state else 0)
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
@@ -144,8 +167,40 @@ class Engine:
         if channel is None and isinstance(gate, DecodeGate):  # turns.py (never across ranks)
             self._loop.slicer = PrefillSlicer(gate, min_tokens=self.scheduler.shared_prefill_tokens,
                                               max_tokens=config.prefill_chunk_tokens)
+        if disk is not None and disk.enabled and channel is None:
+            self._link_disk(disk, backend)
         self._thread: workers.Job | None = None
         self._stopping = False
+
+    def _cache_spec(self, loaded: EngineModel, channel: PlanChannel | None) -> ModelCacheSpec | None:
+        """The model's cache entries (kv/specs.py); None on a distributed group, whose
+        ranks keep one uniform paged cache per layer (a recurrent model is refused there)."""
+        if channel is None:
+            return getattr(loaded, "cache_spec", None) or model_cache_spec(loaded.model)
+        if has_recurrent_layers(loaded.model):
+            raise UnsupportedModel(f"{model_family(loaded.model)}: distributed serving of "
+                                   "recurrent layers is not supported")
+        return None
+
+    def _without_state_features(self, config: EngineConfig) -> EngineConfig:
+        """The module docstring's limits for a model with recurrent layers."""
+        spec = self.cache_spec
+        if spec is None or not spec.has_state:
+            return config
+        log.info("model %s has recurrent layers: prefix cache off%s", spec.family,
+                 ", speculation off" if config.spec is not None else "")
+        return dataclasses.replace(config, spec=None,
+                                   num_state_slots=config.num_state_slots or config.max_batch)
+    def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
+        """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
+        none for a model with recurrent layers (its prefix cache is off: module docstring)."""
+        if self.cache_spec is not None and self.cache_spec.has_state:
+            return
+        layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
+        if layout is None:
+            return
+        self.scheduler.cache_namespace = layout.namespace.hex()
+        self._loop.spill = DiskLink(disk, layout, self.kv, lambda: self.runner.store)
 
     def _spec_config(self, config: EngineConfig, loaded: EngineModel) -> SpecConfig | None:
         """The speculation settings with the draft model's pool and step cost (rule 7)."""
@@ -160,8 +215,11 @@ class Engine:
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
         forward, masks = backend.prepare_decoder(model), backend.device_token_masks()
         if self._channel is None:
+            spec = self.cache_spec
+            states = StateStore(spec.states, self.config.num_state_slots) \
+                if spec is not None and spec.has_state else None
             return Runner(model, self._new_store(), forward, device_masks=masks,
-                          draft=self._new_draft(backend))
+                          draft=self._new_draft(backend), cache_spec=spec, states=states)
         self._channel.on_lost.append(self._fail_in_flight)
         return LeaderRunner(model, self._new_store(), forward, channel=self._channel,
                             generation=self.config.generation, device_masks=masks)
@@ -194,7 +252,12 @@ class Engine:
         return self.runner.store
 
     def _new_store(self) -> PagedKVStore:
-        layers, heads, head_dim = self._geometry
+        spec = self.cache_spec
+        if spec is not None:
+            return PagedKVStore(num_layers=len(spec.attention), num_blocks=self.config.num_blocks,
+                                block_size=self.config.block_size, n_kv_heads=0, head_dim=0,
+                                dtype=self._dtype, geometries=spec.geometries())
+        layers, heads, head_dim = model_kv_geometry(self.loaded.model)
         return PagedKVStore(num_layers=layers, num_blocks=self.config.num_blocks,
                             block_size=self.config.block_size, n_kv_heads=heads,
                             head_dim=head_dim, dtype=self._dtype)
@@ -257,19 +320,26 @@ class Engine:
         s.prefix_hit_tokens_total = sch.prefix_hit_tokens_total
         s.prompt_tokens_total = sch.prompt_tokens_total
         s.extra["num_preemptions"] = float(sch.num_preemptions)
+        if self._loop.spill is not None:
+            s.extra["disk_hit_tokens_total"] = float(sch.disk_hit_tokens_total)
+            s.extra["disk_lost_blocks_total"] = float(self._loop.spill.num_lost_blocks)
         if self._loop.slicer is not None:
             s.extra["sliced_prefill_turns_total"] = float(self._loop.slicer.turns_total)
         spec = sch.speculator
         if spec is not None:
             s.draft_tokens_total = spec.num_drafted_total
             s.draft_accepted_tokens_total = spec.num_accepted_total
-            if spec.draft_kv is not None:  # engine/spec/ rule 7
+            if spec.draft_kv is not None:  # engine/speculative/ rule 7
                 s.extra["draft_model_tokens_total"] = float(spec.num_model_drafted_total)
                 s.extra["draft_model_accepted_total"] = float(spec.num_model_accepted_total)
                 s.extra["draft_kv_blocks_used"] = float(spec.draft_kv.num_used_blocks)
         store = self.runner.store  # may be swapped by the MLX thread after an error
         if store is not None and store.keys:
             s.extra["kv_pool_bytes"] = float(store.nbytes)
+        slots, cache_spec = self.kv.state_slots, self.cache_spec
+        if slots is not None and cache_spec is not None:  # priced full (kv/recurrent.py rule 6)
+            s.state_slots_total, s.state_slots_used = slots.num_slots, slots.num_used
+            s.extra["state_pool_bytes"] = float(slots.num_slots * cache_spec.state_bytes_per_row)
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:
@@ -295,6 +365,8 @@ class Engine:
         self._stats.extra["kv_pool_bytes"] = float(self.runner.store.nbytes)
         self.runner.forget_pending()
         self.runner.store.release()
+        if self.runner.states is not None:
+            self.runner.states.release()
         if self.runner.draft is not None:
             self.runner.draft.store.release()
         self._stream = None

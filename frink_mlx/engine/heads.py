@@ -4,7 +4,7 @@ Why: the (positions, vocab) matmul of the LM head is the largest single one
 of a forward; a prefill chunk samples one position, a verify row 1 + k, so
 for the model families we know how to split (head(body(x))) the head runs
 on the rows that are sampled and nothing else. The target's runner
-(runner.py) and the draft model's (engine/spec/model.py) both use it.
+(runner.py) and the draft model's (engine/speculative/model.py) both use it.
 """
 
 from __future__ import annotations

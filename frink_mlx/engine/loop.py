@@ -17,12 +17,17 @@ So the device works on t+1 while the host turns step t into events. A row
 that finished at step t costs one wasted row in step t+1. A step that sampled
 first tokens (final prefill chunks) is read back before the next step is
 dispatched, and without `pipeline` every step is (engine.py says why); so
-is a step with verify rows (speculation, engine/spec/): how many drafts a row
+is a step with verify rows (speculation, engine/speculative/): how many drafts a row
 kept decides its next input and positions; and so is a step with a row
-that would draft next (engine/spec/ rule 4).
+that would draft next (engine/speculative/ rule 4).
 
 The inbox carries three messages, `Submit`, `Abort` and `Drain`; failure
 rules 2 and 3 of engine.py are implemented here.
+
+With the SSD tier (`spill`, kv/spill.py): a submitted prompt starts its disk
+read at once, each turn promotes the reads that came back, each planned step
+copies out a few idle blocks, an idle engine copies out the rest before it
+waits on its inbox, and a draining one before it stops.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from .admission import QueueDepth
 from .gate import DecodeGate
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore
+from .kv.spill import STEP_SNAPSHOT_BYTES, DiskLink
 from .outputs import OutputRouter
 from .runner import Runner, StepResult
 from .sampling import RowSampler
@@ -50,6 +56,8 @@ from .turns import PrefillSlicer
 from .types import EngineFinish, EngineStats, SeqRequest
 
 log = logging.getLogger("frink_mlx.engine.engine")
+
+SPILL_FLUSH_S = 10.0  # how long a stopping engine may spend copying idle blocks out
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,7 @@ class StepLoop:
         self._inbox, self._depth, self._stats = inbox, depth, stats
         self.router = OutputRouter(scheduler, stats)
         self.slicer: PrefillSlicer | None = None  # engine/turns.py; set by the engine
+        self.spill: DiskLink | None = None  # the SSD tier (kv/spill.py); set by the engine
         self._note_step: Callable[[], None] | None = getattr(gate, "note_step", None)
 
     def run(self) -> None:
@@ -101,7 +110,11 @@ class StepLoop:
         while True:
             try:
                 idle = pending is None and not self.scheduler.has_work
+                if idle and self.spill is not None:
+                    self.spill.flush(self.gate, self._inbox.empty)
                 drain_deadline = self._drain_inbox(block=idle, deadline=drain_deadline)
+                if self.spill is not None:
+                    self.spill.poll(self.gate)
                 if drain_deadline is not None and (idle or time.monotonic() > drain_deadline):
                     break
                 self._expire_waiting()
@@ -121,11 +134,13 @@ class StepLoop:
         finally:
             self._abort_all("abort", None)
             self._refuse_inbox()
+            if self.spill is not None:  # a drained engine's blocks outlive it on disk
+                self.spill.flush(self.gate, lambda: True, time.monotonic() + SPILL_FLUSH_S)
             mx.synchronize()  # nothing of ours may still run on the device after the join
             self.runner.forget_pending()  # no array of this thread's stream outlives it
 
     def _wants_drafts(self, step: StepResult) -> bool:
-        """Speculation needs a row's last token on the host to draft (engine/spec/ rule 4)."""
+        """Speculation needs a row's last token on the host to draft (engine/speculative/ rule 4)."""
         speculator = self.scheduler.speculator
         return speculator is not None and speculator.wants_host(step.seq_ids, self.scheduler.seqs)
 
@@ -184,8 +199,10 @@ class StepLoop:
                                         param="request_id"))
             return
         group = self.scheduler.add(seq)
+        if self.spill is not None:
+            self.spill.prefetch(group)
         if seq.constraints and not all(hasattr(c, "masks_along") for c in seq.constraints):
-            group.speculative = False  # a verify row needs every position's mask (engine/spec/)
+            group.speculative = False  # a verify row needs every position's mask (engine/speculative/)
         self._recount_queue()
         router.streams[seq.request_id] = stream
         base_seed = seq.sampling.seed if seq.sampling.seed is not None else secrets.randbits(62)
@@ -229,6 +246,8 @@ class StepLoop:
         result: StepResult | None = None
         try:
             with self.gate:
+                if self.spill is not None:  # before this step may overwrite an idle block
+                    self.spill.snapshot(STEP_SNAPSHOT_BYTES)  # (kv/spill.py rule 2)
                 result = self.runner.run(plan, self.router.samplers, slicer)
         except Exception as exc:  # noqa: BLE001 - rule 3: this step's rows end, the engine goes on
             if slicer is not None:  # its slices were evaluations: the pools are unknown
@@ -268,7 +287,7 @@ class StepLoop:
         speculator = self.scheduler.speculator
         if speculator is not None and step.num_positions:
             speculator.cost.observe(step.num_positions, step.elapsed_s,
-                                    step.context)  # engine/spec/ rule 3
+                                    step.context)  # engine/speculative/ rule 3
         self.router.deliver(step, rows)
 
     def _finish(self, finished: list[Finished]) -> None:
@@ -284,9 +303,12 @@ class StepLoop:
         self._abort_all("error", f"engine step failed: {exc}")
         self.runner.store = None  # type: ignore[assignment]  # drop the old pools first
         self.runner.store = self._new_store()
+        self.runner.reset_states()
         if self.runner.draft is not None:
             self.runner.draft.reset_store()
         self.kv.reset_prefix_cache()
+        if self.spill is not None:
+            self.spill.forget()
 
     def _abort_all(self, reason: EngineFinish, error: str | None) -> None:
         self.router.abort_all(reason, error)

@@ -16,7 +16,7 @@ Rules:
 3. A request's stream is closed (dropped from the books) when its last row
    has finished; every finish, however it came (step, abort, error, expiry),
    goes through `finish_rows` or `deliver`, so no stream is left open.
-4. A verify row (speculation, engine/spec/) yields its accepted drafts and the
+4. A verify row (speculation, engine/speculative/) yields its accepted drafts and the
    token after them as several outputs of one step, checked by rule 2 in
    order (a verdict drops the tokens after it); the first carries
    `num_drafted` / `num_draft_accepted` for the request's usage.
@@ -152,6 +152,7 @@ class OutputRouter:
             self._reported.add(seq.seq_id)
             out.num_prompt_tokens = seq.num_prompt
             out.num_cached_tokens = seq.group.num_cached_tokens
+            out.num_disk_cached_tokens = seq.group.num_disk_tokens
         if out.finish is not None:
             self._reported.discard(seq.seq_id)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .spec.lookup import RowDrafter
-from .spec.speculator import DraftJob
+from .speculative.lookup import RowDrafter
+from .speculative.speculator import DraftJob
 from .types import EngineFinish, ImageInputs, SeqRequest
 
 
@@ -29,7 +29,18 @@ class Group:
     seqs: list["Seq"] = field(default_factory=list)
     num_cached_tokens: int = 0
     activated: bool = False  # row 0's prompt was prefilled; every row is live
-    speculative: bool = True  # rows may draft (engine/spec/); off per request or engine
+    speculative: bool = True  # rows may draft (engine/speculative/); off per request or engine
+    loading: bool = False     # its prompt's blocks are being read from disk (kv/spill.py rule 4)
+    disk_span: tuple[int, int] = (0, 0)  # prompt positions [start, end) read back from disk
+    num_disk_tokens: int | None = None   # of num_cached_tokens, from disk; None: no tier
+
+    def admitted_from_disk(self, num_hit: int) -> int:
+        """Admitted with `num_hit` cached tokens: how many came from disk (spill.py rule 5)."""
+        if self.num_disk_tokens is None:
+            return 0
+        start, end = self.disk_span
+        self.num_disk_tokens = max(0, min(num_hit, end) - start)
+        return self.num_disk_tokens
 
 
 @dataclass(slots=True)
@@ -45,9 +56,9 @@ class Seq:
     num_scheduled_outputs: int = 0   # outputs known + pending + scheduled this step
     prefill_target: int = 0          # positions to prefill before decoding (0 = decoding)
     finish: EngineFinish | None = None
-    drafter: RowDrafter | None = None  # engine/spec/, made at the row's first draft
+    drafter: RowDrafter | None = None  # engine/speculative/, made at the row's first draft
     num_drafted: int = 0               # tokens drafted by the step in flight (verify row)
-    draft_computed: int = 0            # positions in the draft model's KV (engine/spec/ rule 7)
+    draft_computed: int = 0            # positions in the draft model's KV (engine/speculative/ rule 7)
 
     def key_ids(self, n: int) -> list[int]:
         """The first `n` ids as the prefix cache keys them (SeqRequest.key_ids)."""
@@ -89,6 +100,7 @@ class PrefillChunk:
     start: int
     block_table: list[int]
     sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
+    slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: features at their positions)
 
 
@@ -98,8 +110,9 @@ class DecodeRow:
     position: int
     block_table: list[int]
     token_id: int | None  # None: the token the previous step sampled (still on device)
-    draft: list[int] = field(default_factory=list)  # verified after token_id (engine/spec/)
-    num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/spec/ rule 7)
+    draft: list[int] = field(default_factory=list)  # verified after token_id (engine/speculative/)
+    num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/speculative/ rule 7)
+    slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: M-RoPE positions)
 
 
@@ -108,8 +121,9 @@ class SchedulerOutput:
     decode: list[DecodeRow] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots
     preempted: list[int] = field(default_factory=list)
-    draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/spec/ rule 7
+    draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/speculative/ rule 7
 
     @property
     def width(self) -> int:

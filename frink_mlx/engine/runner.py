@@ -5,9 +5,10 @@ while the previous step still runs); this module is the only place that
 turns it into arrays and calls the stock mlx-lm model.
 
 One step, in order:
-0. Draft-model jobs (engine/spec/ rule 7, spec/model.py): their tokens fill
+0. Draft-model jobs (engine/speculative/ rule 7, speculative/model.py): their tokens fill
    the drafts of the rows the speculator gave to the draft model.
-1. Block copies for freshly forked rows (n > 1), see kv/paged.py.
+1. Block copies (and recurrent-state copies) for freshly forked rows (n > 1),
+   see kv/paged.py and kv/recurrent.py.
 2. Decode forward: every decoding row, one token each, shape (B, 1). A row
    whose input token was sampled by the previous step takes it straight
    from that step's (possibly still lazy) token array, so the engine can
@@ -17,10 +18,12 @@ One step, in order:
    (for the model families we know how to split; others run the full head
    and slice), so non-final chunks never pay for the (L, vocab) matmul.
    Decode and prefill are separate calls: padding a decode row to a chunk
-   length would waste compute.
+   length would waste compute. A model with recurrent layers (kv/specs.py)
+   runs one prefill call per chunk length instead, never padded
+   (kv/recurrent.py rule 4); its logits are put back in chunk order.
 4. Sampling (sampling.py) over [decode rows; final chunk rows repeated once
    per sampled row], in `SchedulerOutput.sample_seq_ids` order.
-   Speculation (engine/spec/): a decode row with a draft of k tokens is a
+   Speculation (engine/speculative/): a decode row with a draft of k tokens is a
    verify row, inputs [last token, d1..dk] at positions p..p+k, like a small
    prefill chunk whose every position is sampled; the decode call is then
    (B, 1 + longest draft), shorter rows padded (paged.py rule 4). Position
@@ -48,10 +51,13 @@ import numpy as np
 
 from ..backend import ForwardScope
 from .heads import pick, pick_all, split_head
+from .kv.caches import make_model_caches
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
+from .kv.recurrent import RowSlots, StateStore
+from .kv.specs import ModelCacheSpec
 from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
-from .spec.model import DraftModel
+from .speculative.model import DraftModel
 from .turns import PrefillSlicer
 from .types import ImageInputs, TopLogprob
 
@@ -83,7 +89,7 @@ class StepResult:
         self._drafts = list(drafts) if drafts is not None else [[] for _ in seq_ids]
         self.has_drafts = any(self._drafts)
         self.num_positions = num_positions  # decode-only step: rows x width (else 0)
-        self.context = 0  # decode-only step: the longest row's tokens (engine/spec/ rule 3)
+        self.context = 0  # decode-only step: the longest row's tokens (engine/speculative/ rule 3)
         self.started_s = time.perf_counter()
         self.elapsed_s = 0.0
 
@@ -141,13 +147,19 @@ class StepResult:
 
 class Runner:
     def __init__(self, model: Any, store: PagedKVStore, forward: ForwardScope, *,
-                 device_masks: bool = False, draft: DraftModel | None = None) -> None:
+                 device_masks: bool = False, draft: DraftModel | None = None,
+                 cache_spec: ModelCacheSpec | None = None,
+                 states: StateStore | None = None) -> None:
         """`forward`: what `backend.prepare_decoder(model)` returned (module docstring);
         `device_masks`: the backend's `device_token_masks()` (constraints.py rule 5);
-        `draft`: the generation's draft model (engine/spec/ rule 7)."""
+        `draft`: the generation's draft model (engine/speculative/ rule 7); `cache_spec`:
+        the model's cache entries (kv/specs.py; None: one paged cache per layer),
+        `states` the recurrent-state pools they need."""
         self.model = model
         self.draft = draft
         self.store = store
+        self.cache_spec = cache_spec
+        self.states = states
         self._forward = forward
         self._device_masks = device_masks
         self._split = split_head(model)
@@ -163,18 +175,18 @@ class Runner:
         started_s = time.perf_counter()  # the verify step alone is what rule 3 fits
         parts = self.forward(plan)
         if sliced is not None:
-            sliced.run(self.store, sum(len(c.token_ids) for c in plan.prefill), started_s)
+            sliced.run(self.layer_arrays(), sum(len(c.token_ids) for c in plan.prefill), started_s)
         seq_ids = plan.sample_seq_ids
         drafts = {row.seq_id: row.draft for row in plan.decode if row.draft}
         if not parts:
-            mx.async_eval(self.store.arrays())
+            mx.async_eval(self.pool_arrays())
             return StepResult([], None, [])
         rows, index = self._position_samplers(seq_ids, drafts, samplers)
         logits = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
         out = sample(logits, rows, device_masks=self._device_masks)
         self._prev_tokens = out.tokens
         self._prev_index = index
-        mx.async_eval(*out.arrays(), *self.store.arrays())
+        mx.async_eval(*out.arrays(), *self.pool_arrays())
         positions = 0 if plan.prefill else len(plan.decode) * plan.width
         result = StepResult(seq_ids, out, rows, any(c.sample_seq_ids for c in plan.prefill),
                             [drafts.get(s, []) for s in seq_ids], positions)
@@ -200,6 +212,8 @@ class Runner:
         A distributed follower (follower.py) runs this alone: the same forwards,
         hence the same all-reduces in the same order as rank 0, without sampling."""
         self.store.copy_blocks(plan.copies)
+        if self.states is not None:
+            self.states.copy_slots(plan.state_copies)
         parts: list[mx.array] = []
         if plan.decode:
             parts.append(self._decode(plan.decode, plan.width))
@@ -230,8 +244,33 @@ class Runner:
                 rows.append(samplers[seq_id])
         return rows, index
 
-    def _caches(self, layout: BatchLayout) -> list[Any]:
-        return make_layer_caches(self.store, layout, self._grouped_mask)
+    def _caches(self, layout: BatchLayout, slots: list[int], starts: list[int]) -> list[Any]:
+        if self.cache_spec is None:
+            return make_layer_caches(self.store, layout, self._grouped_mask)
+        rows = RowSlots(slots, [s == 0 for s in starts]) if self.states is not None else None
+        return make_model_caches(self.cache_spec, self.store, self.states, layout, rows,
+                                 self._grouped_mask)
+
+    def pool_arrays(self) -> list[mx.array]:
+        """Every KV and state pool, for `mx.eval` (do not keep the list)."""
+        states = self.states.arrays() if self.states is not None else []
+        return [*self.store.arrays(), *states]
+
+    def layer_arrays(self) -> list[list[mx.array]]:
+        """The pools per cache entry in model order, for evaluating layer by layer (turns.py)."""
+        store, spec = self.store, self.cache_spec
+        if spec is None:
+            return [[store.keys[i], store.values[i]] for i in range(store.num_layers)]
+        return [[store.keys[i], store.values[i]] if kind == "attention" else
+                self.states.layer_arrays(i) if self.states is not None else []
+                for kind, i in spec.flat_order()]
+
+    def reset_states(self) -> None:
+        """New, zeroed state pools (after an evaluation error, engine.py failure rule 3)."""
+        if self.states is not None:
+            specs, num_slots = self.states.specs, self.states.num_slots
+            self.states = None  # drop the old pools first
+            self.states = StateStore(specs, num_slots)
 
     def forget_pending(self) -> None:
         """Drop the previous step's token array (after an error)."""
@@ -245,7 +284,7 @@ class Runner:
         layout.rope_positions = rope_positions(
             [(r.images, r.position, 1 + len(r.draft)) for r in rows], width)
         inputs = self._decode_inputs(rows)[:, None]
-        caches = self._caches(layout)
+        caches = self._caches(layout, [r.slot for r in rows], [r.position for r in rows])
         if width == 1:
             with self._forward():
                 logits = self.model(inputs, cache=caches)
@@ -283,14 +322,32 @@ class Runner:
         return pool[mx.array(index, dtype=mx.int32)]
 
     def _prefill(self, chunks: list[PrefillChunk]) -> mx.array | None:
-        """Run the chunks; logits (one row per sampled row) of the final ones, or None."""
+        """Run the chunks; logits (one row per sampled row) of the final ones, or None.
+        A recurrent model runs one call per chunk length (module docstring, step 3)."""
+        by_length: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            by_length.setdefault(len(c.token_ids) if self.states is not None else 0, []).append(i)
+        if len(by_length) == 1:
+            return self._prefill_call(chunks)
+        parts, order = [], []
+        for members in by_length.values():
+            logits = self._prefill_call([chunks[i] for i in members])
+            if logits is not None:
+                parts.append(logits)
+                order += [i for i in members for _ in chunks[i].sample_seq_ids]
+        if not parts:
+            return None
+        back = sorted(range(len(order)), key=order.__getitem__)  # stable: rows of one chunk
+        return mx.concatenate(parts, axis=0)[mx.array(back, dtype=mx.int32)]
+
+    def _prefill_call(self, chunks: list[PrefillChunk]) -> mx.array | None:
         length = max(len(c.token_ids) for c in chunks)
         inputs = np.zeros((len(chunks), length), dtype=np.int32)
         for i, c in enumerate(chunks):
             inputs[i, :len(c.token_ids)] = c.token_ids
         layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        caches = self._caches(layout)
+        caches = self._caches(layout, [c.slot for c in chunks], [c.start for c in chunks])
         finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)

@@ -19,7 +19,7 @@ Rules, in the order they apply (mlx-lm's order):
    with a key derived from (seed, step): the same seed gives the same
    tokens, independent of what else shares the batch. Rows without a seed
    get a random one at admission.
-4. Verify positions (speculation, engine/spec/): a verify row's 1 + k
+4. Verify positions (speculation, engine/speculative/): a verify row's 1 + k
    positions are each a `RowSampler` of their own (`draft_samplers`): the
    row's history and grammar advanced over the drafts before it, draw number
    `step + j`. The draw number is the row's output position, not a count of

@@ -17,7 +17,8 @@ Rules:
 1. Admission is strict FIFO against the block budget: the head of the
    waiting queue is admitted only when its whole prefill target fits (after
    prefix-cache hits) and the batch has room for its n rows; if it does not,
-   nobody behind it jumps the queue.
+   nobody behind it jumps the queue. A head still reading blocks from disk
+   (kv/spill.py rule 4) waits for them (no shortage); they count as cached.
 2. Every step decodes one token for every running seq whose prefill is done
    and whose `max_tokens` is not yet scheduled, and spends up to
    `prefill_chunk_tokens` on prefill chunks (running seqs first, then
@@ -36,16 +37,16 @@ Rules:
    mostly from the prefix cache) instead of failing anybody.
 4. n > 1: row 0 prefills the prompt once; the step that runs its final chunk
    samples all n rows from the same logits and forks rows 1..n-1, which share
-   the full blocks and get their own copy of the partial last block (a
-   `copies` entry the runner performs before the next forward).
+   the full blocks and get their own copy of the partial last block and of
+   the recurrent state (`copies` / `state_copies`, run before the next forward).
 5. A finished or aborted seq frees its blocks at once; a step already in
    flight may still write its (discarded) token into them, which is safe
    because the device runs steps in order.
-5b. Speculation (engine/spec/, `spec` set): after step 1's reservations a decode
+5b. Speculation (engine/speculative/, `spec` set): after step 1's reservations a decode
    row whose last token is on the host may draft k tokens and reserve k more
    slots (never preempting for them); `update_rows` takes the accepted drafts
    plus one token, and rolls the row's positions and slots back to them (and
-   its draft-model KV, engine/spec/ rule 7, which ends with the row).
+   its draft-model KV, engine/speculative/ rule 7, which ends with the row).
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
@@ -61,7 +62,7 @@ from typing import Iterable
 from .kv.hashing import make_extra_key
 from .kv.manager import KVCacheManager
 from .plan import DecodeRow, Finished, Group, PrefillChunk, SchedulerOutput, Seq
-from .spec import SpecConfig, Speculator
+from .speculative import SpecConfig, Speculator
 from .types import EngineFinish, SeqRequest
 
 __all__ = ["DecodeRow", "Finished", "Group", "PrefillChunk", "Scheduler", "SchedulerOutput", "Seq"]
@@ -79,6 +80,7 @@ class Scheduler:
         idle_prefill_tokens: int | None = None,
         shared_prefill_tokens: int | None = None,
         spec: SpecConfig | None = None,
+        cache_namespace: str | None = None,
     ) -> None:
         if max_batch < 1 or prefill_chunk_tokens < 1:
             raise ValueError("max_batch and prefill_chunk_tokens must be >= 1")
@@ -91,13 +93,15 @@ class Scheduler:
                                          shared_prefill_tokens or prefill_chunk_tokens)
         self.sliced_prefill_tokens: int | None = None  # rule 2, engine/turns.py rule 3
         self.generation = generation
+        self.cache_namespace = cache_namespace  # the extra key's, instead of generation (spill.py rule 1)
         self.one_request_at_a_time = one_request_at_a_time  # batching off
         self.waiting: deque[Group] = deque()
         self.running: list[Seq] = []
         self.seqs: dict[int, Seq] = {}
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int, int]] = []
-        self.prefix_hit_tokens_total = 0
+        self._pending_state_copies: list[tuple[int, int]] = []
+        self.prefix_hit_tokens_total = self.disk_hit_tokens_total = 0  # rule 1: of it, from disk
         self.prompt_tokens_total = 0
         self.num_preemptions = 0
         self.blocked_since_s: float | None = None  # see _track_shortage
@@ -108,7 +112,8 @@ class Scheduler:
 
     def add(self, request: SeqRequest, now_s: float | None = None) -> Group:
         spec = self.speculator
-        group = Group(request, make_extra_key(self.generation, request.cache_salt),
+        group = Group(request, make_extra_key(self.cache_namespace or self.generation,
+                                              request.cache_salt),
                       time.monotonic() if now_s is None else now_s,
                       speculative=request.speculative and spec is not None)
         for index in range(request.n if request.n > 1 else 1):
@@ -196,8 +201,8 @@ class Scheduler:
           3. admit from the head of the waiting queue while the budget, the batch
              and the block pool allow (strict FIFO), each starting its first chunk.
         """
-        out = SchedulerOutput(copies=self._pending_copies)
-        self._pending_copies = []
+        out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies)
+        self._pending_copies, self._pending_state_copies = [], []
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
                   self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
@@ -245,6 +250,7 @@ class Scheduler:
             self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
             row.block_table = self.kv.block_table(row.seq_id)
+            row.slot = self.kv.state_slot(row.seq_id)
 
     def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
@@ -283,7 +289,7 @@ class Scheduler:
         group = self.waiting[0]
         seq = group.seqs[0]
         self._head_short = False
-        if seq.num_pending:  # its last token is still on the device
+        if seq.num_pending or group.loading:  # last token on the device; blocks read from disk
             return False
         self._head_short = True  # every refusal below is a shortage of rows or blocks
         if len(self.running) + len(group.seqs) > self.max_batch:
@@ -306,6 +312,7 @@ class Scheduler:
         if not group.activated:
             group.num_cached_tokens = num_hit
             self.prefix_hit_tokens_total += num_hit
+            self.disk_hit_tokens_total += group.admitted_from_disk(num_hit)
         self.running.append(seq)
         return True
 
@@ -328,7 +335,8 @@ class Scheduler:
         num = min(budget, seq.prefill_target - seq.num_computed)
         start = seq.num_computed
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
-                             self.kv.block_table(seq.seq_id), [], seq.group.request.images)
+                             self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
+                             seq.group.request.images)
         seq.num_computed += num
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
@@ -346,14 +354,12 @@ class Scheduler:
         """The parent's final chunk runs now: rows 1..n-1 join the batch next step."""
         group = parent.group
         group.activated = True
-        bs = self.kv.block_size
         length = len(parent.token_ids)
         for child in group.seqs[1:]:
-            if length > child.num_computed:
-                index = child.num_computed // bs
-                src = self.kv.block_table(parent.seq_id)[index]
-                dst = self.kv.block_table(child.seq_id)[index]
-                self._pending_copies.append((src, dst, length - child.num_computed))
+            blocks, states = self.kv.fork_copies(parent.seq_id, child.seq_id,
+                                                 child.num_computed, length)
+            self._pending_copies += blocks
+            self._pending_state_copies += states
             child.num_computed = length
             child.num_scheduled_outputs = 1
             self.running.append(child)

@@ -9,8 +9,8 @@ smallest turn costs about what A's decode step does, so A's inter-token gap
 doubles, and a large B behind a small A is several times worse.
 
 So a step of B that decodes nothing of its own is run a few layers per turn.
-The forward's graph is lazy; each layer's K/V pools (`store.keys[i]`,
-`store.values[i]`, written by that layer's attention) are its cut points:
+The forward's graph is lazy; each layer's pools (its K/V pools, or a
+recurrent layer's state pools, written by that layer) are its cut points:
 evaluating them computes the rest of the layer before and this layer's
 projections. B evaluates layers until its turn has cost its share of A's
 step, then lets A have the gate until A has ended a step (gate.py rule 6),
@@ -44,11 +44,9 @@ Rules:
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import mlx.core as mx
-
-from .kv.paged import PagedKVStore
 
 TURN_SHARE = 0.5  # rule 2
 YIELD_STEPS = 2.0  # rule 2
@@ -84,21 +82,22 @@ class PrefillSlicer:
         fit = int(LAYER_FILL * budget / self.layer_token_s)
         return max(self.min_tokens, min(fit, self.max_tokens, int(GROWTH * self._last_tokens)))
 
-    def run(self, store: PagedKVStore, tokens: int, turn_start: float) -> None:
-        """Evaluate the step's layers in turns (rule 2); the caller holds the gate, and
+    def run(self, layers: Sequence[Sequence[mx.array]], tokens: int, turn_start: float) -> None:
+        """Evaluate the step's layers in turns (rule 2): `layers` holds each layer's
+        pools in model order (runner.py `layer_arrays`). The caller holds the gate, and
         has since `turn_start` (time.perf_counter()), building the step."""
         budget = self.budget_s()
         last, total = 0.0, 0.0
-        for i in range(store.num_layers):
+        for i, pools in enumerate(layers):
             if i and budget is not None and time.perf_counter() - turn_start + last > budget \
                     and self.gate.yield_step(YIELD_STEPS * budget / TURN_SHARE):
                 self.turns_total += 1
                 turn_start, budget = time.perf_counter(), self.budget_s()
             began = time.perf_counter()
-            mx.eval(store.keys[i], store.values[i])
+            mx.eval(*pools)
             last = time.perf_counter() - began
             total += last
         if tokens > 0:
-            cost, mean = total / (store.num_layers * tokens), self.layer_token_s
+            cost, mean = total / (max(1, len(layers)) * tokens), self.layer_token_s
             self.layer_token_s = cost if mean is None else (mean + cost) / 2
             self._last_tokens = tokens

@@ -78,7 +78,7 @@ class SeqRequest:
     cache_salt: str | None = None
     constraints: list[RowConstraint] | None = None  # one per row (len == n) when set
     priority: int = 0
-    speculative: bool = True  # rows may draft and verify (engine/spec/); False opts out
+    speculative: bool = True  # rows may draft and verify (engine/speculative/); False opts out
     images: ImageInputs | None = None  # a vision prompt's images (ImageInputs)
     # the prompt as the prefix cache keys it: image positions carry their image's
     # digest instead of the image token id (kv/hashing.py), None = prompt_ids
@@ -96,7 +96,9 @@ class StepOutput:
     """One generated token for one row (`index` < n), or that row's end.
 
     The first output of each row carries `num_prompt_tokens` and
-    `num_cached_tokens` (prefix-cache hit, a multiple of the block size).
+    `num_cached_tokens` (prefix-cache hit, a multiple of the block size), and
+    with the SSD tier `num_disk_cached_tokens`: how many of those were read
+    back from disk (kv/spill.py rule 5).
     A verify step (speculation) yields several outputs of one row at once.
     When `finish` is set, `token_id` may be None (e.g. abort, error).
     """
@@ -109,7 +111,8 @@ class StepOutput:
     error: str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
-    # Speculation (engine/spec/): set on the first output of a row's step when the
+    num_disk_cached_tokens: int | None = None
+    # Speculation (engine/speculative/): set on the first output of a row's step when the
     # row may speculate; tokens it drafted for that step and how many were accepted.
     num_drafted: int | None = None
     num_draft_accepted: int | None = None
@@ -130,6 +133,8 @@ class EngineStats:
     generated_tokens_total: int = 0
     context_ceiling: int = 0
     steps_total: int = 0
-    draft_tokens_total: int = 0           # speculative tokens drafted (engine/spec/)
+    draft_tokens_total: int = 0           # speculative tokens drafted (engine/speculative/)
     draft_accepted_tokens_total: int = 0  # ... and accepted by verification
+    state_slots_total: int | None = None  # recurrent-state slots (kv/slots.py); None: no such layers
+    state_slots_used: int | None = None
     extra: dict[str, float] = field(default_factory=dict)

@@ -12,17 +12,24 @@ The arithmetic, in order:
    - bytes held by the other resident models (config.reserved_bytes; each
    newcomer's pool is planned against what is left, serving/residency.py).
 3. bytes per token = 2 (K and V) * layers * kv heads * head dim * dtype size;
-   a block holds block_size tokens.
+   a block holds block_size tokens. With the model's cache spec
+   (`loaded.cache_spec`, engine/kv/specs.py) it is the sum over its attention
+   entries, each at its own geometry (KV-shared and recurrent layers hold no
+   K/V).
 4. num_blocks = floor(KV budget / block bytes), capped so the pool is no
    larger than max_batch full trained contexts, nor than
    config.max_kv_pool_bytes (a 135M model must not grab 20 GB), nor than the
    entry's own `max_kv_bytes`.
 5. context ceiling = min(trained context length, num_blocks * block_size).
-6. A draft model (registry rule 10, engine/spec/ rule 7) is priced with its
+6. A draft model (registry rule 10, engine/speculative/ rule 7) is priced with its
    target: its weights come off the KV budget of rule 2, and so does its own
    KV pool, `draft_rows` (setting spec_draft_rows) contexts of the target's
    ceiling at the draft's bytes per token, before the target's blocks are
    counted.
+7. Recurrent state (a spec with recurrent entries): one slot per row of the
+   batch (`max_batch`), each the spec's state bytes per row, comes off the
+   KV budget and off the pool caps of rule 4 before blocks are counted; the
+   plan's `num_state_slots` and `state_bytes` say so.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class KVPlan:
     budget_source: str = "ram"   # "override" | "metal" | "ram"
     draft_num_blocks: int = 0    # rule 6: the draft model's pool (0: no draft)
     draft_bytes: int = 0         # rule 6: its weights + its pool
+    num_state_slots: int = 0     # rule 7: recurrent-state slots (0: no recurrent layers)
+    state_bytes: int = 0         # rule 7: their bytes
 
     @property
     def pool_bytes(self) -> int:
@@ -83,11 +92,16 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
     budget, source = device_budget_bytes(config, getattr(loaded, "spec", None), device)
     weights = weights_nbytes(loaded.model)
-    per_token = kv_bytes_per_token(loaded.model, loaded.dtype)
+    cache_spec = getattr(loaded, "cache_spec", None)
+    per_token = cache_spec.kv_bytes_per_token(loaded.dtype) if cache_spec is not None \
+        else kv_bytes_per_token(loaded.model, loaded.dtype)
+    num_slots = max(1, config.max_batch) if cache_spec is not None and cache_spec.has_state else 0
+    state_bytes = num_slots * cache_spec.state_bytes_per_row if cache_spec and num_slots else 0
     kv_budget = (budget - weights - int(config.memory_headroom_fraction * budget)
-                 - config.reserved_bytes)
+                 - config.reserved_bytes - state_bytes)
     pool_cap = min(config.max_kv_pool_bytes,
-                   getattr(loaded.spec, "max_kv_bytes", None) or config.max_kv_pool_bytes)
+                   getattr(loaded.spec, "max_kv_bytes", None) or config.max_kv_pool_bytes) \
+        - state_bytes
     per_block = per_token * block_size
     trained = int(loaded.context_length)
     blocks_per_context = -(-trained // block_size)
@@ -105,11 +119,12 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
         raise ConfigError(
             f"model {getattr(loaded.spec, 'name', '?')!r} leaves no room for its KV cache: "
             f"budget {budget} bytes ({source}), weights {weights} bytes"
-            + (f", draft model {draft_bytes} bytes" if draft_bytes else "") +
+            + (f", draft model {draft_bytes} bytes" if draft_bytes else "")
+            + (f", recurrent state {state_bytes} bytes" if state_bytes else "") +
             f", headroom {config.memory_headroom_fraction:.0%}, held by other resident models "
             f"{config.reserved_bytes} bytes, one block {per_block} bytes")
     return KVPlan(num_blocks=int(num_blocks), block_size=block_size,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
                   budget_source=source, draft_num_blocks=int(draft_blocks),
-                  draft_bytes=draft_bytes)
+                  draft_bytes=draft_bytes, num_state_slots=num_slots, state_bytes=state_bytes)

@@ -1,7 +1,7 @@
 """A draft model for speculative decoding, loaded beside its target (registry rule 10).
 
 Why a check at load: the draft's tokens are fed to the target as token ids
-(engine/spec/ rule 7). Two tokenizers that disagree on one id would make
+(engine/speculative/ rule 7). Two tokenizers that disagree on one id would make
 every draft of that token wrong at best, and a draft id past the target's
 vocabulary would index outside its embedding, so a pair whose vocabularies
 differ (size, or any token's id) is refused when the generation loads, with

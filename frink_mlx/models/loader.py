@@ -14,7 +14,7 @@ Rules:
    strings that are one token become EOS ids; longer ones are logged as not
    applied.
 2. Generative checkpoints load with `mlx_lm.load`; `spec.chat_template`
-   replaces the checkpoint's template. Vision checkpoints (rule 10) load
+   replaces the checkpoint's template. Vision checkpoints (rule 11) load
    through mlx-vlm instead.
 3. Dequantize decision: `config.dequantize`, else `spec.dequantize`, decides
    when set (True forces, even past the memory check). Unset means the
@@ -29,8 +29,9 @@ Rules:
    float32 where the backend would dequantize.
 4. Warm-up: one 4-token forward pass, so the first request doesn't pay for
    lazy weight materialisation and kernel set-up.
-5. `context_length` = the trained length (`max_position_embeddings`), capped
-   by `spec.context_length`.
+5. `context_length` = the trained length (`max_position_embeddings`, or its
+   `text_config`'s where the config nests one, as Qwen3.5's does), capped by
+   `spec.context_length`.
 6. `kind = "encoder"` hands off to `frink_mlx.models.encoder.load_encoder`.
 7. Sampling defaults come from the model: the checkpoint's
    `generation_config.json` (temperature, top_p, top_k, min_p,
@@ -50,7 +51,13 @@ Rules:
    expects). `parallel` says how it was split ("tensor" or "pipeline"), for
    /v1/models.
 
-10. A vision checkpoint (models/vision.py rule 1) loads its whole model with
+10. Refuse at load, never at the first step: after the warm-up the model's
+   cache entries are read (engine/kv/specs.py, `LoadedModel.cache_spec`); a
+   model file the engine cannot run is refused there as one line naming the
+   entry, the family and why (`UnsupportedModel`). A split model (rule 9)
+   is not probed (its forward would issue collectives); the engine checks
+   it (engine.py).
+11. A vision checkpoint (models/vision.py rule 1) loads its whole model with
    mlx-vlm; the engine runs its language model (`VisionLM`) and
    `LoadedModel.vision` holds the processor and tower. It cannot be split over
    a group (the followers would need the image features too): refused there.
@@ -73,6 +80,7 @@ import msgspec
 
 from ..backend import Backend
 from ..config import LoadConfig
+from ..engine.kv.specs import ModelCacheSpec, UnsupportedModel, model_cache_spec
 from ..errors import ModelFormatError
 from ..registry import ModelSpec, SamplingDefaults
 from . import progress as progress_mod
@@ -99,7 +107,8 @@ class LoadedModel:
     encoder: Encoder | None = None
     parallel: str | None = None   # rule 9: "tensor" or "pipeline" when split over a group
     num_ranks: int = 1
-    vision: Vision | None = None  # rule 10: a vision checkpoint's processor and tower
+    cache_spec: ModelCacheSpec | None = None  # rule 10; None for encoders and split models
+    vision: Vision | None = None  # rule 11: a vision checkpoint's processor and tower
 
 
 log = logging.getLogger("frink_mlx.models")
@@ -171,7 +180,7 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
 
     tokenizer_config = {"chat_template": spec.chat_template} if spec.chat_template else None
     vision = None
-    if (family := vision_family(path)) is not None:                 # rule 10
+    if (family := vision_family(path)) is not None:                 # rule 11
         if shard is not None:
             raise ModelFormatError(f"model {spec.name!r} is a vision checkpoint ({family}); "
                                    "it cannot be split over a group")
@@ -188,14 +197,20 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
         progress.phase("dequantize", "to float32")
         dequantize_to_float32(model, evaluate=shard is None)
     parallel, num_ranks = shard(model) if shard is not None else (None, 1)
+    cache_spec = None
     if shard is None:
         progress.phase("warm-up")
         _warm_up(model, tokenizer)
+        try:
+            cache_spec = model_cache_spec(model)  # rule 10
+        except UnsupportedModel as exc:
+            raise UnsupportedModel(f"model {spec.name!r}: the engine cannot run model file "
+                                   f"{exc}") from None
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
-        parallel=parallel, num_ranks=num_ranks, vision=vision,
+        parallel=parallel, num_ranks=num_ranks, cache_spec=cache_spec, vision=vision,
     )
 
 
@@ -227,7 +242,11 @@ def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: floa
 
 
 def context_length(config: dict[str, Any], spec: ModelSpec) -> int:
-    trained = int(config.get("max_position_embeddings") or config.get("max_seq_len") or 2048)
+    """Rule 5."""
+    text = config.get("text_config")
+    nested = text if isinstance(text, dict) else {}
+    trained = int(config.get("max_position_embeddings") or config.get("max_seq_len")
+                  or nested.get("max_position_embeddings") or 2048)
     return min(trained, spec.context_length) if spec.context_length else trained
 
 

@@ -108,7 +108,25 @@ class VisionLM(nn.Module):
         return list(self.vlm.language_model.layers)
 
     def make_cache(self) -> list[Any]:
-        return list(self.vlm.language_model.make_cache())
+        """mlx-vlm's cache entries as the mlx-lm classes they mirror (engine/kv/specs.py
+        reads kinds by mlx-lm's classes); any other kind is left for it to refuse. A
+        language model without `make_cache` (Qwen2.5-VL's) has one KV cache per layer,
+        as mlx-lm's `make_prompt_cache` gives such a model."""
+        from mlx_lm.models import cache as lm
+
+        language = self.vlm.language_model
+        if not hasattr(language, "make_cache"):
+            return [lm.KVCache() for _ in self.layers]
+        out: list[Any] = []
+        for entry in language.make_cache():
+            kind = type(entry).__name__
+            if kind == "KVCache":
+                out.append(lm.KVCache())
+            elif kind == "RotatingKVCache":
+                out.append(lm.RotatingKVCache(max_size=entry.max_size, keep=entry.keep))
+            else:
+                out.append(entry)
+        return out
 
     def __call__(self, inputs: mx.array, cache: Any = None,
                  input_embeddings: mx.array | None = None) -> mx.array:

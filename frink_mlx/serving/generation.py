@@ -10,6 +10,7 @@ threads (docs/ARCHITECTURE.md, "Threads").
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,8 @@ from typing import Callable, Protocol
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.engine import Engine, EngineConfig
-from ..engine.spec import SpecConfig
+from ..engine.kv.disk import DiskTier
+from ..engine.speculative import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.draft import load_draft
 from ..models.encoder import Encoder
@@ -58,16 +60,19 @@ class Generation:
         return name is None or name in ("default", self.spec.name, *self.spec.aliases)
 
 
-# (spec, config, number, gate, backend[, draft=spec]) -> Generation; blocking, run in a
-# worker thread. The hub passes `draft` (the entry's draft model, registry rule 10) only
-# when there is one, so factories that know no draft models keep working.
+# (spec, config, number, gate, backend[, draft=spec][, disk=tier]) -> Generation; blocking,
+# run in a worker thread. The hub passes `draft` (the entry's draft model, registry rule 10)
+# only when there is one, and `disk` (the SSD tier, engine/kv/disk.py) only when there is
+# one and the factory names the parameter, so factories that know neither keep working.
 GenerationFactory = Callable[..., Generation]
 
 
 def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate,
-                     backend: Backend, draft: ModelSpec | None = None) -> Generation:
+                     backend: Backend, draft: ModelSpec | None = None,
+                     disk: DiskTier | None = None) -> Generation:
     """Load `spec` (and its `draft` when speculation is on) and start its engine on
-    `backend` (the production factory); a draft whose tokenizer differs is refused."""
+    `backend` (the production factory), its prefix cache over the SSD tier `disk`; a
+    draft whose tokenizer differs is refused."""
     loaded = load_model(spec, config.load, backend)
     spec = loaded.spec  # with the source's and the checkpoint's defaults (loader rules 1, 7)
     if loaded.kind != "generative":
@@ -77,7 +82,7 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
     plan = plan_kv(loaded, config.budget, backend.memory_budget(), draft=helper,
                    draft_rows=config.engine.spec_draft_rows)
     engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
-                    draft=helper)
+                    draft=helper, disk=disk)
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic(), draft=helper)
 
@@ -93,7 +98,7 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         idle_prefill_tokens=limits.idle_prefill_tokens,
         shared_prefill_tokens=limits.shared_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
-        pipeline=limits.pipeline,
+        pipeline=limits.pipeline, num_state_slots=plan.num_state_slots,
         spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
                         max_rows=limits.spec_max_rows, draft_rows=limits.spec_draft_rows,
                         draft_num_blocks=plan.draft_num_blocks)
@@ -109,3 +114,12 @@ def free_generation(gen: Generation, timeout_s: float) -> None:
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("engine shutdown failed for generation %d", gen.number)
 
+
+
+def takes_disk(factory: GenerationFactory) -> bool:
+    """Whether `factory` names the `disk` parameter (see GenerationFactory)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "disk" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())

@@ -48,6 +48,11 @@ Rules:
    auto-swap off. `keep_alive(gen, s)` sets a request's keep-alive (Ollama's).
 7. Drain (`begin_drain`, at SIGTERM): every new lease and load is refused
    with 503 + Retry-After; leases already held run on.
+8. The hub owns the daemon's SSD tier (`disk`, engine/kv/disk.py; None when
+   config.disk is): every generation's engine spills its prefix cache there,
+   so a model evicted and loaded again, or swapped back, reads its blocks
+   back. `shutdown` closes it after the engines, whose last idle blocks it
+   writes first (up to `drain_timeout_s`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ import anyio
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
+from ..engine.kv.disk import DiskTier
 from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
 from ..models.progress import Progress
 from ..registry import ModelSpec, Registry
@@ -124,6 +130,8 @@ class Hub:
         self.load_progress: Progress | None = None
         self.draining = False
         self.releases = Releases(backend, config.drain_timeout_s)  # rule 4
+        self.disk = DiskTier(config.disk.directory, config.disk.budget_bytes) \
+            if config.disk is not None else None  # rule 8
         self.last_error: dict[str, Any] | None = None
         self.parked = False
         self.sleeping: ModelSpec | None = None   # rule 6: idle-unloaded, wakes on demand
@@ -392,6 +400,8 @@ class Hub:
             task.cancel()
         self._free_all()
         await self.wait_freed()
+        if self.disk is not None:  # rule 8
+            await anyio.to_thread.run_sync(self.disk.close, self.config.drain_timeout_s)
 
     def _free_all(self) -> None:
         """Shutdown's frees, in a frame of their own: no loop variable outlives them."""

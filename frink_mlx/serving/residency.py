@@ -65,7 +65,7 @@ def measure_nbytes(gen: Generation) -> int:
     total = plan.weights_bytes if plan is not None else 0
     if plan is None and model is not None:
         total = weights_nbytes(model)
-    total += (plan.pool_bytes + plan.draft_bytes) if plan is not None else 0
+    total += (plan.pool_bytes + plan.draft_bytes + plan.state_bytes) if plan is not None else 0
     embedder = gen.embedder
     own_encoder = getattr(loaded, "encoder", None)
     if embedder is not None and embedder is not own_encoder and gen.spec.embeddings != "self":

@@ -39,7 +39,7 @@ from ..errors import Unavailable
 from ..models.progress import Progress, reporting
 from ..registry import ModelSpec
 from .embeddings import attach_embedder
-from .generation import Generation, free_generation
+from .generation import Generation, free_generation, takes_disk
 from .residency import Residency, estimate_nbytes
 
 if TYPE_CHECKING:
@@ -147,9 +147,11 @@ def build_resident(hub: "Hub", spec: ModelSpec, number: int, progress: Progress)
     config = hub.config
     budget = msgspec.structs.replace(config.budget, reserved_bytes=hub.residency.held_bytes())
     with reporting(progress):  # hub rule 3: the loaders report into it from this thread
-        draft = {"draft": hub.registry.resolve(spec.draft)} if spec.draft else {}
+        extra: dict[str, Any] = {"draft": hub.registry.resolve(spec.draft)} if spec.draft else {}
+        if hub.disk is not None and takes_disk(hub.factory):
+            extra["disk"] = hub.disk
         gen = hub.factory(spec, msgspec.structs.replace(config, budget=budget), number, hub.gate,
-                          hub.backend, **draft)
+                          hub.backend, **extra)
         try:
             return attach_embedder(gen, hub.registry, config.load, hub.backend)
         except BaseException:

@@ -14,8 +14,10 @@ Rules:
    WebP, GIF, BMP -- SVG and other formats are refused by name) whose width x
    height, read from its header before the pixels are decoded, is at most
    `max_image_pixels`; truncated data is refused when the pixels load. Remote
-   URLs are not fetched: a local daemon should not reach out to arbitrary
-   hosts on a client's behalf, so an http(s) image URL is refused by name.
+   URLs are not fetched by default: a local daemon should not reach out to
+   arbitrary hosts on a client's behalf, so an http(s) image URL is refused by
+   name unless `fetch_image_urls` is set; then it is fetched (FETCH_TIMEOUT_S,
+   no more than `max_image_bytes`, a non-200 or a timeout a 400 naming it).
 3. The prompt renders with content parts (core/prompt.py rule 7) and goes
    through the model's processor (models/vision.py rule 3), so the ids are
    exactly what mlx-vlm would feed the model.
@@ -50,6 +52,7 @@ from ..errors import InvalidRequest, UnsupportedField
 from ..models.vision import ImageFeatures, Vision
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+FETCH_TIMEOUT_S = 10.0
 
 
 def request_images(request: GenRequest) -> list[ImageRef]:
@@ -74,19 +77,7 @@ def decode_image(ref: ImageRef, limits: ImageLimits) -> tuple[Any, bytes]:
     """Rule 2: (a loaded RGB PIL image, its bytes) or a 400 naming `ref.path`."""
     from PIL import Image, UnidentifiedImageError
 
-    if ref.data is None:
-        if ref.url and ref.url.startswith(("http://", "https://")):
-            raise UnsupportedField(ref.path, "is a remote image URL; this daemon does not "
-                                   "fetch URLs: send the image as a data: URL (base64)")
-        raise InvalidRequest(f"'{ref.path}' holds no image data (expected base64).",
-                             param=ref.path)
-    if len(ref.data) > limits.max_image_bytes * 4 // 3 + 4:
-        raise InvalidRequest(f"'{ref.path}' is larger than {limits.max_image_bytes} bytes.",
-                             param=ref.path)
-    try:
-        raw = base64.b64decode(ref.data, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest(f"'{ref.path}' is not valid base64.", param=ref.path) from None
+    raw = _image_bytes(ref, limits)
     try:
         image = Image.open(io.BytesIO(raw))
     except Image.DecompressionBombError:
@@ -108,6 +99,49 @@ def decode_image(ref: ImageRef, limits: ImageLimits) -> tuple[Any, bytes]:
         raise InvalidRequest(f"'{ref.path}' is a truncated or corrupt image.",
                              param=ref.path) from None
     return image.convert("RGB"), raw
+
+
+def _image_bytes(ref: ImageRef, limits: ImageLimits) -> bytes:
+    """Rule 2: the image's bytes from its base64, or from its URL when fetching is on."""
+    if ref.data is None:
+        remote = bool(ref.url) and str(ref.url).startswith(("http://", "https://"))
+        if remote and limits.fetch_urls:
+            return _fetch(ref, limits)
+        if remote:
+            raise UnsupportedField(ref.path, "is a remote image URL; this daemon does not "
+                                   "fetch URLs (fetch_image_urls is off): send the image as "
+                                   "a data: URL (base64)")
+        raise InvalidRequest(f"'{ref.path}' holds no image data (expected base64).",
+                             param=ref.path)
+    if len(ref.data) > limits.max_image_bytes * 4 // 3 + 4:
+        raise InvalidRequest(f"'{ref.path}' is larger than {limits.max_image_bytes} bytes.",
+                             param=ref.path)
+    try:
+        return base64.b64decode(ref.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"'{ref.path}' is not valid base64.", param=ref.path) from None
+
+
+def _fetch(ref: ImageRef, limits: ImageLimits) -> bytes:
+    """Rule 2's fetch: streamed, cut at max_image_bytes, within FETCH_TIMEOUT_S."""
+    import httpx
+
+    body = bytearray()
+    try:
+        with httpx.stream("GET", str(ref.url), timeout=FETCH_TIMEOUT_S,
+                          follow_redirects=True) as r:
+            if r.status_code != 200:
+                raise InvalidRequest(f"'{ref.path}': fetching the image URL answered "
+                                     f"{r.status_code}.", param=ref.path)
+            for piece in r.iter_bytes():
+                body += piece
+                if len(body) > limits.max_image_bytes:
+                    raise InvalidRequest(f"'{ref.path}' is larger than "
+                                         f"{limits.max_image_bytes} bytes.", param=ref.path)
+    except httpx.HTTPError as exc:
+        raise InvalidRequest(f"'{ref.path}': the image URL could not be fetched ({exc}).",
+                             param=ref.path) from None
+    return bytes(body)
 
 
 def key_ids(ids: list[int], spans: list[tuple[int, int]], digests: list[bytes]) -> list[int]:

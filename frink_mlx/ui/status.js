@@ -99,6 +99,14 @@ function renderRecent(recent) {
   document.querySelector("#recent tbody").replaceChildren(...rows);
 }
 
+function renderDisk(d) {
+  if (!d) { setText("kv-disk", "not configured"); return; }
+  if (!d.enabled) { setText("kv-disk", `off (${d.error ?? "disabled"})`); return; }
+  const mib = (n) => `${(n / 1048576).toFixed(1)} MiB`;
+  setText("kv-disk", `${mib(d.bytes)} of ${mib(d.budget_bytes)} · ${d.files} blocks · ` +
+    `${d.reads} reads, ${d.hit_blocks} blocks hit · ${d.written_blocks} written`);
+}
+
 export function renderStatus(s) {
   setText("version", `v${s.version}`);
   const pill = document.getElementById("state");
@@ -116,6 +124,7 @@ export function renderStatus(s) {
   setText("running", show(s.running));
   setText("queued", show(s.queued));
   renderCounters(s);
+  renderDisk(s.kv_disk);
   renderModels(s.models);
   renderRecent(s.recent);
 }

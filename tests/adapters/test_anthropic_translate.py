@@ -10,7 +10,8 @@ import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 
 from frink_mlx.adapters.anthropic import wire
-from frink_mlx.adapters.anthropic.translate import MessageBuilder, thinking_signature, to_gen_request
+from frink_mlx.adapters.anthropic.frames import MessageBuilder, thinking_signature
+from frink_mlx.adapters.anthropic.translate import to_gen_request
 from frink_mlx.core.events import (
     Done,
     ErrorEvent,
@@ -109,8 +110,9 @@ def test_count_tokens_request() -> None:
      "messages[0].content[0]"),
     ({"tools": [{"name": "web_search", "type": "web_search_20250305"}]}, "tools[0].type"),
     ({"thinking": {"type": "between_tools"}}, "thinking.type"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}},
-     "thinking.display"),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919",
+                                        "trigger": {"type": "input_tokens", "value": 30000}}]}},
+     "context_management.edits[0].type"),
     ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
 ])
 def test_unsupported_fields_refused_by_name(patch: dict, param: str) -> None:
@@ -300,3 +302,66 @@ def test_image_blocks_become_placeholders_where_they_stood() -> None:
     assert messages[0].images[0].media_type == "image/png"
     assert messages[0].content == "look:\n" + IMAGE_PLACEHOLDER
     assert messages[2].role == "tool" and messages[2].content == IMAGE_PLACEHOLDER
+
+
+def test_thinking_display_omitted_leaves_the_text_out() -> None:
+    """Rule 5 / frames rule 2: Claude Code 2.1's first request asks for "omitted"; the
+    thinking block comes as Anthropic sends it then: empty text, a signature."""
+    gen = to_gen_request(decode({**TOOL_ROUND_TRIP, "thinking": {
+        "type": "adaptive", "display": "omitted"}}))
+    assert gen.thinking is True
+    builder = MessageBuilder(id="msg_1", model="tiny", prompt_tokens=30, show_thinking=False)
+    frames = builder.start()
+    for event in EVENTS:
+        frames += builder.feed(event)
+    kinds = [(p.get("delta") or p.get("content_block") or {}).get("type") for _, p in frames]
+    assert "thinking_delta" not in kinds and kinds.count("signature_delta") == 1
+    assert frames[2][1]["content_block"] == {"type": "thinking", "thinking": "",
+                                             "signature": ""}
+    assert builder.message()["content"][0] == {
+        "type": "thinking", "thinking": "", "signature": thinking_signature("Thinking.")}
+    assert [b["type"] for b in builder.message()["content"]] == ["thinking", "text", "tool_use"]
+
+
+def _turns_with_thinking(n: int) -> list[dict]:
+    out: list[dict] = []
+    for k in range(n):
+        out += [{"role": "user", "content": f"q{k}"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": f"t{k}", "signature": "s"},
+                    {"type": "text", "text": f"a{k}"}]}]
+    return out + [{"role": "user", "content": "last"}]
+
+
+@pytest.mark.parametrize("keep,kept", [
+    ("all", ["t0", "t1", "t2"]), (None, ["t2"]),
+    ({"type": "thinking_turns", "value": 2}, ["t1", "t2"]),
+    ({"type": "thinking_turns", "value": 0}, [])])
+def test_context_management_clear_thinking(keep: Any, kept: list[str]) -> None:
+    """Rule 8: Claude Code 2.1 sends clear_thinking keep "all" (a no-op); a number of turns
+    keeps only the reasoning of the last ones."""
+    edit: dict[str, Any] = {"type": "clear_thinking_20251015"}
+    if keep is not None:
+        edit["keep"] = keep
+    gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "messages": _turns_with_thinking(3),
+                                 "context_management": {"edits": [edit]}}))
+    assert [m.reasoning for m in gen.messages or [] if m.reasoning] == kept
+
+
+def test_deferred_tools_wait_for_a_tool_reference() -> None:
+    """Rule 7: a `defer_loading` tool is out of the prompt until a tool search's
+    `tool_reference` names it; the reference reads as a line."""
+    tools = [{"name": "ToolSearch", "input_schema": {"type": "object"}},
+             {"name": "WebFetch", "input_schema": {"type": "object"}, "defer_loading": True},
+             {"name": "Cron", "input_schema": {"type": "object"}, "defer_loading": True}]
+    first = [{"role": "user", "content": "fetch it"}]
+    gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "tools": tools, "messages": first}))
+    assert [t.name for t in gen.tools] == ["ToolSearch"]
+    later = first + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch",
+                                           "input": {"query": "select:WebFetch"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "tool_reference", "tool_name": "WebFetch"}]}]}]
+    gen = to_gen_request(decode({"model": "m", "max_tokens": 8, "tools": tools, "messages": later}))
+    assert [t.name for t in gen.tools] == ["ToolSearch", "WebFetch"]
+    assert (gen.messages or [])[-1].content == "Tool loaded: WebFetch"

@@ -1,26 +1,41 @@
-"""Golden requests of real clients (issue 23), replayed over HTTP: each answered 200 with
-the frames that client reads.
+"""Golden requests of real clients (issues 23 and 28), replayed over HTTP: each answered 200
+with the frames that client reads.
 
-tests/data/clients/*.json hold one request each -- path, headers, body -- written
-from the clients' public sources: Codex CLI's Responses turn and follow-up,
-Claude Code's Messages turn, llama.vim's and llama.vscode's /infill requests
-and cache warm-ups. Only `model` is swapped for a registry entry of the test
-daemon (`scripted` for chat, `coder` for fill-in-the-middle); the names the
-clients send are served by `fallback` (test_model_fallback.py).
+tests/data/clients/*.json hold one request each -- path, headers, body. The agents'
+(Claude Code, Codex, opencode, Qwen Code) are captured from the real CLIs at the
+versions in tests/agent_clis/pins.txt by scripts/capture_agents.py, trimmed (long
+strings cut, paths and ids scrubbed): each agent's first turn with its own system
+prompt and tools, and the turn after a tool call carrying its result; Codex also
+under a model name it knows (freeform `apply_patch`, `tool_search`). llama.vim's and
+llama.vscode's /infill requests and cache warm-ups are written from their sources.
+Only `model` is swapped for a registry entry of the test daemon. The agents' requests
+go to the agent CLI tests' daemon (agent_clis/harness.py: a 64k window; its `scripted`
+entry calls the agent's own file-reading tool on the file the captured prompt names,
+then answers ROUND_TRIP_DONE once the result is back); llama.vim's and llama.vscode's
+to the adapter tests' `coder` (fill-in-the-middle).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import pytest
+from agent_clis.harness import ROUND_TRIP_DONE, AgentDaemon, start_daemon, tool_script
 
 from frink_mlx.http.fields import HEADER
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "clients"
+NOTES = "/home/user/project/notes.txt"    # the file the captured prompts ask to read
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentDaemon]:
+    daemon = start_daemon(tmp_path_factory.mktemp("agents"), tool_script)
+    yield daemon
+    daemon.server.stop()
 
 
 def fixture(name: str, model: str) -> dict[str, Any]:
@@ -29,53 +44,96 @@ def fixture(name: str, model: str) -> dict[str, Any]:
     return case
 
 
-def sse_events(live: Any, case: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, Any]]]:
+def sse_events(server: Any, case: dict[str, Any]) -> tuple[httpx.Response, list[tuple[str, Any]]]:
     events: list[tuple[str, Any]] = []
-    with httpx.stream("POST", live.url + case["path"], json=case["body"], headers=case["headers"],
+    with httpx.stream("POST", server.url + case["path"], json=case["body"], headers=case["headers"],
                       timeout=60) as r:
+        if r.status_code != 200:
+            r.read()
+            return r, events
         name = ""
         for line in r.iter_lines():
             if line.startswith("event: "):
                 name = line[len("event: "):]
-            elif line.startswith("data: "):
+            elif line.startswith("data: ") and line != "data: [DONE]":
                 events.append((name, json.loads(line[len("data: "):])))
     return r, events
 
 
-def test_codex_turn_and_follow_up(live: Any) -> None:
-    r, events = sse_events(live, fixture("codex_responses_turn", "scripted"))
-    assert r.status_code == 200, r.read()
-    assert HEADER not in r.headers        # every field Codex sends is declared
-    names = [name for name, _ in events]
+def responses_done(agents: AgentDaemon, name: str) -> tuple[httpx.Response, dict[str, Any]]:
+    r, events = sse_events(agents, fixture(name, "scripted"))
+    assert r.status_code == 200, r.text
+    names = [event for event, _ in events]
     assert names[0] == "response.created" and names[-1] == "response.completed"
-    done = events[-1][1]["response"]
+    return r, events[-1][1]["response"]
+
+
+def test_codex_turn_and_follow_up(agents: AgentDaemon) -> None:
+    r, done = responses_done(agents, "codex_responses_turn")
+    assert r.headers.get(HEADER) == "tools[8]"  # only the hosted web_search tool is dropped
     calls = [item for item in done["output"] if item["type"] == "function_call"]
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-        ("get_weather", {"city": "Paris"})]
-    assert done["store"] is False and done["parallel_tool_calls"] is False
+        ("exec_command", {"cmd": f"cat {NOTES}"})]
+    assert done["store"] is False and done["parallel_tool_calls"] is True
 
-    r, events = sse_events(live, fixture("codex_responses_followup", "scripted"))
-    assert r.status_code == 200
-    done = events[-1][1]["response"]
+    r, done = responses_done(agents, "codex_responses_followup")   # exec_command's output
     text = "".join(part["text"] for item in done["output"] if item["type"] == "message"
                    for part in item["content"])
-    assert text == "The weather in Paris is 18C."
+    assert text == ROUND_TRIP_DONE
 
 
-def test_claude_code_turn(live: Any) -> None:
-    r, events = sse_events(live, fixture("claude_code_messages", "scripted"))
-    assert r.status_code == 200, r.read()
-    assert HEADER not in r.headers
-    names = [name for name, _ in events if name != "ping"]
+def test_codex_under_a_model_name_it_knows(agents: AgentDaemon) -> None:
+    """The freeform `apply_patch` tool (a Lark grammar), `tool_search`, `text.verbosity`."""
+    body = fixture("codex_responses_known_model", "scripted")["body"]
+    assert {"custom", "tool_search"} <= {tool["type"] for tool in body["tools"]}
+    r, done = responses_done(agents, "codex_responses_known_model")
+    assert r.headers.get(HEADER) == "tools[9]"
+    assert done["status"] == "completed"
+
+
+def _claude(agents: AgentDaemon, name: str) -> tuple[httpx.Response, list[tuple[str, Any]]]:
+    r, events = sse_events(agents, fixture(name, "scripted"))
+    assert r.status_code == 200, r.text
+    assert HEADER not in r.headers                  # every field Claude Code sends is declared
+    names = [event for event, _ in events if event != "ping"]
     assert names[0] == "message_start" and names[-1] == "message_stop"
-    blocks = [data["content_block"]["type"] for name, data in events
-              if name == "content_block_start"]
-    assert blocks == ["thinking", "tool_use"]
+    return r, events
+
+
+def test_claude_code_turn(agents: AgentDaemon) -> None:
+    _, events = _claude(agents, "claude_code_messages")
+    blocks = [data["content_block"] for name, data in events if name == "content_block_start"]
+    assert [b["type"] for b in blocks] == ["tool_use"]
     args = "".join(data["delta"]["partial_json"] for name, data in events
                    if name == "content_block_delta" and data["delta"]["type"] == "input_json_delta")
-    assert json.loads(args) == {"city": "Paris"}
+    assert blocks[0]["name"] == "Read" and json.loads(args) == {"file_path": NOTES}
     stop = next(data for name, data in events if name == "message_delta")
     assert stop["delta"]["stop_reason"] == "tool_use"
+
+
+def test_claude_code_tool_result(agents: AgentDaemon) -> None:
+    _, events = _claude(agents, "claude_code_tool_result")
+    text = "".join(data["delta"].get("text", "") for name, data in events
+                   if name == "content_block_delta")
+    assert text == ROUND_TRIP_DONE
+
+
+@pytest.mark.parametrize("agent", ["opencode", "qwen"])
+def test_chat_agents_turn_and_follow_up(agents: AgentDaemon, agent: str) -> None:
+    for name, expect in ((f"{agent}_chat_turn", "tool_calls"), (f"{agent}_chat_followup", "stop")):
+        r, events = sse_events(agents, fixture(name, "scripted"))
+        assert r.status_code == 200, r.text
+        assert HEADER not in r.headers, r.headers[HEADER]
+        chunks = [data for _, data in events]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks
+                  if c.get("choices") and c["choices"][0].get("finish_reason")]
+        assert finish == [expect] and chunks[-1]["usage"]["prompt_tokens"] > 1000
+        deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+        if expect == "stop":
+            assert "".join(d.get("content") or "" for d in deltas) == ROUND_TRIP_DONE
+        else:
+            calls = [call for d in deltas for call in d.get("tool_calls") or []]
+            assert calls[0]["function"]["name"] == {"opencode": "read", "qwen": "read_file"}[agent]
 
 
 def test_llama_vim_infill_and_warm_up(live: Any, adapter_engines: dict) -> None:

@@ -190,3 +190,17 @@ def test_custom_tool_call_history(client: openai.OpenAI, adapter_engines: dict) 
     third = client.responses.create(model="scripted", previous_response_id=first.id, input=[
         {"type": "custom_tool_call_output", "call_id": first.output[0].call_id, "output": "ok"}])
     assert third.output_text == "The weather in Paris is 18C."
+
+
+def test_an_image_in_the_history_keeps_the_session_answering(live: Any) -> None:
+    """responses rule 8: `codex exec -i img.png`, then `codex exec resume`, which resends it."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    history: list[dict[str, Any]] = [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"}, image]}]
+    for turn in range(2):
+        r = httpx.post(live.url + "/v1/responses", timeout=60, json={
+            "model": "tiny", "input": history, "max_output_tokens": 3, "store": False})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-frink-images-omitted"] == "1"
+        history += [{"role": "assistant", "content": [{"type": "output_text", "text": "ok"}]},
+                    {"role": "user", "content": f"And turn {turn + 2}?"}]

@@ -110,6 +110,20 @@ def test_an_input_image_becomes_the_placeholder_where_it_stood() -> None:
     assert gen.messages[-1].content == IMAGE_PLACEHOLDER
 
 
+def test_input_images_become_placeholders_where_they_stood() -> None:
+    """Rule 8: `codex exec -i` sends an input_image in the user message; Codex's view_image
+    answers with one in a function_call_output."""
+    image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+    gen, _ = to_gen_request(decode({"input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "look: "}, image]},
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [image]}]}), [])
+    assert [r.path for r in gen.images] == ["input[0].content[1]", "input[2].output[0]"]
+    messages = gen.messages or []
+    assert messages[0].content == "look: " + IMAGE_PLACEHOLDER
+    assert messages[2].role == "tool" and messages[2].content == IMAGE_PLACEHOLDER
+
+
 def test_bad_fields_name_the_field() -> None:
     with pytest.raises(InvalidRequest) as err:
         decode({**ROUND_TRIP, "background": True})

@@ -17,7 +17,7 @@ from mlx_lm.generate import generate_step
 from frink_mlx.backend import select_backend
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.spec import SpecConfig
+from frink_mlx.engine.speculative import SpecConfig
 from frink_mlx.settings import Settings
 
 BACKEND = select_backend(Settings().backend_config())
@@ -34,18 +34,20 @@ def loaded(path: Path, edit: Callable[[Any], None] | None = None) -> types.Simpl
 
 
 def engine_factory(**defaults: Any) -> Iterator[Callable[..., Engine]]:
-    """A fixture body: `make(loaded, draft=None, gate=None, start=True, **overrides)` makes
-    an engine with these limits, `defaults` and `overrides` on top; every engine made is
-    shut down after the test. Engines given one `gate` share it, as resident models do."""
+    """A fixture body: `make(loaded, draft=None, gate=None, start=True, disk=None,
+    **overrides)` makes an engine with these limits, `defaults` and `overrides` on top (and
+    the SSD tier `disk`); every engine made is shut down after the test. Engines given one
+    `gate` share it, as resident models do."""
     made: list[Engine] = []
 
     def make(model: Any, draft: Any = None, *, gate: DecodeGate | None = None,
-             start: bool = True, **overrides: Any) -> Engine:
+             start: bool = True, disk: Any = None, **overrides: Any) -> Engine:
         cfg = dict(block_size=4, max_batch=8, batching=True, max_queue=64, queue_timeout_s=30.0,
                    generation=1)
         cfg.update(defaults)
         cfg.update(overrides)
-        engine = Engine(model, EngineConfig(**cfg), gate or DecodeGate(), BACKEND, draft=draft)
+        engine = Engine(model, EngineConfig(**cfg), gate or DecodeGate(), BACKEND, draft=draft,
+                        disk=disk)
         if start:
             engine.start()
         made.append(engine)

@@ -16,7 +16,7 @@ from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.spec import SpecConfig
+from frink_mlx.engine.speculative import SpecConfig
 from frink_mlx.engine.types import SeqRequest
 from frink_mlx.models.loader import load_model
 from frink_mlx.registry import ModelSpec
@@ -54,7 +54,8 @@ def test_smollm2_speculative_greedy_equals_generate(smollm2_dir, tmp_path):
                 for p in prompts]
     config = EngineConfig(block_size=4, num_blocks=512, max_batch=4, prefill_chunk_tokens=24,
                           batching=True, context_ceiling=1024, max_queue=8, queue_timeout_s=120.0,
-                          spec=SpecConfig(max_rows=4))  # three rows speculate together (engine/spec/ rule 5)
+                          # three rows speculate together (engine/speculative/ rule 5)
+                          spec=SpecConfig(max_rows=4))
     engine = Engine(loaded, config, DecodeGate(), BACKEND)
     engine.start()
     try:

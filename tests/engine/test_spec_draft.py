@@ -1,4 +1,4 @@
-"""The draft model (engine/spec/ rule 7): exact greedy outputs, its own KV rolled back
+"""The draft model (engine/speculative/ rule 7): exact greedy outputs, its own KV rolled back
 and freed, acceptance when the draft is the target itself.
 
 Tiny random-weight llamas (conftest.make_tiny_llama) share one tokenizer; the draft is
@@ -16,7 +16,7 @@ from engine_support import engines, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.engine import Engine
-from frink_mlx.engine.spec import SpecConfig
+from frink_mlx.engine.speculative import SpecConfig
 from frink_mlx.engine.types import SeqRequest
 
 GREEDY = SamplingParams(temperature=0)

@@ -97,3 +97,18 @@ def test_a_draft_models_weights_and_pool_come_off_the_kv_budget():
     assert paired.draft_num_blocks == 2 * 1024 // 16 == 128
     assert paired.draft_bytes == 4000 + 128 * 8192
     assert paired.num_blocks == (2_000_000 - 4000 - 128 * 8192) // 8192
+
+
+def test_recurrent_state_slots_are_priced_before_blocks():
+    """Rule 7: max_batch state slots come off the budget; rule 3 from the cache spec."""
+    from frink_mlx.engine.kv.specs import AttentionSpec, CacheEntry, ModelCacheSpec, StateSpec
+
+    spec = ModelCacheSpec("fake", (CacheEntry("state", 0), CacheEntry("attention", 0)),
+                          (AttentionSpec(2, 8, 8),), (StateSpec(((250,),), (mx.float32,)),))
+    loaded = _loaded()
+    loaded.cache_spec = spec  # 1 attention entry: 2 * 2 * 8 * 4 = 128 bytes/token
+    settings = Settings(kv_budget_bytes=1_004_000, memory_headroom_fraction=0.0, block_size=16,
+                        max_batch=16)
+    plan = plan_kv(loaded, settings.budget_config())
+    assert plan.bytes_per_token == 128 and (plan.num_state_slots, plan.state_bytes) == (16, 16000)
+    assert plan.num_blocks == (1_004_000 - 4000 - 16000) // 2048 == 480  # weights, state, blocks

@@ -1,4 +1,4 @@
-"""A registry entry with `draft` (registry rule 10, engine/spec/ rule 7) served end to end.
+"""A registry entry with `draft` (registry rule 10, engine/speculative/ rule 7) served end to end.
 
 The target is a tiny random llama of 8 layers; its draft is the same checkpoint cut
 to its first layer (what benchmarks/spec_bench.py does with SmolLM2), so they share

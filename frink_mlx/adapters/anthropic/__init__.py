@@ -27,7 +27,8 @@ from ...http.errors import anthropic_error, endpoint
 from ...http.sse import sse_frame
 from ..endpoint import Answer, Protocol, generate, generating
 from . import wire
-from .translate import Frame, MessageBuilder, to_gen_request
+from .frames import Frame, MessageBuilder
+from .translate import thinking_shown, to_gen_request
 
 PING_FRAME = sse_frame(json.dumps({"type": "ping"}), event="ping")
 ANTHROPIC = Protocol("anthropic", anthropic_error, keepalive_frame=PING_FRAME)
@@ -59,7 +60,7 @@ async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:
 async def start_message(request: Request, body: wire.MessagesRequest) -> Answer:
     (run,) = await generate(request, [to_gen_request(body)])
     builder = MessageBuilder(id=_message_id(run), model=run.model,
-                             prompt_tokens=run.prompt_tokens)
+                             prompt_tokens=run.prompt_tokens, show_thinking=thinking_shown(body))
     return Answer([run], body.stream, lambda: _stream(run, builder),
                   lambda: _collect(run, builder))
 

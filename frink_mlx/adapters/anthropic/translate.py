@@ -1,6 +1,8 @@
-"""Anthropic Messages <-> the neutral GenRequest / event stream. Pure functions, no I/O.
+"""Anthropic Messages -> the neutral GenRequest. Pure functions, no I/O.
 
-Request rules:
+(The response side, events -> frames, is frames.py.)
+
+Rules:
 1. `system` (string or text blocks) becomes one leading system message; a
    `role: "system"` entry inside `messages` (Claude Code 2.1 sends them) becomes a
    system message where it stands. A system text block that is Claude Code's
@@ -21,7 +23,9 @@ Request rules:
 5. `thinking: enabled` -> GenRequest.thinking True + budget; `adaptive` -> True
    (the model decides how long); `disabled` -> False; absent -> None (the
    template's default). `thinking.display` "summarized" / "updates" is a no-op
-   (the whole thinking is returned); "omitted" is refused by name.
+   (the whole thinking is returned); "omitted" (Claude Code 2.1's first try) is
+   honoured: the thinking text is left out of the response (frames.py rule 2), so
+   a replayed thinking block is empty and the turn goes back without its reasoning.
    `output_config.effort` bounds the thinking: `low` -> 1,024 tokens, `medium` ->
    4,096, `high` / `xhigh` / `max` -> unbounded (the model decides), unless
    `thinking.budget_tokens` is given, which wins; with thinking disabled it is a
@@ -29,43 +33,26 @@ Request rules:
    becomes the structured-output constraint.
 6. A conversation ending in an assistant turn is a prefill: the reply continues
    that text (the template renders it open, without its end-of-turn marker).
-
-Response rules (`MessageBuilder`, shared by the streaming and the plain path,
-so both always agree):
-7. Blocks open in event order; a change of kind closes the open block. A
-   thinking block closes with a `signature_delta`; the signature is a digest of
-   the thinking text (a local model has nothing to sign with; clients only echo it).
-8. `stop_reason`: eos -> end_turn, stop string -> stop_sequence (+ the string),
-   length -> max_tokens, tool call -> tool_use.
-9. `usage.input_tokens` counts the prompt tokens that were not read from the
-   prefix cache; those are `cache_read_input_tokens` (Anthropic's split).
+7. `tools[].defer_loading: true` (tool search, Claude Code 2.1) keeps a tool out
+   of the prompt, as Anthropic keeps it out of the model's context, until a
+   `tool_reference` block naming it comes back in a tool result; then it is
+   offered, and the reference reads as a line saying the tool was loaded.
+8. `context_management.edits` (Anthropic's context editing): `clear_thinking_*`
+   keeps the reasoning of the last `keep` assistant turns that have any
+   (`"all"`: every turn; default 1) and drops the older turns' reasoning from the
+   prompt; `clear_tool_uses_*` (old tool results replaced once the prompt passes a
+   token count) is refused by name, as is any other edit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import AbstractSet, Any
 
-from ...core.events import (
-    Done,
-    ErrorEvent,
-    Event,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    Usage,
-)
 from ...core.images import ImageRef, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, Tool, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from . import wire
-
-Frame = tuple[str, dict[str, Any]]   # (SSE event name, payload)
-
 
 # -- request -------------------------------------------------------------------
 BILLING_HEADER = "x-anthropic-billing-header:"      # rule 1
@@ -99,6 +86,9 @@ def _text_of(blocks: str | list[Any], where: str, images: list[ImageRef] | None 
     for j, block in enumerate(blocks):
         if images is not None and isinstance(block, wire.ImageBlock):
             parts.append(image_part(_image(block, f"{where}[{j}]"), images))
+            continue
+        if isinstance(block, wire.ToolReferenceBlock):      # rule 7
+            parts.append(f"Tool loaded: {block.tool_name}")
             continue
         if not isinstance(block, wire.TextBlock):
             raise UnsupportedField(f"{where}[{j}]", f"is a '{_tag(block)}' block; this server "
@@ -181,12 +171,26 @@ def to_messages(system: str | list[wire.TextBlock] | None,
     return out
 
 
-def to_tools(tools: list[wire.ToolParam] | None) -> list[Tool]:
+def referenced_tools(messages: list[wire.MessageParam]) -> set[str]:
+    """Rule 7: the tools `tool_reference` blocks in tool results have loaded."""
+    names: set[str] = set()
+    for param in messages:
+        for block in param.content if isinstance(param.content, list) else ():
+            if isinstance(block, wire.ToolResultBlock) and isinstance(block.content, list):
+                names.update(ref.tool_name for ref in block.content
+                             if isinstance(ref, wire.ToolReferenceBlock))
+    return names
+
+
+def to_tools(tools: list[wire.ToolParam] | None,
+             loaded: AbstractSet[str] = frozenset()) -> list[Tool]:
     out = []
     for i, tool in enumerate(tools or []):
         if tool.type not in (None, "custom"):
             raise UnsupportedField(f"tools[{i}].type", f"'{tool.type}' is a server tool; only "
                                    "client tools (custom) are supported")
+        if tool.defer_loading and tool.name not in loaded:      # rule 7
+            continue
         schema = tool.input_schema or {"type": "object", "properties": {}}
         out.append(Tool(tool.name, tool.description, schema, strict=bool(tool.strict)))
     return out
@@ -207,9 +211,6 @@ def _thinking(req: wire.MessagesRequest | wire.CountTokensRequest) -> tuple[bool
     if isinstance(thinking, wire.ThinkingBetweenTools):
         raise UnsupportedField("thinking.type", "'between_tools' is not supported; use "
                                "'enabled', 'adaptive' or 'disabled'")
-    if getattr(thinking, "display", None) == "omitted":
-        raise UnsupportedField("thinking.display", "'omitted' is not supported: a local "
-                               "model's thinking is always returned")
     if isinstance(thinking, wire.ThinkingEnabled):
         if thinking.budget_tokens < 1:
             raise InvalidRequest("'thinking.budget_tokens' must be at least 1.",
@@ -220,6 +221,29 @@ def _thinking(req: wire.MessagesRequest | wire.CountTokensRequest) -> tuple[bool
     effort = req.output_config.effort if req.output_config else None
     budget = EFFORT_BUDGET_TOKENS.get(effort or "")
     return (True if isinstance(thinking, wire.ThinkingAdaptive) else None), budget
+
+
+def thinking_shown(req: wire.MessagesRequest) -> bool:
+    """Rule 5: False when the client asked for the thinking text to be left out."""
+    return getattr(req.thinking, "display", None) != "omitted"
+
+
+def _edit_context(messages: list[Message], config: wire.ContextManagement | None) -> None:
+    """Rule 8: apply `clear_thinking` edits to the translated messages; refuse the rest."""
+    for i, edit in enumerate(config.edits if config else ()):
+        if not edit.type.startswith("clear_thinking_"):
+            raise UnsupportedField(f"context_management.edits[{i}].type",
+                                   f"'{edit.type}' is not supported; only clear_thinking edits "
+                                   "are (the prompt is kept whole otherwise)")
+        if edit.keep == "all":
+            continue
+        keep = 1 if edit.keep is None else edit.keep.value
+        if keep < 0:
+            raise InvalidRequest("'keep.value' must be non-negative.",
+                                 param=f"context_management.edits[{i}].keep.value")
+        thinking_turns = [m for m in messages if m.role == "assistant" and m.reasoning]
+        for message in thinking_turns[:max(0, len(thinking_turns) - keep)]:
+            message.reasoning = None
 
 
 def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> ResponseFormat | None:
@@ -235,9 +259,11 @@ def _response_format(req: wire.MessagesRequest | wire.CountTokensRequest) -> Res
 def to_gen_request(req: wire.MessagesRequest | wire.CountTokensRequest) -> GenRequest:
     thinking, budget = _thinking(req)
     images: list[ImageRef] = []
-    gen = GenRequest(model=req.model, messages=to_messages(req.system, req.messages, images),
-                     images=images,
-                     tools=to_tools(req.tools), tool_choice=to_tool_choice(req.tool_choice),
+    messages = to_messages(req.system, req.messages, images)
+    _edit_context(messages, req.context_management)
+    gen = GenRequest(model=req.model, messages=messages, images=images,
+                     tools=to_tools(req.tools, referenced_tools(req.messages)),
+                     tool_choice=to_tool_choice(req.tool_choice),
                      parallel_tool_calls=not getattr(req.tool_choice, "disable_parallel_tool_use",
                                                      False),
                      thinking=thinking, thinking_budget_tokens=budget,
@@ -274,146 +300,3 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
                                   if getattr(req, name) is not None)
     if req.metadata is not None and req.metadata.user_id is not None:
         gen.user = req.metadata.user_id
-
-
-# -- response ------------------------------------------------------------------
-def usage_dict(usage: Usage) -> dict[str, int]:
-    out = {"input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
-           "output_tokens": usage.completion_tokens,
-           "cache_read_input_tokens": usage.cached_tokens,
-           "cache_creation_input_tokens": 0}
-    if usage.draft_tokens is not None:  # wire.py rule 5
-        out["draft_tokens"] = usage.draft_tokens
-        out["draft_accepted"] = usage.draft_accepted or 0
-    return out
-
-
-def stop_reason(done: Done) -> tuple[str, str | None]:
-    if done.finish_reason == "tool_calls":
-        return "tool_use", None
-    if done.finish_reason == "length":
-        return "max_tokens", None
-    if done.stop_kind == "stop_sequence":
-        return "stop_sequence", done.stop_sequence
-    return "end_turn", None
-
-
-def thinking_signature(text: str) -> str:
-    return "frink-sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def _tool_input(arguments: str) -> dict[str, Any]:
-    try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-@dataclass(slots=True)
-class MessageBuilder:
-    """Events of one choice -> Anthropic stream frames, and the final message (rule 7)."""
-
-    id: str
-    model: str
-    prompt_tokens: int = 0
-    blocks: list[dict[str, Any]] = field(default_factory=list)
-    _open: str | None = None              # "text" | "thinking" | "tool_use"
-    _call_block: dict[int, int] = field(default_factory=dict)   # call_index -> block index
-    done: Done | None = None
-
-    def start(self) -> list[Frame]:
-        message = self._message_base()
-        message["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
-        return [("message_start", {"type": "message_start", "message": message}),
-                ("ping", {"type": "ping"})]
-
-    def feed(self, event: Event) -> list[Frame]:
-        if isinstance(event, TextDelta):
-            return self._delta("text", "text_delta", "text", event.text) if event.text else []
-        if isinstance(event, ReasoningDelta):
-            return self._delta("thinking", "thinking_delta", "thinking", event.text)
-        if isinstance(event, ToolCallStart):
-            frames = self._close()
-            block = {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
-            return frames + self._open_block("tool_use", block, call_index=event.call_index)
-        if isinstance(event, ToolCallDelta):
-            index = self._call_block[event.call_index]
-            return [("content_block_delta", {"type": "content_block_delta", "index": index,
-                     "delta": {"type": "input_json_delta", "partial_json": event.arguments}})]
-        if isinstance(event, ToolCallEnd):
-            self.blocks[self._call_block[event.call_index]]["input"] = _tool_input(event.arguments)
-            return self._close()
-        if isinstance(event, Done):
-            return self._finish(event)
-        if isinstance(event, ErrorEvent):
-            return [("error", error_payload(event.message, event.status))]
-        return []
-
-    def message(self) -> dict[str, Any]:
-        """The complete Message object (after Done)."""
-        out = self._message_base()
-        out["content"] = self.blocks
-        if self.done is not None:
-            out["stop_reason"], out["stop_sequence"] = stop_reason(self.done)
-            out["usage"] = usage_dict(self.done.usage)
-        return out
-
-    def _message_base(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [], "stop_reason": None, "stop_sequence": None}
-
-    def _delta(self, kind: str, delta_type: str, key: str, text: str) -> list[Frame]:
-        frames: list[Frame] = []
-        if self._open != kind:
-            frames += self._close()
-            frames += self._open_block(kind, {"type": kind, key: ""} if kind == "text"
-                                       else {"type": kind, key: "", "signature": ""})
-        index = len(self.blocks) - 1
-        self.blocks[index][key] += text
-        frames.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                                               "delta": {"type": delta_type, key: text}}))
-        return frames
-
-    def _open_block(self, kind: str, block: dict[str, Any], call_index: int | None = None
-                    ) -> list[Frame]:
-        self.blocks.append(block)
-        self._open = kind
-        index = len(self.blocks) - 1
-        if call_index is not None:
-            self._call_block[call_index] = index
-        return [("content_block_start", {"type": "content_block_start", "index": index,
-                                         "content_block": dict(block)})]
-
-    def _close(self) -> list[Frame]:
-        if self._open is None:
-            return []
-        index = len(self.blocks) - 1
-        frames: list[Frame] = []
-        if self._open == "thinking":
-            signature = thinking_signature(self.blocks[index]["thinking"])
-            self.blocks[index]["signature"] = signature
-            frames.append(("content_block_delta", {"type": "content_block_delta", "index": index,
-                           "delta": {"type": "signature_delta", "signature": signature}}))
-        self._open = None
-        return frames + [("content_block_stop", {"type": "content_block_stop", "index": index})]
-
-    def _finish(self, done: Done) -> list[Frame]:
-        self.done = done
-        frames = self._close()
-        reason, sequence = stop_reason(done)
-        frames.append(("message_delta", {"type": "message_delta",
-                                         "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                         "usage": usage_dict(done.usage)}))
-        frames.append(("message_stop", {"type": "message_stop"}))
-        return frames
-
-
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-                503: "overloaded_error"}
-
-
-def error_payload(message: str, status: int) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"),
-                                       "message": message}}

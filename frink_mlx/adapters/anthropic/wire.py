@@ -61,9 +61,16 @@ class DocumentBlock(_Block, tag="document"):
     cache_control: dict[str, Any] | None = None
 
 
+class ToolReferenceBlock(_Block, tag="tool_reference"):
+    """A tool search's result: loads the deferred tool it names (translate rule 7)."""
+
+    tool_name: str
+
+
 class ToolResultBlock(_Block, tag="tool_result"):
     tool_use_id: str
-    content: Union[str, list[Union[TextBlock, ImageBlock, DocumentBlock]]] = ""
+    content: Union[str, list[Union[TextBlock, ImageBlock, DocumentBlock,
+                                   ToolReferenceBlock]]] = ""
     is_error: bool = False
     cache_control: dict[str, Any] | None = None
     toolset_name: str | None = None
@@ -95,6 +102,7 @@ class ToolParam(msgspec.Struct, forbid_unknown_fields=False):
     cache_control: dict[str, Any] | None = None
     strict: bool | None = None         # true: arguments grammar-bound (core/structured.py rule 6)
     eager_input_streaming: bool | None = None   # input is always streamed as generated
+    defer_loading: bool = False        # true: out of the prompt until referenced (translate rule 7)
 
 
 class _Choice(msgspec.Struct, tag_field="type", forbid_unknown_fields=False):
@@ -122,7 +130,8 @@ ToolChoice = Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, ToolChoiceNone
 
 
 # `display`: "summarized" and "updates" (Claude Code 2.1) are no-ops -- a local model's
-# thinking is returned whole, which is what both ask to see; "omitted" is refused (translate rule 5).
+# thinking is returned whole, which is what both ask to see; "omitted" leaves the text out
+# (translate rule 5, frames rule 2).
 ThinkingDisplay = Literal["summarized", "updates", "omitted"]
 
 
@@ -156,6 +165,23 @@ class OutputConfig(msgspec.Struct, forbid_unknown_fields=False):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None   # translate rule 5
 
 
+class KeepTurns(msgspec.Struct, forbid_unknown_fields=False):
+    type: Literal["thinking_turns"]
+    value: int
+
+
+class ContextEdit(msgspec.Struct, forbid_unknown_fields=False):
+    """One `context_management.edits[]` entry (translate rule 8); `trigger`, `clear_at_least`
+    and the other knobs of `clear_tool_uses_*` are not declared: that edit is refused."""
+
+    type: str
+    keep: Union[Literal["all"], KeepTurns, None] = None
+
+
+class ContextManagement(msgspec.Struct, forbid_unknown_fields=False):
+    edits: list[ContextEdit] = msgspec.field(default_factory=list)
+
+
 class Metadata(msgspec.Struct, forbid_unknown_fields=False):
     user_id: str | None = None
 
@@ -182,6 +208,7 @@ class CountTokensRequest(_ServerFeatures, forbid_unknown_fields=False):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     cache_control: dict[str, Any] | None = None
 
 
@@ -200,5 +227,6 @@ class MessagesRequest(_ServerFeatures, forbid_unknown_fields=False):
     thinking: Thinking | None = None
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     cache_control: dict[str, Any] | None = None
     speculative: bool = True  # frink extension (rule 5): False opts out of speculation

@@ -14,8 +14,10 @@ Rules:
    `data: {"error": ...}` frame, after which the stream ends (no [DONE]).
 3. `usage.prompt_tokens` counts the prompt once (n > 1 prefills once);
    completion tokens are summed over choices; `prompt_tokens_details` carries
-   `cached_tokens` and, when measured, the `prefix_divergence` extension;
-   when the request speculated (engine/spec/), the `draft_tokens` /
+   `cached_tokens` and, when measured, the `prefix_divergence` extension and
+   (with the SSD tier on) `disk_cached_tokens`, the cached tokens read back
+   from disk;
+   when the request speculated (engine/speculative/), the `draft_tokens` /
    `draft_accepted` extensions count drafted and accepted tokens.
 4. Reasoning goes out as `reasoning_content` (the vLLM / DeepSeek field).
 5. finish_reason "abort" (client gone, shutdown) is reported as "stop".
@@ -212,6 +214,7 @@ class UsageSum:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    disk_cached_tokens: int | None = None  # extension: of cached_tokens, from the SSD tier
     prefix_divergence: int | None = None
     reasoning_tokens: int | None = None
     draft_tokens: int | None = None     # extension: speculative tokens drafted / accepted
@@ -223,6 +226,7 @@ class UsageSum:
     def add(self, usage: Usage) -> None:
         self.prompt_tokens = usage.prompt_tokens
         self.cached_tokens = usage.cached_tokens
+        self.disk_cached_tokens = usage.disk_cached_tokens
         self.completion_tokens += usage.completion_tokens
         if usage.prefix_divergence is not None:
             self.prefix_divergence = usage.prefix_divergence
@@ -237,6 +241,8 @@ class UsageSum:
 
     def as_dict(self) -> dict[str, Any]:
         details: dict[str, Any] = {"cached_tokens": self.cached_tokens}
+        if self.disk_cached_tokens is not None:
+            details["disk_cached_tokens"] = self.disk_cached_tokens
         if self.prefix_divergence is not None:
             details["prefix_divergence"] = self.prefix_divergence
         out: dict[str, Any] = {"prompt_tokens": self.prompt_tokens,

@@ -172,6 +172,8 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
                 u.add(acc[k * n + j].done.usage)  # type: ignore[union-attr]
         usage.prompt_tokens += u.prompt_tokens
         usage.cached_tokens += u.cached_tokens
+        if u.disk_cached_tokens is not None:
+            usage.disk_cached_tokens = (usage.disk_cached_tokens or 0) + u.disk_cached_tokens
         usage.completion_tokens += u.completion_tokens
         usage.add_drafts(u.draft_tokens, u.draft_accepted)
     choices = [completion_choice(i, acc[i], echo.texts[i // n] if echo else "", top)

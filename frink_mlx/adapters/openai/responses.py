@@ -28,6 +28,10 @@ Request rules (responses_wire.py has the decoding rules):
    reasoning, tool-call results of hosted tools, image URLs). Refused by name:
    `include: ["message.output_text.logprobs"]`, `top_logprobs`,
    `max_tool_calls`, `background: true`, `conversation`, `prompt`.
+8. `input_image` parts -- in a message, or in a tool's output (Codex's
+   `view_image`) -- become a placeholder text where they stood (core/images.py;
+   `codex exec -i` puts one in the history, which `codex exec resume` replays);
+   `input_file` parts are refused by name.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ Rules, in order:
  6. The hash map keeps the first block registered for a hash; a later block
     with identical content (two sequences prefilled the same prompt at once)
     stays hashless, so block tables stay append-only and never move.
+ 7. `on_idle(block_id, block_hash)`, when set, hears of every cached block
+    whose last holder freed it (the SSD tier writes such blocks: spill.py).
 
 Misuse (freeing a block twice, re-hashing a block) raises `EngineFailure`:
 those are engine bugs, not shortages.
@@ -35,7 +37,7 @@ those are engine bugs, not shortages.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -125,6 +127,7 @@ class BlockPool:
         # Initially every block is free and hashless: ids are handed out 0, 1, 2, ...
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[int, KVBlock] = {}
+        self.on_idle: Callable[[int, int], None] | None = None  # rule 7
 
     # -- counters ----------------------------------------------------------
 
@@ -202,6 +205,8 @@ class BlockPool:
                 self.free_queue.appendleft(block)
             else:
                 self.free_queue.append(block)
+                if self.on_idle is not None:
+                    self.on_idle(block.block_id, block.block_hash)
 
     # -- the prefix cache ------------------------------------------------------
 

@@ -14,7 +14,9 @@ block i a fingerprint of tokens [0, (i+1)*block_size):
 Why an extra key `x`: it separates cache namespaces that hold the same token
 ids but different K/V or different trust domains. frink-mlx passes
 `make_extra_key(model_generation, cache_salt)`, so a model swap (new generation)
-or a different `cache_salt` never shares a block. It is folded into every
+or a different `cache_salt` never shares a block; with the SSD tier the
+generation is replaced by the namespace of the model's content (spill.py
+rule 1), so the same weights loaded again find their blocks on disk. It is folded into every
 block's hash (not only the first) so a hash is self-describing.
 
 Why a real digest instead of Python's `hash()`: `hash()` of str is salted per
@@ -44,8 +46,9 @@ _PERSON = b"frink-kv-v1"
 _DIGEST_SIZE = 16
 
 
-def make_extra_key(generation: int, cache_salt: str | None) -> tuple[int, str | None]:
-    """The extra key every engine uses: one model generation, one cache salt."""
+def make_extra_key(generation: int | str, cache_salt: str | None) -> tuple[int | str, str | None]:
+    """The extra key every engine uses: one model generation (or, with the SSD tier, the
+    namespace of the model's content: spill.py rule 1), one cache salt."""
     return (generation, cache_salt)
 
 

@@ -34,10 +34,16 @@ Rules, in order:
  7. `fork` gives the child the parent's *full* blocks only (ref++); the engine
     recomputes the remaining < block_size tokens into the child's own block, so
     two rows never write into one block.
- 8. `trim` gives back the slots of rejected speculative positions (engine/spec/):
+ 8. `trim` gives back the slots of rejected speculative positions (engine/speculative/):
     the table shrinks to `num_tokens` and blocks left empty are freed. It never
     cuts into a published block, and the blocks it frees were never hashed
     (only positions with written K/V of known tokens are published).
+ 9. With `num_state_slots` (a model with recurrent layers, kv/specs.py) every
+    sequence also holds one state slot (kv/slots.py): `allocate_slots` takes
+    it with the sequence's first blocks (a forked child: with its own first
+    allocation), all or nothing as rule 2 says, and `free` gives it back.
+    `fork_copies` names what a child copies from its parent once the
+    parent's prompt ran: the partial last block (rule 7) and the state slot.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from dataclasses import dataclass, field
 from ...errors import EngineFailure
 from .block_pool import BlockPool, KVBlock
 from .hashing import iter_block_hashes
+from .slots import SlotPool
 
 SeqId = Hashable
 
@@ -59,15 +66,18 @@ class SeqBlocks:
     blocks: list[KVBlock] = field(default_factory=list)
     num_tokens: int = 0  # token slots reserved: positions [0, num_tokens)
     block_hashes: list[int] = field(default_factory=list)  # published chain, blocks[:len]
+    slot: int = -1  # recurrent-state slot (rule 9); -1: none held
 
 
 class KVCacheManager:
     """Block tables for every live sequence over `num_blocks` blocks of `block_size` tokens."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 num_state_slots: int = 0) -> None:
         if block_size <= 0:
             raise EngineFailure(f"block_size must be positive, got {block_size}", param="block_size")
         self.pool = BlockPool(num_blocks)
+        self.state_slots = SlotPool(num_state_slots) if num_state_slots else None  # rule 9
         self._block_size = block_size
         self.enable_caching = enable_caching
         self._seqs: dict[SeqId, SeqBlocks] = {}
@@ -117,6 +127,10 @@ class KVCacheManager:
     def num_tokens(self, seq_id: SeqId) -> int:
         """Token slots reserved for `seq_id` so far (computed + allocated)."""
         return self._seq(seq_id).num_tokens
+
+    def state_slot(self, seq_id: SeqId) -> int:
+        """The sequence's recurrent-state slot (rule 9); -1 when the model has none."""
+        return self._seq(seq_id).slot
 
     # -- prefix lookup and allocation -------------------------------------------
 
@@ -180,6 +194,10 @@ class KVCacheManager:
         num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
+        slots = self.state_slots
+        wants_slot = slots is not None and (state is None or state.slot < 0)
+        if wants_slot and slots is not None and slots.num_free == 0:  # rule 9: all or nothing
+            return None
         # Touch first: reviving computed blocks takes them off the free queue, so
         # the eviction below cannot hand one of them out as a "new" block.
         self.pool.touch(computed_blocks)
@@ -193,6 +211,9 @@ class KVCacheManager:
                 block_hashes=computed_hashes,
             )
             self._seqs[seq_id] = state
+        if wants_slot and slots is not None:
+            taken = slots.take()  # counted above: never None here
+            state.slot = -1 if taken is None else taken
         state.blocks.extend(new_blocks)
         state.num_tokens += num_new_tokens
         return [block.block_id for block in new_blocks]
@@ -243,7 +264,22 @@ class KVCacheManager:
         if state is None:
             return False
         self.pool.free_blocks(reversed(state.blocks))
+        if state.slot >= 0 and self.state_slots is not None:
+            self.state_slots.give(state.slot)
         return True
+
+    def fork_copies(self, parent_seq_id: SeqId, child_seq_id: SeqId, num_shared: int,
+                    num_tokens: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+        """What a forked child copies once its parent's `num_tokens` ran (rules 7, 9):
+        ([(src block, dst block, slots)], [(src state slot, dst state slot)])."""
+        parent, child = self._seq(parent_seq_id), self._seq(child_seq_id)
+        blocks: list[tuple[int, int, int]] = []
+        if num_tokens > num_shared:
+            index = num_shared // self._block_size
+            blocks.append((parent.blocks[index].block_id, child.blocks[index].block_id,
+                           num_tokens - num_shared))
+        states = [(parent.slot, child.slot)] if parent.slot >= 0 and child.slot >= 0 else []
+        return blocks, states
 
     def fork(self, parent_seq_id: SeqId, child_seq_id: SeqId, num_tokens: int | None = None) -> int:
         """Open `child_seq_id` sharing the parent's full blocks (rule 7).

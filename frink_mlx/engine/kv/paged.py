@@ -105,25 +105,28 @@ class PagedKVStore:
         head_dim: int,
         dtype: mx.Dtype,
         v_head_dim: int | None = None,
+        geometries: Sequence[tuple[int, int, int]] | None = None,
     ) -> None:
+        """`geometries`: (n_kv_heads, head_dim, v_head_dim) per layer where layers
+        differ (kv/specs.py: Gemma 4's full-attention layers); it overrides the
+        uniform `num_layers` x (`n_kv_heads`, `head_dim`, `v_head_dim`)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1 (got {num_blocks}, {block_size})")
-        self.num_layers = num_layers
+        v_head_dim = v_head_dim or head_dim
+        shapes = list(geometries) if geometries is not None else \
+            [(n_kv_heads, head_dim, v_head_dim)] * num_layers
+        self.num_layers = len(shapes)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.n_kv_heads = n_kv_heads
-        self.head_dim = head_dim
-        self.v_head_dim = v_head_dim or head_dim
+        self.n_kv_heads, self.head_dim, self.v_head_dim = shapes[0] if shapes else \
+            (n_kv_heads, head_dim, v_head_dim)
         self.dtype = dtype
         self.num_slots = num_blocks * block_size
         self.trash_slot = self.num_slots
-        self.keys: list[mx.array] = [
-            mx.zeros((n_kv_heads, self.num_slots + 1, head_dim), dtype) for _ in range(num_layers)
-        ]
-        self.values: list[mx.array] = [
-            mx.zeros((n_kv_heads, self.num_slots + 1, self.v_head_dim), dtype)
-            for _ in range(num_layers)
-        ]
+        self.keys: list[mx.array] = [mx.zeros((h, self.num_slots + 1, d), dtype)
+                                     for h, d, _ in shapes]
+        self.values: list[mx.array] = [mx.zeros((h, self.num_slots + 1, dv), dtype)
+                                       for h, _, dv in shapes]
         mx.eval(self.keys, self.values)
 
     @property

@@ -3,7 +3,11 @@
     cache.py      content-hash cache key (no numpy/MLX: `frink-mlx models` stays instant)
     reader.py     bounds-checked header reader; tensor rows read on demand
     tensors.py    every tensor type the `gguf` package dequantizes -> float or MLX affine
-    arch.py       metadata + tensor names -> mlx-lm config and parameter names, per-arch quirks
+    arch.py       metadata + tensor names -> mlx-lm config and parameter plans, per-arch quirks
+    plan.py       what a plan can say (stacked sources, row / column orders, value maps), the layout
+    hybrid_delta.py  Qwen3.5 / Qwen3-Next (GatedDeltaNet) quirks
+    hybrid_ssm.py    LFM2, Nemotron-H, Granite-4-H, Falcon-H1 (short conv / Mamba2) quirks
+    mixed.py      gpt-oss and Gemma 4 (sliding + full attention) quirks
     tokenizer.py  tokenizer.ggml.* -> tokenizer.json (BPE per pre-tokenizer, SentencePiece)
     importer.py   `import_gguf`: the streaming conversion, progress and logging
 

@@ -32,33 +32,34 @@ Rules (llama.cpp's `convert_hf_to_gguf.py` quirks, undone):
    token spelled like a known turn end (`<|im_end|>`, `<end_of_turn>`, phi3's
    `<|end|>`, ...), which GGUFs often leave out of the metadata (phi3's EOS is
    `<|endoftext|>` while its turns end with `<|end|>`).
+10. Hybrid and mixed-attention families (Qwen3.5 / Qwen3-Next, LFM2, Nemotron-H,
+   Granite-4-H, Falcon-H1, Gemma 4, gpt-oss) build their own config from the base
+   keys and state their tensor quirks as plans: hybrid_delta.py, hybrid_ssm.py,
+   mixed.py (plan.py says what a plan can express).
+11. GGUF names the gguf package writes without a suffix (`blk.N.ssm_a`,
+   falcon-h1's `blk.N.ffn_norm`) or with one mlx-lm lacks (`attn_sinks.weight` for
+   a bare `sinks`) match the whole name too; the model's own parameters decide.
 Left out: gemma2's 4096 sliding window (mlx-lm's gemma2 file has none; it only
 matters past 4096 tokens), phi3's sliding window (likewise ignored by mlx-lm).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ...errors import ModelFormatError
+from . import hybrid_delta, hybrid_ssm, mixed
+from .plan import ArchSpec, ModelLayout, Plan, inverse_permute_rows, model_layout, num
+
+__all__ = ["ARCHS", "ArchSpec", "ModelLayout", "Plan", "arch_spec", "build_config", "end_of_generation_ids",
+           "inverse_permute_rows", "map_names", "missing_params", "model_layout", "plans_for"]
 
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # Vision towers and projectors some GGUFs carry beside the text model (Ollama's gemma3): skipped.
 MULTIMODAL_PREFIXES = ("v.", "mm.")
-
-
-@dataclass(slots=True, frozen=True)
-class ArchSpec:
-    model_type: str  # mlx-lm model file
-    gguf_arch: str  # the gguf package's name map to invert
-    permute_qk: bool = False  # rule 1
-    norm_shift: float = 0.0  # rule 2
-    renames: tuple[tuple[str, str], ...] = ()  # rule 3
 
 
 ARCHS = {
@@ -70,6 +71,7 @@ ARCHS = {
     "gemma2": ArchSpec("gemma2", "gemma2", norm_shift=1.0),
     "gemma3": ArchSpec("gemma3_text", "gemma3", norm_shift=1.0),
     "phi3": ArchSpec("phi3", "phi3"),
+    **hybrid_delta.ARCHS, **hybrid_ssm.ARCHS, **mixed.ARCHS,
 }
 
 
@@ -80,30 +82,16 @@ def arch_spec(meta: dict[str, Any]) -> tuple[str, ArchSpec]:
     return arch, ARCHS[arch]
 
 
-def _num(meta: dict[str, Any], key: str, default: Any = None) -> Any:
-    value = meta.get(key, default)
-    if value is None:
-        raise ModelFormatError(f"GGUF metadata is missing {key}")
-    if isinstance(value, np.ndarray):  # per-layer arrays: one value or refuse
-        if value.size == 0 or not (value == value.flat[0]).all():
-            raise ModelFormatError(f"GGUF metadata {key} varies per layer, which mlx-lm cannot express")
-        value = value.flat[0].item()
-    return value
-
-
-def _common(meta: dict[str, Any], p: str, spec: ArchSpec, vocab_size: int, tied: bool) -> dict[str, Any]:
-    hidden, heads = int(_num(meta, p + "embedding_length")), int(_num(meta, p + "attention.head_count"))
+def base_config(meta: dict[str, Any], p: str, spec: ArchSpec, vocab_size: int, tied: bool) -> dict[str, Any]:
+    """The keys every family shares (rule 10): sizes, norms eps, RoPE base, context, stops."""
     config: dict[str, Any] = {
         "model_type": spec.model_type,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(_num(meta, p + "block_count")),
-        "intermediate_size": int(_num(meta, p + "feed_forward_length")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(_num(meta, p + "attention.head_count_kv", heads)),
-        "head_dim": int(_num(meta, p + "attention.key_length", hidden // heads)),
-        "rms_norm_eps": float(_num(meta, p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_num(meta, p + "rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_num(meta, p + "context_length", 2048)),
+        "hidden_size": int(num(meta, p + "embedding_length")),
+        "num_hidden_layers": int(num(meta, p + "block_count")),
+        "rms_norm_eps": float(num(meta, p + "attention.layer_norm_rms_epsilon",
+                                  meta.get(p + "attention.layer_norm_epsilon", 1e-5))),
+        "rope_theta": float(num(meta, p + "rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(num(meta, p + "context_length", 2048)),
         "vocab_size": vocab_size,
         "tie_word_embeddings": tied,
     }
@@ -113,6 +101,14 @@ def _common(meta: dict[str, Any], p: str, spec: ArchSpec, vocab_size: int, tied:
     if stops:  # mlx-lm stops on any of them
         config["eos_token_id"] = stops[0] if len(stops) == 1 else stops
     return config
+
+
+def _attention(meta: dict[str, Any], p: str, config: dict[str, Any]) -> None:
+    """The llama-like keys: one head count, one FFN width for every layer."""
+    heads = int(num(meta, p + "attention.head_count"))
+    config.update(intermediate_size=int(num(meta, p + "feed_forward_length")), num_attention_heads=heads,
+                  num_key_value_heads=int(num(meta, p + "attention.head_count_kv", heads)),
+                  head_dim=int(num(meta, p + "attention.key_length", config["hidden_size"] // heads)))
 
 
 # Token texts llama.cpp treats as end of generation whatever the metadata says (llama-vocab.cpp)
@@ -132,12 +128,12 @@ def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
     return stops
 
 
-def _rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
+def rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
                   context: int) -> dict[str, Any] | None:
     """Rule 6."""
     kind = str(meta.get(p + "rope.scaling.type") or "none")
-    factor = float(_num(meta, p + "rope.scaling.factor", 1.0))
-    original = int(_num(meta, p + "rope.scaling.original_context_length", context))
+    factor = float(num(meta, p + "rope.scaling.factor", 1.0))
+    original = int(num(meta, p + "rope.scaling.original_context_length", context))
     if "rope_factors_long.weight" in rope:
         long = rope["rope_factors_long.weight"].tolist()
         short = rope.get("rope_factors_short.weight", rope["rope_factors_long.weight"]).tolist()
@@ -155,7 +151,7 @@ def _rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
         scaling = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original}
         for key in ("beta_fast", "beta_slow"):
             if meta.get(f"{p}rope.scaling.yarn_{key}") is not None:
-                scaling[key] = float(_num(meta, f"{p}rope.scaling.yarn_{key}"))
+                scaling[key] = float(num(meta, f"{p}rope.scaling.yarn_{key}"))
         return scaling
     raise ModelFormatError(f"unsupported GGUF RoPE scaling {p}rope.scaling.type={kind!r} "
                            "(supported: linear, yarn, llama3 rope_freqs, phi3 longrope)")
@@ -175,27 +171,27 @@ def _extras_llama(meta: dict[str, Any], p: str, config: dict[str, Any], names: s
 
 
 def _extras_qwen3moe(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
-    config.update(num_experts=int(_num(meta, p + "expert_count")),
-                  num_experts_per_tok=int(_num(meta, p + "expert_used_count")),
-                  moe_intermediate_size=int(_num(meta, p + "expert_feed_forward_length")),
+    config.update(num_experts=int(num(meta, p + "expert_count")),
+                  num_experts_per_tok=int(num(meta, p + "expert_used_count")),
+                  moe_intermediate_size=int(num(meta, p + "expert_feed_forward_length")),
                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
 
 
 def _extras_gemma2(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
-    config.update(attn_logit_softcapping=float(_num(meta, p + "attn_logit_softcapping", 50.0)),
-                  final_logit_softcapping=float(_num(meta, p + "final_logit_softcapping", 30.0)),
+    config.update(attn_logit_softcapping=float(num(meta, p + "attn_logit_softcapping", 50.0)),
+                  final_logit_softcapping=float(num(meta, p + "final_logit_softcapping", 30.0)),
                   query_pre_attn_scalar=_gemma_attn_scalar(config, 46))
 
 
 def _extras_gemma3(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
     config.update(query_pre_attn_scalar=_gemma_attn_scalar(config, 62),
-                  sliding_window=int(_num(meta, p + "attention.sliding_window", 512)),
+                  sliding_window=int(num(meta, p + "attention.sliding_window", 512)),
                   sliding_window_pattern=6,
-                  rope_local_base_freq=float(_num(meta, p + "rope.freq_base_swa", 10000.0)))
+                  rope_local_base_freq=float(num(meta, p + "rope.freq_base_swa", 10000.0)))
 
 
 def _extras_phi3(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str]) -> None:
-    rotary = int(_num(meta, p + "rope.dimension_count", config["head_dim"]))
+    rotary = int(num(meta, p + "rope.dimension_count", config["head_dim"]))
     config["partial_rotary_factor"] = rotary / config["head_dim"]
     scaling = config.get("rope_scaling")
     if scaling and scaling["type"] == "longrope":
@@ -212,8 +208,12 @@ def build_config(meta: dict[str, Any], arch: str, spec: ArchSpec, names: set[str
                  vocab_size: int, rope: dict[str, np.ndarray]) -> dict[str, Any]:
     """mlx-lm config.json for this GGUF; `names` are its tensor names, `rope` its rope tensors."""
     p = arch + "."
-    config = _common(meta, p, spec, vocab_size, tied="output.weight" not in names)
-    scaling = _rope_scaling(meta, p, rope, config["max_position_embeddings"])
+    config = base_config(meta, p, spec, vocab_size, tied="output.weight" not in names)
+    if spec.config is not None:  # rule 10
+        spec.config(meta, p, config, names, rope)
+        return config
+    _attention(meta, p, config)
+    scaling = rope_scaling(meta, p, rope, config["max_position_embeddings"])
     if scaling is not None:
         config["rope_scaling"] = scaling
     if arch in _EXTRAS:
@@ -221,30 +221,10 @@ def build_config(meta: dict[str, Any], arch: str, spec: ArchSpec, names: set[str
     return config
 
 
-@dataclass(slots=True)
-class ModelLayout:
-    """What the mlx-lm model expects: parameter shapes and the modules that can be quantized."""
-
-    shapes: dict[str, tuple[int, ...]]
-    quantizable: set[str]
-
-
-def model_layout(config: dict[str, Any]) -> ModelLayout:
-    from mlx.utils import tree_flatten
-
-    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    try:
-        model = module.Model(module.ModelArgs.from_dict(config))
-    except (TypeError, ValueError, KeyError, AssertionError) as exc:
-        raise ModelFormatError(
-            f"GGUF metadata does not make a valid {config['model_type']} model: {exc}") from None
-    flat: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return ModelLayout(shapes={name: tuple(v.shape) for name, v in flat},
-                       quantizable={name for name, m in model.named_modules() if hasattr(m, "to_quantized")})
-
-
-def map_names(spec: ArchSpec, num_layers: int, gguf_names: list[str], layout: ModelLayout) -> dict[str, str]:
-    """GGUF tensor name -> mlx-lm parameter name, by inverting the gguf package's map.
+def map_names(spec: ArchSpec, num_layers: int, gguf_names: list[str],
+              layout: ModelLayout) -> tuple[dict[str, str], list[str]]:
+    """GGUF tensor name -> mlx-lm parameter name by inverting the gguf package's map, and
+    the names left unplaced (a family's plan hook may claim them).
 
     Several HF names can share one GGUF name (ffn_norm is llama's post_attention_layernorm
     but gemma2's pre_feedforward_layernorm); candidates are narrowed to the model's own
@@ -255,13 +235,13 @@ def map_names(spec: ArchSpec, num_layers: int, gguf_names: list[str], layout: Mo
     arch_enum = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[spec.gguf_arch]
     inverted: dict[str, set[str]] = {}
     for hf, (_, gname) in gguf.get_tensor_name_map(arch_enum, num_layers).mapping.items():
-        for old, new in spec.renames:
-            hf = hf.replace(old, new)
-        inverted.setdefault(gname, set()).add(hf)
+        inverted.setdefault(gname, set()).add(spec.prefix + hf)
     candidates: dict[str, set[str]] = {}
     for name in gguf_names:
         base, _, suffix = name.rpartition(".")
-        candidates[name] = {f"{hf}.{suffix}" for hf in inverted.get(base, ())} & layout.shapes.keys()
+        found = {f"{hf}.{suffix}" for hf in inverted.get(base, ())}
+        found |= inverted.get(name, set()) | inverted.get(base, set())  # rule 11
+        candidates[name] = {_renamed(hf, spec.renames) for hf in found} & layout.shapes.keys()
     settled: dict[str, str] = {}
     while True:
         newly = {n: next(iter(c)) for n, c in candidates.items() if len(c) == 1 and n not in settled}
@@ -272,23 +252,41 @@ def map_names(spec: ArchSpec, num_layers: int, gguf_names: list[str], layout: Mo
         for n, c in candidates.items():
             if n not in settled:
                 c -= taken
-    unplaced = [n for n in gguf_names if n not in settled]
+    return settled, [n for n in gguf_names if n not in settled]
+
+
+def _renamed(hf: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for old, new in renames:
+        hf = hf.replace(old, new)
+    return hf
+
+
+def plans_for(spec: ArchSpec, config: dict[str, Any], gguf_names: list[str],
+              layout: ModelLayout) -> dict[str, Plan]:
+    """Every mlx-lm parameter's plan: the name map, rules 1-2, then the family's hook."""
+    gguf_names = [n for n in gguf_names if not any(frag in n for frag in spec.skip)]
+    mapping, unplaced = map_names(spec, config["num_hidden_layers"], gguf_names, layout)
+    plans: dict[str, Plan] = {}
+    for gname, hf in mapping.items():
+        plan = plans[hf] = Plan((gname,))
+        module = hf.rpartition(".")[0]
+        if spec.norm_shift and module.endswith("norm"):  # rule 2
+            plan.values = _minus(spec.norm_shift)
+        if spec.permute_qk and module.endswith((".q_proj", ".k_proj")):  # rule 1
+            heads = config["num_attention_heads" if module.endswith(".q_proj") else "num_key_value_heads"]
+            plan.rows = inverse_permute_rows(layout.shapes[hf][0], heads)
+    if spec.plan is not None:
+        spec.plan(plans, unplaced, config, layout)
     if unplaced:
         raise ModelFormatError(
             f"GGUF tensors with no place in mlx-lm's {spec.model_type} model: {', '.join(unplaced[:8])}"
             + (f" (+{len(unplaced) - 8} more)" if len(unplaced) > 8 else ""))
-    return settled
+    return plans
 
 
-def missing_params(mapping: dict[str, str], layout: ModelLayout, tied: bool) -> list[str]:
-    have = set(mapping.values())
-    return [n for n in layout.shapes if n not in have and not (tied and n.startswith("lm_head."))]
+def _minus(shift: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda values: values - np.float32(shift)
 
 
-def inverse_permute_rows(num_rows: int, num_heads: int) -> np.ndarray:
-    """Rule 1: index array taking GGUF's interleaved rotary rows back to HF's halves layout.
-
-        GGUF row (head h, pair i, half j) = h*hd + 2*i + j  <-  HF row h*hd + j*hd/2 + i
-    """
-    head_dim = num_rows // num_heads
-    return np.arange(num_rows).reshape(num_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+def missing_params(plans: dict[str, Plan], layout: ModelLayout, tied: bool) -> list[str]:
+    return [n for n in layout.shapes if n not in plans and not (tied and n.endswith("lm_head.weight"))]

@@ -12,7 +12,8 @@ Algorithm:
   3. tokenizer.json / tokenizer_config.json from the metadata (tokenizer.py)
   4. for each tensor: for each slice of rows: dequantize with the gguf package,
      then keep it as float or re-express it as MLX affine groups (tensors.py);
-     inverse-permute Q/K rows and shift gemma norms (arch.py rules 1, 2)
+     and apply the parameter's plan: stacked sources, row and column orders,
+     value maps (plan.py; arch.py rules 1, 2 and the families' quirks)
   5. write everything into a temp dir beside the target and rename it into
      place, so a crash never leaves a half-written checkpoint that looks valid.
 Progress goes to the `progress` callback (the CLI draws a bar from it) and to
@@ -38,6 +39,7 @@ from ...errors import ModelFormatError
 from . import arch as archs
 from . import tensors as tx
 from .cache import checkpoint_dir_for
+from .plan import Plan, move_col_blocks, take_rows
 from .reader import GGUFHeader, TensorInfo, read_header
 from .tokenizer import build_tokenizer_files
 
@@ -143,11 +145,12 @@ class _Import:
         if len(weight_names) + len(rope) < len(header.tensors):
             log.info("ignoring %d vision/projector tensors (text only)",
                      len(header.tensors) - len(weight_names) - len(rope))
-        self.names = archs.map_names(self.spec, self.config["num_hidden_layers"], weight_names, self.layout)
-        missing = archs.missing_params(self.names, self.layout, self.config["tie_word_embeddings"])
+        self.plans = archs.plans_for(self.spec, self.config, weight_names, self.layout)
+        missing = archs.missing_params(self.plans, self.layout, self.config["tie_word_embeddings"])
         if missing:
             raise ModelFormatError(f"GGUF lacks tensors the {self.spec.model_type} model needs: "
                                    f"{', '.join(missing[:6])}")
+        self.names = [n for plan in self.plans.values() for n in plan.sources]
         self.quant: dict[str, dict[str, int]] = {}
 
     def _float_tensor(self, info: TensorInfo) -> np.ndarray:
@@ -195,17 +198,17 @@ class _Import:
                                 metadata={"format": "mlx"})
             shard, shard_bytes = {}, 0
 
-        for gname, hf in self.names.items():
-            info = self.header.tensors[gname]
-            if shard and shard_bytes + 2 * info.nbytes > SHARD_BYTES:
+        for hf, plan in self.plans.items():
+            nbytes = sum(self.header.tensors[n].nbytes for n in plan.sources)
+            if shard and shard_bytes + 2 * nbytes > SHARD_BYTES:
                 flush()
-            for key, value in self._convert(info, hf, mx).items():
+            for key, value in self._convert(plan, hf, mx).items():
                 shard[key] = value
                 shard_bytes += value.nbytes
-            done += info.nbytes
-            self._report("convert", done, total, gname)
+            done += nbytes
+            self._report("convert", done, total, plan.sources[0])
             if done / total >= next_log or done == total:
-                log.info("converting: %d%% (%s)", int(100 * done / total), gname)
+                log.info("converting: %d%% (%s)", int(100 * done / total), plan.sources[0])
                 next_log = done / total + 0.1
         if shard or not num_shards:
             flush()
@@ -217,15 +220,68 @@ class _Import:
         if self.progress is not None:
             self.progress(ImportProgress(phase, done, total, tensor))
 
-    def _convert(self, info: TensorInfo, hf: str, mx: Any) -> dict[str, Any]:
+    def _convert(self, plan: Plan, hf: str, mx: Any) -> dict[str, Any]:
+        """One parameter from its plan (plan.py rules 1-5)."""
         module, _, leaf = hf.rpartition(".")
         expected = self.layout.shapes[hf]
-        if tuple(info.shape) != expected:
-            raise ModelFormatError(f"tensor {info.name} has shape {list(info.shape)}, "
-                                   f"the {self.spec.model_type} model expects {list(expected)}")
-        shifted = bool(self.spec.norm_shift) and module.endswith("norm")  # arch rule 2
-        quantizable = leaf == "weight" and module in self.layout.quantizable and len(expected) >= 2
-        target = tx.target_for(info.ggml_type, quantizable=quantizable, as_float=self.as_float or shifted)
+        infos = [self.header.tensors[n] for n in plan.sources]
+        self._check_shape(plan, infos, expected)
+        quantizable = (leaf == "weight" and module in self.layout.quantizable and len(expected) >= 2
+                       and plan.values is None)
+        targets, requant = self._targets(plan, infos, quantizable)
+        parts = [self._convert_tensor(info, target, mx) for info, target in zip(infos, targets)]
+        arrays = [np.concatenate(group) if len(group) > 1 else group[0] for group in zip(*parts)]
+        if plan.rows is not None:
+            arrays = [take_rows(a, plan.rows) for a in arrays]
+        if plan.col_blocks is not None:
+            arrays = self._move_columns(arrays, plan.col_blocks, targets[0])
+        if requant is not None:
+            weight, scales, biases = mx.quantize(mx.array(arrays[0]), group_size=tx.GROUP_SIZE, bits=requant)
+            dtype = tx._scale_dtype(np.array(scales), np.array(biases))
+            arrays, targets = [np.array(weight), np.array(scales).astype(dtype),
+                               np.array(biases).astype(dtype)], [tx.Target(requant)]
+        if targets[0].quantized:
+            self.quant[module] = {"group_size": tx.GROUP_SIZE, "bits": int(targets[0].bits or 0)}
+            weight, scales, biases = (a.reshape(*expected[:-1], a.shape[-1]) for a in arrays)
+            return {f"{module}.weight": mx.array(weight), f"{module}.scales": mx.array(scales),
+                    f"{module}.biases": mx.array(biases)}
+        value = arrays[0].reshape(expected)
+        if targets[0].dtype == "bfloat16":
+            return {hf: mx.array(value).view(mx.bfloat16)}
+        if plan.values is not None:
+            value = plan.values(value.astype(np.float32))
+        return {hf: mx.array(value)}
+
+    def _targets(self, plan: Plan, infos: list[TensorInfo],
+                 quantizable: bool) -> tuple[list[tx.Target], int | None]:
+        """Each source's target, and the bits to re-quantize the stacked float rows at when
+        the sources would not agree (plan.py rules 1, 3, 4)."""
+        as_float = self.as_float or plan.values is not None
+        targets = [tx.target_for(i.ggml_type, quantizable=quantizable, as_float=as_float) for i in infos]
+        bits = {t.bits for t in targets}
+        aligned = plan.col_blocks is None or plan.col_blocks[0] % tx.GROUP_SIZE == 0
+        if any(t.quantized for t in targets) and (len(bits) > 1 or not aligned):
+            return [tx.Target(None)] * len(infos), (max(b or 0 for b in bits) if aligned else None)
+        if len({t.dtype for t in targets}) > 1:
+            return [tx.Target(None)] * len(infos), None
+        return targets, None
+
+    def _check_shape(self, plan: Plan, infos: list[TensorInfo], expected: tuple[int, ...]) -> None:
+        """plan.py rule 5; stacked sources and row subsets compare as (rows, row length)."""
+        rows, width = sum(i.rows for i in infos), infos[0].row_elements
+        flattened = len(infos) > 1 or (plan.rows is not None and rows > 1 and plan.rows.size != rows)
+        shape = [rows if plan.rows is None else plan.rows.size, width] if flattened else list(infos[0].shape)
+        if tuple(shape) == expected:
+            return
+        if flattened and (width != expected[-1] or any(i.row_elements != width for i in infos)):
+            pass
+        elif (plan.reshape or flattened) and int(np.prod(shape)) == int(np.prod(expected)):
+            return
+        raise ModelFormatError(f"tensor {'+'.join(plan.sources)} has shape {shape}, "
+                               f"the {self.spec.model_type} model expects {list(expected)}")
+
+    def _convert_tensor(self, info: TensorInfo, target: tx.Target, mx: Any) -> list[np.ndarray]:
+        """Step 4 for one GGUF tensor: its rows in slices, into preallocated 2-D outputs."""
         step = max(1, CHUNK_ELEMENTS // info.row_elements)
         arrays: list[np.ndarray] = []
         for start in range(0, info.rows, step):  # slices fill preallocated outputs: no concatenation
@@ -235,21 +291,20 @@ class _Import:
                 arrays = [np.empty((info.rows, *p.shape[1:]), dtype=p.dtype) for p in part]
             for out, piece in zip(arrays, part):
                 out[start:stop] = piece
-        order = self._row_order(hf)
-        if order is not None:  # per-row arrays, or a 1-D bias held as one row
-            arrays = [a[order] if a.shape[0] == order.size else a.reshape(-1)[order].reshape(a.shape)
-                      for a in arrays]
-        if target.quantized:
-            self.quant[module] = {"group_size": tx.GROUP_SIZE, "bits": int(target.bits or 0)}
-            weight, scales, biases = (a.reshape(*expected[:-1], a.shape[-1]) for a in arrays)
-            return {f"{module}.weight": mx.array(weight), f"{module}.scales": mx.array(scales),
-                    f"{module}.biases": mx.array(biases)}
-        value = arrays[0].reshape(expected)
-        if target.dtype == "bfloat16":
-            return {hf: mx.array(value).view(mx.bfloat16)}
-        if shifted:
-            value = value - np.float32(self.spec.norm_shift)
-        return {hf: mx.array(value)}
+        return arrays
+
+    @staticmethod
+    def _move_columns(arrays: list[np.ndarray], blocks: tuple[int, np.ndarray],
+                      target: tx.Target) -> list[np.ndarray]:
+        """plan.py rule 3: a quantized block of `width` weights is width*bits/32 words and
+        width/32 scales and biases."""
+        width, order = blocks
+        if not target.quantized:
+            return [move_col_blocks(arrays[0], width, order)]
+        words = width * int(target.bits or 0) // 32
+        groups = width // tx.GROUP_SIZE
+        return [move_col_blocks(arrays[0], words, order),
+                *(move_col_blocks(a, groups, order) for a in arrays[1:])]
 
     def _convert_rows(self, info: TensorInfo, target: tx.Target, start: int, stop: int,
                       mx: Any) -> tuple[np.ndarray, ...]:
@@ -263,18 +318,6 @@ class _Import:
         scales_np, biases_np = np.array(scales), np.array(biases)
         dtype = tx._scale_dtype(scales_np, biases_np)
         return np.array(weight), scales_np.astype(dtype), biases_np.astype(dtype)
-
-    def _row_order(self, hf: str) -> np.ndarray | None:
-        """Arch rule 1: Q/K rows of llama-family GGUFs go back to HF's layout."""
-        if not self.spec.permute_qk:
-            return None
-        if ".self_attn.q_proj." in hf:
-            heads = self.config["num_attention_heads"]
-        elif ".self_attn.k_proj." in hf:
-            heads = self.config["num_key_value_heads"]
-        else:
-            return None
-        return archs.inverse_permute_rows(heads * self.config["head_dim"], heads)
 
     def _finish_config(self, num_shards: int) -> None:
         types = sorted({tx.type_name(self.header.tensors[n].ggml_type) for n in self.names})

@@ -1,4 +1,4 @@
-"""The draft model's forwards (rule 7 of engine/spec/__init__.py), batched across rows.
+"""The draft model's forwards (rule 7 of engine/speculative/__init__.py), batched across rows.
 
 Why a runner of its own: the draft model has its own weights, its own paged
 KV pool and its own geometry, and it runs before the target's forward of

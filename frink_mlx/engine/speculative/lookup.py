@@ -3,7 +3,7 @@
 Why per row: rows of one batch quote their prompts to very different degrees
 (an edit request copies most of its snippet back, a chat answer hardly any),
 so each row learns on its own whether drafting pays (rules 1-2 of
-engine/spec/__init__.py). Integers and floats only: nothing here imports MLX.
+engine/speculative/__init__.py). Integers and floats only: nothing here imports MLX.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step cost model of rule 3 (engine/spec/__init__.py): is a wider step worth it?
+"""The step cost model of rule 3 (engine/speculative/__init__.py): is a wider step worth it?
 
 Why fitted, not fixed: how much an extra verify position costs relative to
 the step's fixed part (streaming every weight once) depends on the machine,

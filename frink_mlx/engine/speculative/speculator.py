@@ -2,9 +2,9 @@
 
 Why apart from the scheduler: the scheduler reserves one slot per decode row
 and knows nothing of drafts; this object adds the drafts (rules 1-3, 7 of
-engine/spec/__init__.py) on top of that plan and rolls rejected positions
+engine/speculative/__init__.py) on top of that plan and rolls rejected positions
 back out of both KV pools. Integers only: nothing here imports MLX (the draft
-model runs in engine/spec/model.py).
+model runs in engine/speculative/model.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Speculative decoding (engine/spec/): token-exact greedy, the target distribution
+"""Speculative decoding (engine/speculative/): token-exact greedy, the target distribution
 when sampling, KV rollback, and the policy's pieces.
 
 Two kinds of drafts are used. Random tiny models are chaotic (a few more tokens of
@@ -28,7 +28,7 @@ from frink_mlx.engine.engine import draft_pool_blocks
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.sampling import RowSampler, draft_samplers, sample
 from frink_mlx.engine.scheduler import Scheduler
-from frink_mlx.engine.spec import RowDrafter, SpecConfig, StepCostModel
+from frink_mlx.engine.speculative import RowDrafter, SpecConfig, StepCostModel
 from frink_mlx.engine.types import SeqRequest
 
 GREEDY = SamplingParams(temperature=0)

@@ -1,0 +1,45 @@
+"""The cache list one forward hands the model: one object per entry of its `make_cache()`.
+
+Why: the model file indexes the list it is given exactly as it indexes its
+own `make_cache()` (kv/specs.py rule 1): nemotron_h's list skips its MLP
+layers, Gemma 4's ends before its KV-shared layers, falcon_h1 nests a
+(state, attention) pair per layer. So the engine mirrors that list entry by
+entry: an attention entry becomes a `PagedLayerCache` over its own pool of
+the `PagedKVStore` (whose per-pool geometry follows the spec), a recurrent
+entry a `RecurrentLayerCache` over its pool of the `StateStore`, a list
+entry mlx-lm's own `CacheList` of those.
+
+Rules:
+1. A KV-shared layer (Gemma 4's `num_kv_shared_layers`) has no entry: the
+   model hands it the K/V its source layer's `update_and_fetch` returned, i.e.
+   the source layer's pool as this forward read it; nothing is stored twice.
+2. A sliding-window entry is a paged cache like any other: the model asks
+   `make_mask(..., window_size=w)` and gets the windowed mask (paged.py rule 4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlx_lm.models.cache import CacheList
+
+from .paged import BatchLayout, PagedKVStore, PagedLayerCache
+from .recurrent import RecurrentLayerCache, RowSlots, StateStore
+from .specs import CacheEntry, ModelCacheSpec
+
+
+def make_model_caches(spec: ModelCacheSpec, store: PagedKVStore, states: StateStore | None,
+                      layout: BatchLayout, rows: RowSlots | None,
+                      grouped_mask: bool = False) -> list[Any]:
+    """The model's cache list for one forward over `layout` (and `rows`' state slots)."""
+
+    def build(entry: CacheEntry) -> Any:
+        if entry.kind == "list":
+            return CacheList(*(build(part) for part in entry.parts))
+        if entry.kind == "attention":
+            return PagedLayerCache(store, entry.index, layout, grouped_mask)
+        if states is None or rows is None:
+            raise RuntimeError("a recurrent cache entry needs the state store and row slots")
+        return RecurrentLayerCache(states, entry.index, rows)
+
+    return [build(entry) for entry in spec.entries]

@@ -1,0 +1,131 @@
+"""Hybrid and mixed-attention families on the paged engine (issue 29): greedy parity.
+
+Each family is a tiny random model from its own `ModelArgs` (hybrid_support.py),
+driven through the real `Engine` (its thread, scheduler, runner and the cache
+kinds of kv/specs.py). Every row must equal mlx-lm's `generate_step` run
+alone on its prompt: a row alone, four rows of different lengths batched,
+prompts chunked (chunks shorter than every prompt), n = 2, and rows preempted
+and recomputed; an aborted row gives back its blocks and its state slot.
+Recurrent families (GatedDeltaNet, Mamba2, short convolutions) hold one
+state slot per row; windowed families (gemma3_text, gpt_oss, gemma4_text,
+with Gemma 4's KV-shared layers and per-layer head dims) have windows
+shorter than the prompts.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import types
+
+import mlx.core as mx
+import pytest
+from engine_support import engine_factory, tokens
+from hybrid_support import CONFIGS, RECURRENT, WINDOWED, build
+from mlx_lm.generate import generate_step
+
+from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.types import SeqRequest
+
+GREEDY = SamplingParams(temperature=0)
+FAMILIES = sorted(RECURRENT + WINDOWED)
+
+
+@functools.cache
+def model(family: str):
+    return build(family)
+
+
+@functools.cache
+def reference(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model(family), max_tokens=n)]
+
+
+def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 300) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture
+def make_engine():
+    yield from engine_factory(num_blocks=128, prefill_chunk_tokens=5, context_ceiling=256)
+
+
+def engine_for(make_engine, family: str, **overrides):
+    loaded = types.SimpleNamespace(model=model(family), dtype=mx.float32, context_length=512)
+    return make_engine(loaded, **overrides)
+
+
+def test_every_family_has_a_config():
+    assert set(FAMILIES) <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_alone_then_four_rows_batched_match_generate_step(make_engine, family):
+    engine = engine_for(make_engine, family)
+    alone = prompts(1, (13,))[0]
+    assert tokens(engine.submit(SeqRequest("alone", alone, GREEDY, 8)))[0] == \
+        reference(family, tuple(alone), 8)
+    batch = prompts(2, (9, 4, 17, 23))
+    streams = [engine.submit(SeqRequest(f"r{i}", p, GREEDY, 8)) for i, p in enumerate(batch)]
+    for i, (p, stream) in enumerate(zip(batch, streams)):
+        assert tokens(stream)[0] == reference(family, tuple(p), 8), f"row {i}"
+    stats = engine.stats()
+    assert stats.num_blocks_used == 0
+    if family in RECURRENT:
+        assert (stats.state_slots_used, stats.state_slots_total) == (0, 8)
+    else:
+        assert stats.state_slots_total is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_n2_rows_both_equal_generate_step(make_engine, family):
+    engine = engine_for(make_engine, family)
+    prompt = prompts(3, (11,))[0]
+    rows = tokens(engine.submit(SeqRequest("n2", prompt, GREEDY, 6, n=2)))
+    want = reference(family, tuple(prompt), 6)
+    assert rows == {0: want, 1: want}
+    assert engine.stats().state_slots_used in (None, 0)
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_preempted_rows_restart_their_state_and_stay_exact(make_engine, family):
+    """A pool of 12 blocks cannot hold four 30-token rows: rows are preempted, freed
+    (blocks and slot) and recomputed from their prompt and outputs."""
+    engine = engine_for(make_engine, family, num_blocks=12, context_ceiling=48)
+    batch = prompts(4, (14, 12, 10, 13))
+    streams = [engine.submit(SeqRequest(f"p{i}", p, GREEDY, 16)) for i, p in enumerate(batch)]
+    for i, (p, stream) in enumerate(zip(batch, streams)):
+        assert tokens(stream)[0] == reference(family, tuple(p), 16), f"row {i}"
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.stats().state_slots_used == 0
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_abort_gives_back_blocks_and_state_slot(make_engine, family):
+    engine = engine_for(make_engine, family)
+    stream = engine.submit(SeqRequest("long", prompts(5, (9,))[0], GREEDY, 200))
+    seen = 0
+    for out in stream:
+        seen += 1
+        if seen == 2:
+            assert engine.stats().state_slots_used == 1
+            stream.abort()
+        if out.finish is not None:
+            assert out.finish == "abort"
+    stats = engine.stats()
+    assert (stats.state_slots_used, stats.num_blocks_used) == (0, 0)
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_recurrent_models_run_without_prefix_cache_and_speculation(make_engine, family):
+    """Until state snapshots exist (engine.py): turn 2 recomputes, and stays exact."""
+    from frink_mlx.engine.speculative import SpecConfig
+
+    engine = engine_for(make_engine, family, spec=SpecConfig(max_draft=4))
+    assert engine.config.spec is None and not engine.kv.enable_caching
+    prompt = prompts(6, (17,))[0]
+    for turn in range(2):
+        outs = list(engine.submit(SeqRequest(f"t{turn}", prompt, GREEDY, 6)))
+        assert [o.token_id for o in outs] == reference(family, tuple(prompt), 6)
+        assert outs[0].num_cached_tokens == 0

@@ -1,0 +1,90 @@
+"""Hybrid families through the daemon (issue 29): Qwen3.5's nested text_config loads,
+its context comes from that text_config, /completions gives mlx-lm's greedy text alone
+and four at once, /health counts the recurrent-state slots; a model file the engine
+cannot run (llama4's chunked attention) is refused at load in one line."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from daemon_support import generation_factory, start_server
+
+from frink_mlx.app import create_app
+from frink_mlx.registry import load_registry
+from frink_mlx.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).parent / "engine"))
+from hybrid_support import write  # noqa: E402
+
+PROMPTS = ["The quick brown fox", "def add(a, b):", "Numbers: 0 1 2", "What is the capital of"]
+
+
+def checkpoint(family: str, tokenizer_dir: Path, out: Path) -> Path:
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    write(family, out, vocab_size=vocab)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_hybrid_served_with_mlx_lm_greedy_text(family: str, tiny_llama_dir: Path,
+                                               tmp_path: Path) -> None:
+    import mlx_lm
+
+    path = checkpoint(family, tiny_llama_dir, tmp_path / family)
+    model, tokenizer = mlx_lm.load(str(path))
+    want = []
+    for prompt in PROMPTS:
+        ids = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=10)]
+        want.append(tokenizer.decode(ids, skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False))
+    models = tmp_path / "models.toml"
+    models.write_text(f'default = "h"\n[models.h]\nsource = "{path}"\n')
+    settings = Settings.load(models_path=str(models), access_log=False,
+                             cache_dir=str(tmp_path / "cache"), admission_window_ms=200.0,
+                             max_batch=4)
+    server = start_server(create_app(settings, registry=load_registry(settings),
+                                     factory=generation_factory()))
+
+    def complete(prompt: str) -> str:
+        r = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "model": "h", "prompt": prompt, "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    try:
+        assert [complete(p) for p in PROMPTS] == want  # one at a time
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(complete, PROMPTS)) == want
+        health = httpx.get(server.url + "/health", timeout=10).json()
+        assert health["context_ceiling"] <= 512  # text_config's max_position_embeddings
+        assert (health["kv"]["state_slots_total"], health["kv"]["state_slots_used"]) == (4, 0)
+        plan = server.state.hub.current.plan
+        assert plan.num_state_slots == 4 and plan.state_bytes > 0
+    finally:
+        server.stop()
+
+
+def test_a_model_file_the_engine_cannot_run_is_refused_at_load(tiny_llama_dir: Path,
+                                                               tmp_path: Path) -> None:
+    from frink_mlx.backend import select_backend
+    from frink_mlx.engine.kv.specs import UnsupportedModel
+    from frink_mlx.models.loader import load_model
+    from frink_mlx.registry import ModelSpec
+
+    path = checkpoint("llama4", tiny_llama_dir, tmp_path / "llama4")
+    settings = Settings.load(access_log=False, cache_dir=str(tmp_path / "cache"))
+    backend = select_backend(settings.backend_config())
+    with pytest.raises(UnsupportedModel) as err:
+        load_model(ModelSpec(name="l4", source=str(path)), settings.hub_config().load, backend)
+    message = str(err.value)
+    assert "\n" not in message and "'l4'" in message and "llama4" in message
+    assert "ChunkedKVCache" in message
