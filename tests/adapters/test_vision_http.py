@@ -251,3 +251,6 @@ def test_models_and_status_say_which_models_read_images(vlive: Any) -> None:
     assert listed == {"vlm": True, "qvlm": True, "tiny": False}
     status = httpx.get(vlive.url + "/admin/status", timeout=30).json()
     assert {m["name"]: m["vision"] for m in status["models"]} == listed
+    shown = {name: post(vlive, "/api/show", model=name).json()["capabilities"]
+             for name in listed}
+    assert {name: "vision" in caps for name, caps in shown.items()} == listed
