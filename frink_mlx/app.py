@@ -239,7 +239,7 @@ class AppState:
                                       dimensions=dimensions)
 
     def model_facts(self, name: str) -> dict[str, Any]:
-        """kind, embedding_dim, max_input_tokens of a registry entry, for /v1/models."""
+        """kind, embedding_dim, max_input_tokens, vision of a registry entry (/v1/models)."""
         spec = self.registry.resolve(name)
         gen = next((g for g in self.hub.resident if g.spec.name == spec.name), None)
         return embeddings.describe(spec, self.registry, gen)

@@ -203,9 +203,10 @@ _LLAMACPP_SAMPLING: dict[str, Rule] = {
 
 COMPLETION: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
-    "prompt": (H, "text, token ids, a mix, {prompt_string} objects (multimodal_data refused), "
-               "or several prompts (an array of results; not with stream; at most max_batch "
-               "results in all)")}
+    "prompt": (H, "text, token ids, a mix, {prompt_string, multimodal_data} objects (base64 "
+               "images at <__media__> markers: read by vision models, a placeholder text on "
+               "text-only ones), or several prompts (an array of results; not with stream; at "
+               "most max_batch results in all)")}
 INFILL: dict[str, Rule] = {
     **_LLAMACPP_SAMPLING,
     "input_prefix": (H, ""), "input_suffix": (H, ""), "prompt": (H, "after the FIM middle"),

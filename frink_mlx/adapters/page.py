@@ -15,7 +15,9 @@ Rules:
 3. Every page response forbids framing (clickjacking), sniffing and referrers,
    and carries a Content-Security-Policy that allows only this origin's own
    scripts, styles and fetches: no inline script, no third-party host, no
-   CDN. The page talks to nothing but the daemon that served it.
+   CDN. The page talks to nothing but the daemon that served it. Images may
+   also be `blob:` URLs: the previews of images the user attached in the
+   playground, made by the page itself from local files (ui/attachments.js).
 4. `Cache-Control: no-cache` with an ETag: a browser revalidates, so an
    upgraded daemon never runs a stale script, and an unchanged one costs a 304.
 """
@@ -37,7 +39,7 @@ from ..http.errors import endpoint, openai_error
 ASSET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}\.(js|css|svg)$")
 MEDIA_TYPES = {"html": "text/html; charset=utf-8", "js": "text/javascript; charset=utf-8",
                "css": "text/css; charset=utf-8", "svg": "image/svg+xml"}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob:; "
        "connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 SECURITY_HEADERS = {
     "Content-Security-Policy": CSP, "X-Frame-Options": "DENY",

@@ -32,6 +32,9 @@ Rules:
 5. `kv_disk` is the prefix cache's SSD tier as /health reports it (admin.py
    `disk_report`; null when not configured); `disk_hit_tokens_total` counts
    the current generation's prefix hits read back from it (null without it).
+6. Each model's `vision` says whether it reads image parts (the playground
+   then takes a pasted or dropped image): `AppState.model_facts`, null when
+   not known until it is loaded.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class StatusSource(Protocol):
 
     def engine_stats(self) -> EngineStats | None: ...
 
+    def model_facts(self, name: str) -> dict[str, Any]: ...
+
 
 class ModelState(msgspec.Struct):
     name: str
@@ -81,6 +86,7 @@ class ModelState(msgspec.Struct):
     generation: int | None = None
     loading_s: float | None = None
     progress: dict[str, Any] | None = None
+    vision: bool | None = None      # rule 6
 
 
 class Backend(msgspec.Struct):
@@ -200,7 +206,9 @@ def collect(state: StatusSource) -> Status:
         version=__version__, uptime_s=round(state.uptime_s, 3), state=hub.state,
         backend=Backend(name=device.name, device=device.device),
         model=gen.spec.name if gen else None, generation=gen.number if gen else None,
-        models=model_states(hub, state.registry, time.monotonic()), memory=_memory(gen, device),
+        models=[msgspec.structs.replace(m, vision=state.model_facts(m.name)["vision"])
+                for m in model_states(hub, state.registry, time.monotonic())],
+        memory=_memory(gen, device),
         context_ceiling=context_length_of(gen), kv=kv,
         running=stats.num_running if stats else None,
         queued=stats.num_waiting if stats else None,

@@ -113,6 +113,7 @@ class DecodeRow:
     draft: list[int] = field(default_factory=list)  # verified after token_id (engine/speculative/)
     num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/speculative/ rule 7)
     slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
+    images: ImageInputs | None = None  # the request's images (runner: M-RoPE positions)
 
 
 @dataclass(slots=True)

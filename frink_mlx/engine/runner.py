@@ -59,7 +59,7 @@ from .sampling import RowSampler, SampleOutput, draft_samplers, sample
 from .scheduler import DecodeRow, PrefillChunk, SchedulerOutput
 from .speculative.model import DraftModel
 from .turns import PrefillSlicer
-from .types import TopLogprob
+from .types import ImageInputs, TopLogprob
 
 
 @dataclass(slots=True)
@@ -281,6 +281,8 @@ class Runner:
         """Logits of every sampled position: one per row, 1 + k for a verify row."""
         layout = BatchLayout([RowSpan(r.position, 1 + len(r.draft), r.block_table) for r in rows],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
+        layout.rope_positions = rope_positions(
+            [(r.images, r.position, 1 + len(r.draft)) for r in rows], width)
         inputs = self._decode_inputs(rows)[:, None]
         caches = self._caches(layout, [r.slot for r in rows], [r.position for r in rows])
         if width == 1:
@@ -350,6 +352,8 @@ class Runner:
                   for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
         embedded = image_embeddings(x, chunks)
+        layout.rope_positions = rope_positions(
+            [(c.images, c.start, len(c.token_ids)) for c in chunks], length)
         with self._forward():
             if embedded is not None:   # a vision prompt's chunk (types.py ImageInputs)
                 logits = self.model(x, cache=caches, input_embeddings=embedded)
@@ -385,3 +389,21 @@ def image_embeddings(x: mx.array, chunks: list[PrefillChunk]) -> mx.array | None
         rows = images.features()[lo:hi].astype(embedded.dtype)
         embedded[i, where] = rows
     return embedded
+
+
+def rope_positions(rows: list[tuple[ImageInputs | None, int, int]], length: int
+                   ) -> mx.array | None:
+    """(3, B, length) M-RoPE position ids of a forward whose rows are (images, start,
+    num_new), when a row's images give them (kv/paged.py rule 3), else None: the
+    model then counts each row on from its offset. Rows without images and the
+    padding past a row's tokens count on from their start too."""
+    tables = [images.rope_positions(start, num) if images is not None else None
+              for images, start, num in rows]
+    if all(table is None for table in tables):
+        return None
+    ids = np.empty((3, len(rows), length), dtype=np.int32)
+    for i, ((_, start, num), table) in enumerate(zip(rows, tables)):
+        ids[:, i, :] = start + np.arange(length)
+        if table is not None:
+            ids[:, i, :num] = table
+    return mx.array(ids)

@@ -242,7 +242,8 @@ class Scheduler:
                 continue  # seq itself was preempted
             position = seq.num_computed
             token = seq.token_ids[-1] if seq.num_pending == 0 else None
-            out.decode.append(DecodeRow(seq.seq_id, position, [], token))
+            out.decode.append(DecodeRow(seq.seq_id, position, [], token,
+                                        images=seq.group.request.images))
             seq.num_computed += 1
             seq.num_scheduled_outputs += 1
         if self.speculator is not None:

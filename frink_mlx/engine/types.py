@@ -47,7 +47,8 @@ class ImageInputs(Protocol):
     runner puts `features()` row k at position k of a prefill chunk that
     covers it, over `embed(ids)` for the rest. `features()` runs the vision
     tower once, on the MLX thread, and only when a chunk needs it (a prefix-cache
-    hit over the image never encodes it)."""
+    hit over the image never encodes it). `rope_positions` is asked for every
+    chunk and decode row of the request (runner.py `rope_positions`)."""
 
     positions: list[int]
 
@@ -56,6 +57,11 @@ class ImageInputs(Protocol):
 
     def embed(self, ids: Any) -> Any:
         """The language model's token embeddings of `ids` (B, L) -> (B, L, hidden)."""
+
+    def rope_positions(self, start: int, length: int) -> np.ndarray | None:
+        """M-RoPE models (models/vision.py rule 6): (3, length) position ids of the
+        row's indices start..start+length-1, generated ones included; None when
+        the model's positions are the indices."""
 
 
 @dataclass(slots=True)

@@ -17,10 +17,10 @@ frink-mlx already depends on.
 Rules:
 1. A checkpoint is a vision checkpoint when its config.json has a
    `vision_config` and its `model_type` is in `VISION_FAMILIES` (the families
-   whose language model speaks mlx-lm's cache protocol with standard RoPE
-   positions, so the paged cache can hold it; tests/models/test_vision.py
-   holds each to mlx-vlm's own greedy ids). Any other multimodal checkpoint
-   loads as text through mlx-lm, as before.
+   whose language model speaks mlx-lm's cache protocol, with standard RoPE
+   positions or with rule 6's M-RoPE ids, so the paged cache can hold it;
+   tests/models/test_vision.py holds each to mlx-vlm's own greedy ids). Any
+   other multimodal checkpoint loads as text through mlx-lm, as before.
 2. `VisionLM` is what the engine runs: mlx-vlm's language model behind
    mlx-lm's call signature (`model(ids, cache=..., input_embeddings=...)` ->
    logits), exposing `layers` for the paged cache's geometry.
@@ -33,6 +33,24 @@ Rules:
 5. `Vision.embed(ids)` is the language model's own token embedding (what the
    language model would compute from ids), so a prefill chunk that holds image
    positions is the text embeddings with the feature rows put in their place.
+6. M-RoPE (`MROPE_FAMILIES`: Qwen2.5-VL). The language model rotates queries
+   and keys by 3-D position ids (time, row, column; a text position is one
+   number thrice), which mlx-vlm's `get_rope_index` computes from the prompt's
+   ids and each image's grid: an image's token run takes positions spanning
+   its grid, not its length, so every index after it is shifted by
+   `rope_delta` (the largest position + 1 - the prompt's length) and a
+   generated token at index i sits at i + rope_delta. mlx-vlm keeps this as
+   the language model's state for one sequence (and reads the cache offset
+   back to the host every step); the engine batches many rows and keeps steps
+   in flight, so `VisionLM` runs the language model's body with explicit
+   `position_ids` on every forward, then its head: the layer
+   caches' `rope_positions` (kv/paged.py rule 3, which the runner fills from
+   each row's `ImageInputs.rope_positions`), or, when no row of the forward
+   has images, each row's offset + 0..L-1 (what `get_rope_index` gives text).
+   KV slots and the causal mask follow token indices as for any model; only
+   the rotation differs. `Vision.rope_index(prompt)` runs on the MLX thread,
+   once per prompt (`ImageFeatures` keeps it), also when a prefix-cache hit
+   spares the tower.
 """
 
 from __future__ import annotations
@@ -48,7 +66,12 @@ import numpy as np
 
 from ..errors import ModelFormatError
 
-VISION_FAMILIES = frozenset({"gemma3"})
+VISION_FAMILIES = frozenset({"gemma3", "qwen2_5_vl"})
+# what each family's chat template writes for one image part: the text a raw
+# prompt's image stands for (serving/vision.py rule 6), as mtmd's markers are
+IMAGE_MARKUP = {"gemma3": "<start_of_image>",
+                "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
+MROPE_FAMILIES = frozenset({"qwen2_5_vl"})   # rule 6
 
 
 def vision_family(path: Path) -> str | None:
@@ -75,9 +98,10 @@ def vision_available() -> bool:
 class VisionLM(nn.Module):
     """Rule 2."""
 
-    def __init__(self, vlm: nn.Module) -> None:
+    def __init__(self, vlm: nn.Module, mrope: bool = False) -> None:
         super().__init__()
         self.vlm = vlm
+        self.mrope = mrope   # rule 6: explicit 3-D position ids on every forward
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -85,11 +109,16 @@ class VisionLM(nn.Module):
 
     def make_cache(self) -> list[Any]:
         """mlx-vlm's cache entries as the mlx-lm classes they mirror (engine/kv/specs.py
-        reads kinds by mlx-lm's classes); any other kind is left for it to refuse."""
+        reads kinds by mlx-lm's classes); any other kind is left for it to refuse. A
+        language model without `make_cache` (Qwen2.5-VL's) has one KV cache per layer,
+        as mlx-lm's `make_prompt_cache` gives such a model."""
         from mlx_lm.models import cache as lm
 
+        language = self.vlm.language_model
+        if not hasattr(language, "make_cache"):
+            return [lm.KVCache() for _ in self.layers]
         out: list[Any] = []
-        for entry in self.vlm.language_model.make_cache():
+        for entry in language.make_cache():
             kind = type(entry).__name__
             if kind == "KVCache":
                 out.append(lm.KVCache())
@@ -101,8 +130,27 @@ class VisionLM(nn.Module):
 
     def __call__(self, inputs: mx.array, cache: Any = None,
                  input_embeddings: mx.array | None = None) -> mx.array:
-        out = self.vlm.language_model(inputs, inputs_embeds=input_embeddings, cache=cache)
+        lm = self.vlm.language_model
+        if self.mrope:   # rule 6: its body with explicit ids, then its head; no state
+            hidden = lm.model(inputs, inputs_embeds=input_embeddings, cache=cache,
+                              position_ids=mrope_ids(inputs.shape, cache))
+            tied = getattr(lm.args, "tie_word_embeddings", False)
+            return lm.model.embed_tokens.as_linear(hidden) if tied else lm.lm_head(hidden)
+        out = lm(inputs, inputs_embeds=input_embeddings, cache=cache)
         return out.logits if hasattr(out, "logits") else out
+
+
+def mrope_ids(shape: tuple[int, ...], cache: Any) -> mx.array:
+    """Rule 6: (3, B, L) position ids of a forward over `cache` (a list of layer caches)."""
+    first = cache[0] if cache else None
+    given = getattr(first, "rope_positions", None)
+    if given is not None:
+        return given
+    batch, length = shape[0], shape[1]
+    offset = getattr(first, "offset", 0)
+    starts = offset if isinstance(offset, mx.array) else mx.array([int(offset)])
+    ids = starts.reshape(-1, 1).astype(mx.int32) + mx.arange(length, dtype=mx.int32)[None]
+    return mx.broadcast_to(ids[None], (3, batch, length))
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +170,11 @@ class Vision:
         self.vlm = vlm
         self.processor = processor
         self.family = family
-        self.image_token_id = int(vlm.config.image_token_index)
+        config = vlm.config
+        token = getattr(config, "image_token_index", None)
+        self.image_token_id = int(token if token is not None else config.image_token_id)
+        self.mrope = family in MROPE_FAMILIES
+        self.image_markup = IMAGE_MARKUP.get(family, "")
 
     def prepare(self, text: str, images: list[Any]) -> VisionPrompt:
         """Rule 3: `images` are PIL images, in the order their markers stand in `text`."""
@@ -148,6 +200,16 @@ class Vision:
     def embed(self, ids: mx.array) -> mx.array:
         """Rule 5."""
         return self.vlm.language_model.model.embed_tokens(ids)
+
+    def rope_index(self, prompt: VisionPrompt) -> tuple[np.ndarray, int] | None:
+        """Rule 6: the prompt's (3, P) M-RoPE position ids and its rope_delta, or
+        None for a family with standard RoPE (positions are the indices)."""
+        if not self.mrope:
+            return None
+        ids = mx.array([prompt.ids])
+        positions, delta = self.vlm.language_model.get_rope_index(
+            ids, prompt.inputs.get("image_grid_thw"), None, mx.ones(ids.shape, dtype=mx.int32))
+        return np.array(positions[:, 0, :]).astype(np.int64), int(np.array(delta).reshape(-1)[0])
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -184,7 +246,8 @@ def load_vision(path: Path, name: str, tokenizer_config: dict[str, Any] | None =
     eos = config.get("eos_token_id")
     tokenizer = load_tokenizer(path, tokenizer_config_extra=tokenizer_config,
                                eos_token_ids=eos if isinstance(eos, list) else None)
-    return VisionLM(vlm), Vision(vlm, processor, family), tokenizer, merged
+    vision = Vision(vlm, processor, family)
+    return VisionLM(vlm, vision.mrope), vision, tokenizer, merged
 
 
 class ImageFeatures:
@@ -195,6 +258,7 @@ class ImageFeatures:
         self.prompt = prompt
         self.positions = prompt.positions
         self._rows: mx.array | None = None
+        self._rope: tuple[np.ndarray, int] | None = None
 
     def features(self) -> mx.array:
         if self._rows is None:
@@ -203,3 +267,18 @@ class ImageFeatures:
 
     def embed(self, ids: mx.array) -> mx.array:
         return self.vision.embed(ids)
+
+    def rope_positions(self, start: int, length: int) -> np.ndarray | None:
+        """Rule 6: (3, length) position ids of indices start.., past the prompt
+        index + rope_delta; None when the family's positions are the indices."""
+        if not self.vision.mrope:
+            return None
+        if self._rope is None:
+            self._rope = self.vision.rope_index(self.prompt)
+            if self._rope is None:
+                return None
+        table, delta = self._rope
+        index = np.arange(start, start + length)
+        inside = index < table.shape[1]
+        past = np.broadcast_to(index + delta, (3, length))
+        return np.where(inside[None], table[:, np.minimum(index, table.shape[1] - 1)], past)

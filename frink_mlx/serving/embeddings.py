@@ -41,6 +41,7 @@ from ..models.encoder import encoder_from_generative
 from ..models.encoder.encoder import Encoder, shrink
 from ..models.encoder.load import encoder_limits
 from ..models.loader import load_model
+from ..models.vision import vision_family
 from ..registry import ModelSpec, Registry, resolve_source
 from .generation import Gate, Generation
 
@@ -164,13 +165,15 @@ def embed_blocking(
 
 # --- facts for /v1/models -----------------------------------------------------------
 def describe(spec: ModelSpec, registry: Registry, current: Generation | None) -> dict[str, Any]:
-    """kind, embedding width and max input length of a registry entry.
+    """kind, embedding width, max input length and vision of a registry entry.
 
-    From the loaded generation where it is active; for an encoder entry not
-    loaded, from its config files (cheap, no weights). None = not known
+    From the loaded generation where it is active; for an entry not loaded,
+    from its config files (cheap, no weights): an encoder's width and length,
+    a local checkpoint's vision (models/vision.py rule 1). None = not known
     without loading the model.
     """
-    facts: dict[str, Any] = {"kind": spec.kind, "embedding_dim": None, "max_input_tokens": None}
+    facts: dict[str, Any] = {"kind": spec.kind, "embedding_dim": None, "max_input_tokens": None,
+                             "vision": _vision(spec, current)}
     if current is not None and current.spec.name == spec.name:
         embedder = getattr(current, "embedder", None)
         if embedder is not None:
@@ -189,6 +192,19 @@ def describe(spec: ModelSpec, registry: Registry, current: Generation | None) ->
         if spec.kind == "encoder":
             facts["max_input_tokens"] = shape[1]
     return facts
+
+
+def _vision(spec: ModelSpec, current: Generation | None) -> bool | None:
+    """Whether the entry reads images: the loaded model's answer, else its checkpoint's."""
+    if spec.kind != "generative":
+        return False
+    if current is not None and current.spec.name == spec.name:
+        return current.loaded.vision is not None
+    try:
+        path = Path(resolve_source(spec))
+    except FrinkError:
+        return None   # a hub or Ollama source: known once loaded
+    return vision_family(path) is not None if path.is_dir() else False
 
 
 def _sidecar_spec(spec: ModelSpec, registry: Registry) -> ModelSpec | None:

@@ -201,8 +201,8 @@ class DecodeHandles:
         rendered, images, keys = render_vision(self.vision, self.tokenizer, request,
                                                self.template, limits or NO_LIMITS,
                                                self.markup.tool_format)
-        think = self.markup.think_start
-        if think and (rendered.text or "").rstrip().endswith(think):
+        think = self.markup.think_start   # a chat's rendering only (a raw prompt's is as written)
+        if think and request.messages is not None and (rendered.text or "").rstrip().endswith(think):
             rendered = dataclasses.replace(rendered, opens_thinking=True)
         return rendered, images, keys
 

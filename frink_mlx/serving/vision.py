@@ -28,6 +28,12 @@ Rules:
    of a conversation hits (kv/hashing.py hashes any signed 64-bit ints).
 5. This is CPU work (base64, image decoding, the processor): AppState runs it
    off the event loop.
+6. A raw prompt (llama.cpp's /completion, adapters/llamacpp/translate.py rule
+   10) is not templated: each image's placeholder in its text becomes what the
+   family's chat template writes for an image part (`Vision.image_markup`,
+   models/vision.py), and BOS is prepended where `render_raw` would add it, so
+   a raw prompt spelled like the template's output reads exactly as the chat
+   request does.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ import io
 from typing import Any
 
 from ..config import ImageLimits
-from ..core.images import ImageRef
-from ..core.prompt import RenderedPrompt, render_chat_text
+from ..core.images import IMAGE_PLACEHOLDER, ImageRef
+from ..core.prompt import RenderedPrompt, encode_text, render_chat_text
 from ..core.request import GenRequest
 from ..errors import InvalidRequest, UnsupportedField
 from ..models.vision import ImageFeatures, Vision
@@ -51,7 +57,20 @@ FETCH_TIMEOUT_S = 10.0
 
 def request_images(request: GenRequest) -> list[ImageRef]:
     """Every image the rendered prompt holds, in order (history's included)."""
-    return [ref for m in request.messages or [] for ref in m.images]
+    if request.messages is None:
+        return list(request.images) if isinstance(request.prompt, str) else []   # rule 6
+    return [ref for m in request.messages for ref in m.images]
+
+
+def raw_text(vision: Vision, tokenizer: Any, request: GenRequest) -> str:
+    """Rule 6: a raw prompt's text with each image placeholder as the family's markup."""
+    prompt = request.prompt if isinstance(request.prompt, str) else ""
+    text = vision.image_markup.join(prompt.split(IMAGE_PLACEHOLDER, len(request.images)))
+    bos = getattr(tokenizer, "bos_token", None)
+    if request.add_special_tokens and bos and not text.startswith(bos) and \
+            encode_text(tokenizer, "", add_special_tokens=True) == [tokenizer.bos_token_id]:
+        text = bos + text
+    return text
 
 
 def decode_image(ref: ImageRef, limits: ImageLimits) -> tuple[Any, bytes]:
@@ -145,8 +164,8 @@ def render_vision(vision: Vision, tokenizer: Any, request: GenRequest, template:
                              f"'{refs[limits.max_images].path}' is one too many.",
                              param=refs[limits.max_images].path)
     decoded = [decode_image(ref, limits) for ref in refs]
-    text = render_chat_text(tokenizer, request, template, image_parts=True,
-                            tool_format=tool_format)
+    text = raw_text(vision, tokenizer, request) if request.messages is None else \
+        render_chat_text(tokenizer, request, template, image_parts=True, tool_format=tool_format)
     try:
         prompt = vision.prepare(text, [image for image, _ in decoded])
     except (ValueError, IndexError) as exc:

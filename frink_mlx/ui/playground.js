@@ -10,8 +10,11 @@
 // 5. Deltas are painted at most once per animation frame: a fast model sends hundreds of
 //    deltas a second, and touching the DOM (and scrolling) for each one starves the page's
 //    main thread, so a click on Stop would wait for the answer to end.
+// 6. A model with vision takes images with a message (attachments.js): its content is then
+//    OpenAI's parts, the images' `image_url` parts before the text.
 
 import { apiFetch, errorMessage } from "./api.js";
+import { Attachments, thumbnail } from "./attachments.js";
 
 async function* sseData(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -82,20 +85,35 @@ export class Playground {
     });
     this.$("pg-stop").addEventListener("click", () => this.controller?.abort());
     this.$("pg-clear").addEventListener("click", () => this.clear());
+    this.vision = new Map(); // model name -> it reads images (rule 6)
+    this.attachments = new Attachments({
+      button: this.$("pg-attach"), picker: this.$("pg-image"), list: this.$("pg-attachments"),
+      note: this.$("pg-attach-note"), zone: this.$("playground"), input: this.$("pg-input"),
+    });
+    this.$("pg-model").addEventListener("change", () => this.syncVision());
   }
 
   // Generative models from the status; keeps the user's pick, else the resident model.
   setModels(models, active) {
     const select = this.$("pg-model");
-    const names = models.filter((m) => m.kind === "generative").map((m) => m.name);
+    const generative = models.filter((m) => m.kind === "generative");
+    this.vision = new Map(generative.map((m) => [m.name, m.vision === true]));
+    const names = generative.map((m) => m.name);
     const current = [...select.options].map((o) => o.value);
-    if (names.join("\n") === current.join("\n")) return;
-    const keep = names.includes(select.value) ? select.value : (active ?? names[0]);
-    select.replaceChildren(...names.map((n) => new Option(n, n, false, n === keep)));
+    if (names.join("\n") !== current.join("\n")) {
+      const keep = names.includes(select.value) ? select.value : (active ?? names[0]);
+      select.replaceChildren(...names.map((n) => new Option(n, n, false, n === keep)));
+    }
+    this.syncVision();
+  }
+
+  syncVision() {
+    this.attachments.setEnabled(this.vision.get(this.$("pg-model").value) === true);
   }
 
   clear() {
     this.controller?.abort();
+    this.attachments.clear();
     this.history = [];
     this.$("pg-log").replaceChildren();
     this.$("pg-usage").textContent = "";
@@ -117,13 +135,23 @@ export class Playground {
     };
   }
 
+  // Rule 6: the text alone, or the images' parts then the text's.
+  static content(text, images) {
+    if (!images.length) return text;
+    const parts = images.map((p) => ({ type: "image_url", image_url: { url: p.url } }));
+    return text ? [...parts, { type: "text", text }] : parts;
+  }
+
   async send() {
     const text = this.$("pg-input").value.trim();
-    if (!text || this.controller) return;
+    if (this.controller || (!text && !this.attachments.pending.length)) return;
+    const images = this.attachments.take();
     this.$("pg-input").value = "";
     const log = this.$("pg-log");
-    log.append(element("div", "msg user", text));
-    this.history.push({ role: "user", content: text });
+    const said = element("div", "msg user", text);
+    if (images.length) said.prepend(...images.map((p) => thumbnail(p.preview, p.name)));
+    log.append(said);
+    this.history.push({ role: "user", content: Playground.content(text, images) });
     const bubble = element("div", "msg assistant");
     const reasoning = element("span", "reasoning"), content = element("span", "content");
     bubble.append(reasoning, content);

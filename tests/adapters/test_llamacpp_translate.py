@@ -18,6 +18,7 @@ from frink_mlx.adapters.llamacpp.translate import (
     to_gen_request,
 )
 from frink_mlx.core.events import Done, ErrorEvent, TextDelta, Usage
+from frink_mlx.core.images import IMAGE_PLACEHOLDER, ImageRef
 from frink_mlx.errors import InvalidRequest, UnsupportedField
 from frink_mlx.http.body import decode_struct
 
@@ -101,17 +102,29 @@ def test_prompt_shapes() -> None:
     ([[1, "x"], [3]], [[1, "x"], [3]]), ([[1, 2]], [[1, 2]])])
 def test_several_prompts_are_split_as_llama_server_does(prompt: Any, prompts: list) -> None:
     """Rule 9: strings only, or lists inside, are several prompts; ids with text are one."""
-    assert split_prompts(prompt, stream=False) == prompts
+    assert split_prompts(prompt, stream=False) == [(p, []) for p in prompts]
 
 
-def test_json_prompt_objects_are_their_text_and_media_is_refused() -> None:
+def test_json_prompt_objects_are_their_text_and_their_media_image_parts() -> None:
     """Rule 10."""
     text = wire.PromptObject("hello")
-    assert split_prompts(text, stream=False) == ["hello"]
-    assert split_prompts([[1, 2], text], stream=False) == [[1, 2], "hello"]
-    with pytest.raises(UnsupportedField) as err:
-        split_prompts(wire.PromptObject("x <__media__>", ["iVBOR"]), stream=False)
-    assert err.value.param == "prompt.multimodal_data"
+    assert split_prompts(text, stream=False) == [("hello", [])]
+    assert split_prompts([[1, 2], text], stream=False) == [([1, 2], []), ("hello", [])]
+    ((one, refs),) = split_prompts(wire.PromptObject("x <__media__> y <__media__>",
+                                                     ["iVBOR", "data:image/png;base64,AAAA"]),
+                                   stream=False)
+    assert one == f"x {IMAGE_PLACEHOLDER} y {IMAGE_PLACEHOLDER}"
+    assert refs == [ImageRef("prompt.multimodal_data[0]", data="iVBOR"),
+                    ImageRef("prompt.multimodal_data[1]", data="AAAA", media_type="image/png")]
+    (_, (two, refs)) = split_prompts(["a", wire.PromptObject("<__media__>", ["QUJD"])],
+                                     stream=False)
+    assert two == IMAGE_PLACEHOLDER and refs[0].path == "prompt[1].multimodal_data[0]"
+    for bad, param in [(wire.PromptObject("x <__media__>", []), "prompt.multimodal_data"),
+                       (wire.PromptObject("x", ["QUJD"]), "prompt.multimodal_data"),
+                       (wire.PromptObject("<__media__>", [7]), "prompt.multimodal_data[0]")]:
+        with pytest.raises(InvalidRequest) as err:
+            split_prompts(bad, stream=False)
+        assert err.value.param == param
 
 
 def test_several_prompts_refuse_stream_and_stray_ids() -> None:

@@ -1,5 +1,5 @@
-"""Images over HTTP on a vision model: every protocol reads them, the prefix cache keys them,
-bad images are 400s naming the part (serving/vision.py)."""
+"""Images over HTTP on vision models (Gemma 3; Qwen2.5-VL's M-RoPE): every protocol reads them,
+the prefix cache keys them, bad images are 400s naming the part (serving/vision.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ import pytest
 pytest.importorskip("mlx_vlm")
 pytest.importorskip("PIL")
 
-from vision_support import make_tiny_gemma3_vlm, mlx_vlm_greedy, png_base64, png_image  # noqa: E402
+from vision_support import (  # noqa: E402
+    make_tiny_gemma3_vlm,
+    make_tiny_qwen2_5_vl,
+    mlx_vlm_greedy,
+    png_base64,
+    png_image,
+)
 
 PROMPT = "describe the image please"
 
@@ -31,12 +37,14 @@ def vlive(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     root = tmp_path_factory.mktemp("vision")
     vlm = make_tiny_gemma3_vlm(root / "vlm")
-    path = write_models_toml(root, {"vlm": vlm, "tiny": make_tiny_llama(root / "tiny")},
-                             default="vlm")
+    qvlm = make_tiny_qwen2_5_vl(root / "qvlm")
+    path = write_models_toml(root, {"vlm": vlm, "qvlm": qvlm,
+                                    "tiny": make_tiny_llama(root / "tiny")}, default="vlm")
     settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
                              cache_dir=str(root / "cache"), fallback=False, max_images=8)
     server = start_server(create_app(settings, registry=load_registry(settings)))
     server.vlm_path = vlm
+    server.qvlm_path = qvlm
     yield server
     server.stop()
 
@@ -118,6 +126,38 @@ def test_turn_two_hits_the_cache_over_the_image_and_another_image_misses(vlive: 
     assert other["prompt_tokens_details"]["cached_tokens"] <= image_start
 
 
+def test_qwen_turn_two_hits_the_cache_over_the_image_and_reads_as_mlx_vlm(vlive: Any) -> None:
+    """M-RoPE (models/vision.py rule 6): turn 2's uncached tail sits at index + rope_delta."""
+    from mlx_lm.utils import load_tokenizer
+
+    path = Path(vlive.qvlm_path)
+    tokenizer = load_tokenizer(path)
+
+    def reference(messages: list[dict[str, Any]]) -> str:
+        ids = mlx_vlm_greedy(path, messages, [png_image(5)], 8)
+        return tokenizer.decode([i for i in ids if i not in tokenizer.eos_token_ids])
+
+    def ask(messages: list[dict[str, Any]]) -> httpx.Response:
+        r = post(vlive, "/v1/chat/completions", model="qvlm", max_tokens=8, temperature=0,
+                 messages=messages)
+        assert r.status_code == 200, r.text
+        return r
+
+    first = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(5)}},
+                                          {"type": "text", "text": PROMPT}]}]
+    answer = ask(first).json()["choices"][0]["message"]["content"]
+    assert answer == reference([{"role": "user", "content": [{"type": "image"},
+                                                             {"type": "text", "text": PROMPT}]}])
+    follow = [{"role": "assistant", "content": answer},
+              {"role": "user", "content": "and the second one?"}]
+    r2 = ask(first + follow).json()
+    # <|im_start|> user \n <|vision_start|> at 0..4, then the image's 9 tokens at 5..13
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= 14
+    assert r2["choices"][0]["message"]["content"] == reference(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]},
+         *follow])
+
+
 def _png_bytes(image: Any) -> str:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
@@ -164,3 +204,53 @@ def test_a_text_only_model_beside_it_still_gets_the_placeholder(vlive: Any) -> N
     r = post(vlive, "/v1/chat/completions", model="tiny", max_tokens=2, messages=[
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}}]}])
     assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+
+
+# --- llama.cpp /completion: multimodal_data behind <__media__> markers (translate.py rule 10) ---
+
+RAW = {"vlm": "<bos><start_of_turn>user\n<__media__>" + PROMPT +
+       "<end_of_turn>\n<start_of_turn>model\n",
+       "qvlm": "<|im_start|>user\n<__media__>" + PROMPT + "<|im_end|>\n<|im_start|>assistant\n"}
+
+
+@pytest.mark.parametrize("model", ["vlm", "qvlm"])
+def test_llamacpp_media_markers_read_as_the_chat_route_does(vlive: Any, model: str) -> None:
+    props = httpx.get(vlive.url + "/props", params={"model": model}, timeout=30).json()
+    assert props["modalities"]["vision"] is True and props["media_marker"] == "<__media__>"
+    r = post(vlive, "/completion", model=model, n_predict=8, temperature=0, prompt={
+        "prompt_string": RAW[model], "multimodal_data": [png_base64(6)]})
+    assert r.status_code == 200, r.text
+    assert "x-frink-images-omitted" not in r.headers
+    chat = post(vlive, "/v1/chat/completions", model=model, max_tokens=8, temperature=0,
+                messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": data_url(6)}},
+                    {"type": "text", "text": PROMPT}]}])
+    assert r.json()["content"] == chat.json()["choices"][0]["message"]["content"]
+    assert r.json()["tokens_evaluated"] == chat.json()["usage"]["prompt_tokens"]
+
+
+def test_llamacpp_media_on_a_text_only_model_and_bad_media(vlive: Any) -> None:
+    assert httpx.get(vlive.url + "/props", params={"model": "tiny"},
+                     timeout=30).json()["modalities"]["vision"] is False
+    body = {"prompt_string": "look: <__media__> and say", "multimodal_data": [png_base64(0)]}
+    r = post(vlive, "/completion", model="tiny", n_predict=2, prompt=body)
+    assert r.status_code == 200 and r.headers["x-frink-images-omitted"] == "1"
+    many = post(vlive, "/completion", model="vlm", n_predict=2, prompt={
+        "prompt_string": "no marker", "multimodal_data": [png_base64(0)]})
+    assert many.status_code == 400 and "prompt.multimodal_data" in many.json()["error"]["message"]
+    bad = post(vlive, "/completion", model="vlm", n_predict=2, prompt=[
+        "first", {"prompt_string": "<__media__>", "multimodal_data": ["@@not base64@@"]}])
+    assert bad.status_code == 400
+    assert "prompt[1].multimodal_data[0]" in bad.json()["error"]["message"]
+
+
+def test_models_and_status_say_which_models_read_images(vlive: Any) -> None:
+    """Known from the checkpoint before a load (serving/embeddings.py `describe`)."""
+    listed = {m["id"]: m["vision"] for m in
+              httpx.get(vlive.url + "/v1/models", timeout=30).json()["data"]}
+    assert listed == {"vlm": True, "qvlm": True, "tiny": False}
+    status = httpx.get(vlive.url + "/admin/status", timeout=30).json()
+    assert {m["name"]: m["vision"] for m in status["models"]} == listed
+    shown = {name: post(vlive, "/api/show", model=name).json()["capabilities"]
+             for name in listed}
+    assert {name: "vision" in caps for name, caps in shown.items()} == listed

@@ -12,11 +12,13 @@ field rules; this module resolves prompts and vocabulary through AppState:
 3. Errors leave in llama.cpp's envelope `{"error": {"code", "message", "type"}}`.
 4. Streams are bare `data:` frames; the last has `stop: true`; no `[DONE]`.
 5. `/props` and `/slots` are read-only and honest: `/props` reports the
-   default generation settings, the served context (`n_ctx`), the model and
-   its chat template -- of `?model=NAME` (as llama-server's router mode takes
-   it; several models are resident at once), else of the model a request
-   naming none gets; `/slots` likewise for `?model=`. The engine has no fixed slots, so `total_slots` is the
-   batch limit, and `/slots` lists that many rows, the running sequences first
+   default generation settings, the served context (`n_ctx`), the model, its
+   chat template, whether it reads images (`modalities.vision`) and the media
+   marker of multimodal prompts (translate.py rule 10) -- of `?model=NAME` (as
+   llama-server's router mode takes it; several models are resident at once),
+   else of the model a request naming none gets; `/slots` likewise for
+   `?model=`. The engine has no fixed slots, so `total_slots` is the batch
+   limit, and `/slots` lists that many rows, the running sequences first
    (`is_processing: true`), the free rows after them (false) -- clients read
    `slots[0]` to see whether the server is busy. Nothing per slot is invented
    (no per-slot params or prompt: a sequence is not pinned to a row).
@@ -42,6 +44,7 @@ from starlette.routing import BaseRoute, Route
 
 from ...core.checks import MAX_LOGIT_BIAS, token_id_of
 from ...core.events import ErrorEvent, choice_events
+from ...core.images import ImageRef
 from ...core.request import GenRequest, SamplingParams
 from ...errors import InvalidRequest, NotSupported, UnsupportedField
 from ...http.body import decode_body
@@ -52,6 +55,7 @@ from . import wire
 from .frames import CompletionBuilder
 from .translate import (
     FIM_STYLES,
+    MEDIA_MARKER,
     check_prompt,
     generation_settings,
     infill_prompt,
@@ -141,14 +145,16 @@ def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | lis
 
 
 async def _answer(request: Request, body: wire._Sampling,
-                  prompts: list[str | list[int | str]]) -> Answer:
+                  prompts: list[str | list[int | str]],
+                  images: list[list[ImageRef]] | None = None) -> Answer:
     state = request.app.state.frink
     if body.logit_bias or body.ignore_eos:
         bias = await resolve_logit_bias(state, body.model, body.logit_bias) or []
         if body.ignore_eos:   # rule 7
             bias += [[i, False] for i in await state.eos_token_ids(body.model)]
         body = msgspec.structs.replace(body, logit_bias=bias)
-    gens = [to_gen_request(body, prompt) for prompt in prompts]
+    gens = [to_gen_request(body, prompt, images[k] if images else None)
+            for k, prompt in enumerate(prompts)]
     runs = await generate(request, gens)
     builders = [_builders(body, gen, run, prompt, k * gen.n)
                 for k, (gen, run, prompt) in enumerate(zip(gens, runs, prompts))]
@@ -160,10 +166,11 @@ async def start_completion(request: Request, body: wire.CompletionRequest) -> An
     state = request.app.state.frink
     prompts = split_prompts(body.prompt, stream=body.stream, n=body.n_cmpl,
                             max_n=state.settings.max_batch)
-    for prompt in prompts:
+    for prompt, _ in prompts:
         check_prompt(prompt)
     return await _answer(request, body,
-                         [await resolve_prompt(state, body.model, p) for p in prompts])
+                         [await resolve_prompt(state, body.model, p) for p, _ in prompts],
+                         [images for _, images in prompts])
 
 
 async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
@@ -234,13 +241,15 @@ async def props(request: Request) -> Response:
     template = ""
     if gen is not None and gen.spec.kind == "generative":
         template = str(getattr(gen.loaded.tokenizer, "chat_template", None) or "")
+    vision = bool(state.model_facts(spec.name)["vision"]) if spec is not None else False
     n_ctx = stats.context_ceiling if stats is not None else 0
     return JSONResponse({
         "default_generation_settings": {"n_ctx": n_ctx, "params": _default_settings(spec),
                                         "model": spec.name if spec else None},
         "total_slots": state.settings.max_batch, "model_path": spec.source if spec else None,
         "model_alias": spec.name if spec else None, "chat_template": template,
-        "n_ctx": n_ctx, "modalities": {"vision": False, "audio": False},
+        "n_ctx": n_ctx, "modalities": {"vision": vision, "audio": False},
+        "media_marker": MEDIA_MARKER,
         "build_info": "frink-mlx", "is_sleeping": gen is None})
 
 

@@ -30,9 +30,16 @@ Request rules:
    together and are answered as an array, one result per prompt (times
    `n_cmpl`), in order; not with `stream`. A single string or a list of ids
    and text pieces stays one prompt (rule 6).
-10. A JSON prompt object `{"prompt_string": ...}` (llama-server's multimodal
-   form) is its text, alone or as one of several prompts; `multimodal_data` in
-   it is refused by name (text-only models).
+10. A JSON prompt object `{"prompt_string": ..., "multimodal_data": [...]}`
+   (llama-server's multimodal form, alone or as one of several prompts) is its
+   text with its images: each `MEDIA_MARKER` in the text stands for the next
+   entry of `multimodal_data` (base64, as llama-server takes it; a data: URL is
+   read too), as mtmd substitutes them, and becomes an image part
+   (core/images.py rule 1) named `prompt.multimodal_data[k]` (or
+   `prompt[i].multimodal_data[k]`): a vision model reads it where the marker
+   stood (serving/vision.py rule 6), a text-only model the placeholder text. A
+   marker count that differs from the entries, or an entry that is not a
+   string, is a 400 naming `multimodal_data`.
 11. `t_max_predict_ms` > 0 bounds the time a completion may run once it has
    written a newline (core/output.py rule 8), as llama-server does: llama.vim
    sends 1000 so a slow machine still answers a FIM request in about a second.
@@ -48,6 +55,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.checks import check_batch, token_id_of
+from ...core.images import ImageRef, from_url, image_part
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
 from ..openai.wire import indent_limit, time_budget_ms
@@ -59,6 +67,7 @@ _SAMPLING_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "to
                     "presence_penalty": "presence_penalty",
                     "frequency_penalty": "frequency_penalty"}
 BANNED_BIAS = -1e9
+MEDIA_MARKER = "<__media__>"   # rule 10: mtmd's default marker (/props `media_marker`)
 WHOLE_CONTEXT = 1 << 31   # repeat_last_n -1
 # core/checks.py names refused fields by these (neutral name -> llama.cpp's)
 PARAM_NAMES = {"repetition_penalty": "repeat_penalty", "penalty_context_size": "repeat_last_n",
@@ -120,28 +129,48 @@ def _response_format(body: wire._Sampling) -> ResponseFormat | None:
     return None
 
 
-def _text_of(prompt: Any) -> Any:
-    """Rule 10: a JSON prompt object is its text; media in it is refused."""
+def _text_of(prompt: Any, where: str, images: list[ImageRef]) -> Any:
+    """Rule 10: a JSON prompt object is its text, its media as image parts in `images`."""
     if not isinstance(prompt, wire.PromptObject):
         return prompt
-    if prompt.multimodal_data:
-        raise UnsupportedField("prompt.multimodal_data", "cannot be used: the models served "
-                               "here take text only")
-    return prompt.prompt_string
+    media = prompt.multimodal_data or []
+    pieces = prompt.prompt_string.split(MEDIA_MARKER)
+    if len(pieces) - 1 != len(media):
+        raise InvalidRequest(f"'{where}.multimodal_data' holds {len(media)} entries for "
+                             f"{len(pieces) - 1} {MEDIA_MARKER} markers in the prompt; send one "
+                             "marker per entry.", param=f"{where}.multimodal_data")
+    text = pieces[0]
+    for k, (data, piece) in enumerate(zip(media, pieces[1:])):
+        path = f"{where}.multimodal_data[{k}]"
+        if not isinstance(data, str):
+            raise InvalidRequest(f"'{path}' must be a base64 string.", param=path)
+        ref = from_url(path, data) if data.startswith("data:") else ImageRef(path, data=data)
+        text += image_part(ref, images) + piece
+    return text
+
+
+Prompt = tuple[str | list[int | str], list[ImageRef]]   # a prompt and its image parts
 
 
 def split_prompts(prompt: wire.Prompts, *, stream: bool, n: int = 1, max_n: int | None = None
-                  ) -> list[str | list[int | str]]:
-    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]`;
-    with `max_n`, at most that many choices in all (core/checks.py rule 4)."""
-    prompt = [_text_of(p) for p in prompt] if isinstance(prompt, list) else _text_of(prompt)
+                  ) -> list[Prompt]:
+    """Rule 9: the prompts of one request -- several for `["a", "b"]` or `[[1, 2], "c"]` --
+    each with the image parts of its prompt object (rule 10); with `max_n`, at most that
+    many choices in all (core/checks.py rule 4)."""
+    images: list[list[ImageRef]] = []
+    if isinstance(prompt, list):
+        images = [[] for _ in prompt]
+        prompt = [_text_of(p, f"prompt[{i}]", images[i]) for i, p in enumerate(prompt)]
+    else:
+        images = [[]]
+        prompt = _text_of(prompt, "prompt", images[0])
     if not isinstance(prompt, list) or not prompt:
-        return [prompt]   # type: ignore[list-item]
+        return [(prompt, images[0])]   # type: ignore[list-item]
     nested = any(isinstance(p, list) for p in prompt)
     if not nested and not all(isinstance(p, str) for p in prompt):
-        return [prompt]   # type: ignore[list-item]   # ids, or ids mixed with text: one prompt
+        return [(prompt, [])]   # ids, or ids mixed with text: one prompt
     if len(prompt) == 1:
-        return [prompt[0]]   # type: ignore[list-item]
+        return [(prompt[0], images[0])]   # type: ignore[list-item]
     if nested and any(isinstance(p, int) for p in prompt):
         raise InvalidRequest("'prompt' mixes token ids with a list of prompts; send each prompt "
                              "as a string or a list.", param="prompt")
@@ -150,7 +179,7 @@ def split_prompts(prompt: wire.Prompts, *, stream: bool, n: int = 1, max_n: int 
                                "send one per request or stream: false")
     if max_n is not None:
         check_batch(len(prompt), n, max_n=max_n)
-    return list(prompt)   # type: ignore[arg-type]
+    return list(zip(prompt, images))   # type: ignore[arg-type]
 
 
 def check_prompt(prompt: str | list[int | str]) -> None:
@@ -158,8 +187,10 @@ def check_prompt(prompt: str | list[int | str]) -> None:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
 
 
-def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRequest:
-    """`prompt` is the body's prompt already resolved (rule 6) or the infill prompt."""
+def to_gen_request(body: wire._Sampling, prompt: str | list[int | str],
+                   images: list[ImageRef] | None = None) -> GenRequest:
+    """`prompt` is the body's prompt already resolved (rule 6) or the infill prompt;
+    `images` its image parts (rule 10)."""
     if body.n_predict < -1:
         raise InvalidRequest("'n_predict' must be -1 (until the end), 0 (a warm-up) or a "
                              "token count.", param="n_predict")
@@ -174,7 +205,7 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str]) -> GenRe
         sampling.logprobs, sampling.top_logprobs = True, body.n_probs
     max_tokens = None if body.n_predict == -1 else max(1, body.n_predict)  # rule 1
     return GenRequest(model=body.model or "default", prompt=prompt, max_tokens=max_tokens,
-                      n=body.n_cmpl,
+                      n=body.n_cmpl, images=list(images or []),
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,

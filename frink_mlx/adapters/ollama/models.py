@@ -11,7 +11,9 @@ Rules:
    when that model is the one loaded (its config, chat template, context
    ceiling, whether it thinks). `capabilities`: "completion" and "tools" for
    generative models (tools reach any template: core/prompt.py), "thinking"
-   when the loaded tokenizer has think markers, "embedding" for encoders.
+   when the loaded tokenizer has think markers, "vision" when it reads images
+   (`AppState.model_facts`, as Ollama marks its vision models), "embedding"
+   for encoders.
 3. /api/ps lists every resident generation (and retired ones still draining):
    `size` the weights' bytes, `size_vram` the same on Metal's unified memory
    and 0 on the CPU backend, `expires_at` when idle eviction would retire it
@@ -104,12 +106,14 @@ def _loaded(state: Any, spec: Any) -> Any:
     return next((g for g in state.hub.resident if g.spec.name == spec.name), None)
 
 
-def _capabilities(spec: Any, gen: Any) -> list[str]:
+def _capabilities(spec: Any, gen: Any, vision: bool | None = None) -> list[str]:
     if spec.kind == "encoder":
         return ["embedding"]
     caps = ["completion", "tools"]
     if gen is not None and getattr(gen.loaded.tokenizer, "has_thinking", False):
         caps.append("thinking")
+    if vision:
+        caps.append("vision")
     return caps
 
 
@@ -137,7 +141,9 @@ async def show(request: Request) -> Response:
     return json_response({"modelfile": "", "parameters": "", "template": template or "",
                           "license": "", "details": _details(spec, gen),
                           "model_info": _model_info(spec, gen, ceiling),
-                          "capabilities": _capabilities(spec, gen), "modified_at": _iso(mtime)})
+                          "capabilities": _capabilities(spec, gen,
+                                                        state.model_facts(spec.name)["vision"]),
+                          "modified_at": _iso(mtime)})
 
 
 def ps_entry(state: Any, gen: Any) -> dict[str, Any]:

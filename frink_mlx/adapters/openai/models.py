@@ -6,7 +6,9 @@ active generation), `kind` (generative / encoder), `aliases`, and
 null: not known until loaded) otherwise; `embedding_dim` (width of the vectors
 /v1/embeddings returns for it: its own, its side-car's, or null when it serves
 none) and `max_input_tokens` (longest input it takes; null when not known until
-loaded) -- both from `AppState.model_facts` (engine/encoder/service.py);
+loaded) -- both from `AppState.model_facts` (serving/embeddings.py), as is
+`vision` (it reads image parts: models/vision.py; null when not known until
+loaded, e.g. a Hugging Face source);
 `parallel` (null on one machine; `{"kind": "tensor" | "pipeline", "ranks": N}` when
 the loaded model is split over a distributed group, backend/distributed.py rule 3);
 `status` "available" or "unavailable" with the `reason` (its source is missing
@@ -56,7 +58,8 @@ def model_object(state: Any, spec: Any, residency: dict[str, Any] | None = None)
             "loaded": loaded, "kind": spec.kind, "aliases": list(spec.aliases),
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
-            "max_input_tokens": facts["max_input_tokens"], "parallel": _parallel(gen, loaded),
+            "max_input_tokens": facts["max_input_tokens"], "vision": facts["vision"],
+            "parallel": _parallel(gen, loaded),
             **availability(state.registry, spec)}
 
 

@@ -47,7 +47,10 @@ Rules:
    (SmolLM2-135M: 46 KB of fp32 KV per token vs 540 MB of weights), which
    is why no custom kernel is needed on the CPU backend.
 3. Every row carries its own RoPE start position (`offset` is an int32
-   array of shape (B,)); `mx.fast.rope` accepts an array offset.
+   array of shape (B,)); `mx.fast.rope` accepts an array offset. A model
+   whose positions are not its indices (M-RoPE: models/vision.py rule 6)
+   reads explicit ids instead, `rope_positions` (3, B, L), which the runner
+   sets on the layout when a row of the forward needs them (None otherwise).
 4. The boolean mask has shape (B, 1, L, T): query i of row r (absolute
    position start_r + i) may see key position j iff j <= start_r + i (and,
    with a sliding window w, j > start_r + i - w). Padding queries (i beyond
@@ -186,6 +189,7 @@ class BatchLayout:
         self.read_slots = mx.array(slot_of.astype(np.int32))
         self.offsets = mx.array(starts.astype(np.int32))
         self._memo: dict[Any, Any] = {}  # per forward: masks, biases, row indices
+        self.rope_positions: mx.array | None = None  # rule 3: M-RoPE ids (3, B, L)
 
     def read_rows(self, heads: int, slots_per_head: int) -> mx.array:
         """(H, B, T) rows of a pool viewed as (H * slots_per_head, D): rule 2's
@@ -291,6 +295,11 @@ class PagedLayerCache:
         if value is not None:
             self._layout._memo[key] = value
         return self._layout._memo.get(key)
+
+    @property
+    def rope_positions(self) -> mx.array | None:
+        """Rule 3: the forward's explicit M-RoPE position ids, or None."""
+        return self._layout.rope_positions
 
     @property
     def keys(self) -> mx.array:
