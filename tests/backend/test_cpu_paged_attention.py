@@ -99,3 +99,24 @@ def test_dispatch_reads_in_place_only_for_short_calls_over_long_rows(monkeypatch
         taken = len(calls) - before
         # a 21-token row is read in place; a 5-token row and a 40-query prefill are not
         assert taken == (1 if (start, num_new) == (20, 1) else 0)
+
+
+def test_columns_cut_over_side_streams_give_the_same_numbers(monkeypatch):
+    """segments.py rule 2: each range's products on its own stream, same result."""
+    from frink_mlx.backend.cpu import segments
+
+    rng = np.random.default_rng(3)
+    q = mx.array(rng.standard_normal((1, HEADS, 2, DIM)).astype(np.float32))
+    keys = [mx.array(rng.standard_normal((1, KV_HEADS, n, DIM)).astype(np.float32)) for n in (40, 7, 29)]
+    values = [mx.array(rng.standard_normal((1, KV_HEADS, n, DIM)).astype(np.float32)) for n in (40, 7, 29)]
+    bias = mx.array(np.where(rng.random((1, 1, 1, 2, 76)) < 0.2, cpu_kernels.MASKED, 0.0)
+                    .astype(np.float32))
+    whole = segments.segment_attention(q, keys, values, 0.25, bias)
+    monkeypatch.setattr(segments, "SPLIT_COLUMNS", 10)
+    ranges = segments._column_ranges(keys, values, 3)
+    assert [[k.shape[2] for k in ks] for ks, _ in ranges] == [[25], [15, 7, 3], [26]]
+    streams = [mx.new_thread_local_stream(mx.cpu) for _ in range(2)]
+    split = segments.segment_attention(q, keys, values, 0.25, bias, streams)
+    assert np.allclose(np.array(split), np.array(whole), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(segments, "SPLIT_COLUMNS", 40)          # 76 columns: one range of 40+
+    assert len(segments._column_ranges(keys, values, 3)) == 1

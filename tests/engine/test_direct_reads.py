@@ -2,7 +2,8 @@
 
 The CPU kernels' thresholds are lowered so the tiny model's rows (tens of tokens, blocks
 of 4) take the in-place read, with runs short enough that some of each row's blocks are
-sliced and the rest gathered, beside short rows batched over their own gather: every row
+sliced and the rest gathered, their columns cut over the matmuls' side streams, beside
+short rows batched over their own gather: every row
 must still equal mlx-lm's greedy run alone, through concurrent rows (their decode blocks
 interleave in the pool), prefix hits, n = 2 forks and speculation's verify rows.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pytest
 from engine_support import BACKEND, engine_factory, engines, greedy, loaded, random_prompt, tokens
 
+from frink_mlx.backend.cpu.split import auto_parts
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.spec import RowDrafter, SpecConfig
 from frink_mlx.engine.types import SeqRequest
@@ -29,20 +31,22 @@ def tiny(tiny_llama_dir):
 @pytest.fixture
 def direct(monkeypatch):
     """Counts the rows read in place (and the sliced runs) while the test runs."""
-    from frink_mlx.backend.cpu import kernels
+    from frink_mlx.backend.cpu import kernels, segments
 
     monkeypatch.setattr(kernels, "MIN_SCORES", 1)
+    monkeypatch.setattr(segments, "SPLIT_COLUMNS", 8)  # rows cut over the matmuls' streams
     monkeypatch.setattr(kernels, "DIRECT_MIN_TOKENS", 20)
     monkeypatch.setattr(kernels, "DIRECT_MAX_RUNS", 2)
     monkeypatch.setattr(kernels, "DIRECT_MIN_RUN_BLOCKS", 2)
-    seen = {"rows": 0, "segments": 0, "batched": 0}
+    seen = {"rows": 0, "segments": 0, "batched": 0, "streams": 0}
     real = kernels.segment_attention
     real_paged = kernels.paged_attention
 
-    def counting(queries, keys, values, scale, bias):
+    def counting(queries, keys, values, scale, bias, streams=()):
         seen["rows"] += 1
         seen["segments"] = max(seen["segments"], len(keys))
-        return real(queries, keys, values, scale, bias)
+        seen["streams"] = max(seen["streams"], len(streams))
+        return real(queries, keys, values, scale, bias, streams)
 
     def counting_paged(queries, read, scale):
         seen["batched"] += len(read.batched)
@@ -72,6 +76,7 @@ def test_concurrent_rows_prefix_hits_and_forks_equal_greedy(tiny, make_engine, d
         assert all(rows[i] == ref for i in range(req.n)), req.request_id
     assert late[0] == greedy(tiny, prompts[4], 14)
     assert direct["rows"] > 0 and direct["segments"] >= 2 and direct["batched"] > 0
+    assert direct["streams"] == auto_parts(BACKEND.matmul_parts) - 1  # one per other core
     assert engine.stats().prefix_hit_tokens_total >= 48
 
 

@@ -24,8 +24,9 @@ Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
     runs of adjacent blocks) instead of rule 2's gather, which copied the
     whole context every step: one score matmul per segment, the scores (D
     times smaller than the keys) concatenated so the softmax stays one exact
-    pass, then each segment's weights times its values, summed. The call's
-    shorter rows are batched over a gather only as wide as they are.
+    pass, then each segment's weights times its values, summed, the products
+    cut over the matmuls' streams (segments.py). The call's shorter rows are
+    batched over a gather only as wide as they are.
 SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
     (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
     absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
@@ -67,7 +68,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import lru_cache, partial
 from typing import Any
 
@@ -76,7 +77,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .fastexp import exp_nonpositive, softmax_numerator
-from .split import on_cpu
+from .segments import segment_attention
+from .split import on_cpu, side_streams
 
 _MARK = "_frink_cpu_kernel"
 _SCORES_PER_CHUNK = 1 << 18
@@ -259,36 +261,6 @@ def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
             and queries.dtype == mx.float32 and on_cpu())
 
 
-def segment_attention(queries: mx.array, keys: Sequence[mx.array], values: Sequence[mx.array],
-                      scale: float, bias: mx.array | None) -> mx.array:
-    """softmax(q k^T * scale + bias) v for one row, (1, H, L, D) queries, over keys given
-    as segments (1, Hk, n_i, D) (views of the paged pool: kv/reads.py).
-
-    The scores of every segment are concatenated (they are D times smaller than
-    the keys), so the softmax is exact and one pass, as in `_attention`; the
-    weights of each segment then multiply its values and the products add up.
-    `bias` is additive over the concatenated columns, (1, 1, 1, L, n), or None.
-    """
-    _, heads, length, dim = queries.shape
-    kv_heads = keys[0].shape[1]
-    group = heads // kv_heads
-    q = (queries * scale).reshape(1, kv_heads, group * length, dim)
-    parts = [q @ k.swapaxes(-1, -2) for k in keys]
-    scores = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-    if bias is not None:
-        width = scores.shape[-1]
-        scores = (scores.reshape(1, kv_heads, group, length, width) + bias).reshape(
-            1, kv_heads, group * length, width)
-    weights = softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
-    out = weights[..., :values[0].shape[2]] @ values[0] if len(values) > 1 else weights @ values[0]
-    at = values[0].shape[2]
-    for v in values[1:]:
-        out = mx.addmm(out, weights[..., at:at + v.shape[2]], v)
-        at += v.shape[2]
-    out = out * mx.reciprocal(weights.sum(axis=-1, keepdims=True))
-    return out.reshape(1, heads, length, values[0].shape[-1])
-
-
 def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
     """Attention over a `LayerRead` (kv/reads.py): each long row over its segments, the
     short rows batched over their own gather; rows come back in batch order."""
@@ -300,9 +272,10 @@ def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
         out = attention(q, read.batched_keys, read.batched_values, scale, read.batched_bias)
         for j, r in enumerate(rows):
             outs[r] = out[j:j + 1]
+    streams = side_streams()
     for seg in read.direct:
         outs[seg.row] = segment_attention(queries[seg.row:seg.row + 1], seg.keys, seg.values,
-                                          scale, seg.bias)
+                                          scale, seg.bias, streams)
     if batch == 1:
         return outs[0]  # type: ignore[return-value]
     return mx.concatenate(outs, axis=0)  # type: ignore[arg-type]
