@@ -120,3 +120,33 @@ def test_columns_cut_over_side_streams_give_the_same_numbers(monkeypatch):
     assert np.allclose(np.array(split), np.array(whole), rtol=1e-6, atol=1e-6)
     monkeypatch.setattr(segments, "SPLIT_COLUMNS", 40)          # 76 columns: one range of 40+
     assert len(segments._column_ranges(keys, values, 3)) == 1
+
+
+def _data_pointer(a: mx.array) -> int:
+    return np.asarray(memoryview(a)).__array_interface__["data"][0]
+
+
+def test_reads_in_place_keep_the_writes_in_place(tiny_llama_dir, monkeypatch):
+    """kv/paged.py rule 1 under rule 7: the slices attention reads are views of the pool,
+    gone once the step is evaluated, so the next step's scatter still writes in place."""
+    from mlx_lm import load
+
+    from frink_mlx.backend.cpu.backend import CpuBackend
+    from frink_mlx.engine.kv.paged import make_layer_caches, model_kv_geometry
+
+    monkeypatch.setattr(cpu_kernels, "MIN_SCORES", 1)
+    monkeypatch.setattr(cpu_kernels, "DIRECT_MIN_TOKENS", 1)
+    read = []
+    real = cpu_kernels.segment_attention
+    monkeypatch.setattr(cpu_kernels, "segment_attention", lambda *a: read.append(1) or real(*a))
+    model, _ = load(str(tiny_llama_dir))
+    scope = CpuBackend(matmul_parts=1).prepare_decoder(model)
+    layers, heads, head_dim = model_kv_geometry(model)
+    store = PagedKVStore(num_layers=layers, num_blocks=256, block_size=4, n_kv_heads=heads,
+                         head_dim=head_dim, dtype=mx.float32)
+    before = [_data_pointer(a) for a in store.keys + store.values]
+    for pos in range(3, 7):
+        lay = BatchLayout([RowSpan(pos, 1, [9, 10])], block_size=4, trash_slot=store.trash_slot)
+        with scope():
+            mx.eval(model(mx.array([[7]]), cache=make_layer_caches(store, lay)), store.arrays())
+    assert read and [_data_pointer(a) for a in store.keys + store.values] == before

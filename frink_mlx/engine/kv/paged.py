@@ -42,10 +42,11 @@ Rules:
    Memory traffic per layer per step: the gather reads and writes
    B*T*H*D elements for K and again for V, which attention then reads once
    more; i.e. ~2x the bytes of the live context rows, against ~1x for
-   mlx-lm's contiguous KVCache. For the models we
-   serve on CPU this is small next to streaming the weights once per step
-   (SmolLM2-135M: 46 KB of fp32 KV per token vs 540 MB of weights), which
-   is why no custom kernel is needed on the CPU backend.
+   mlx-lm's contiguous KVCache, and every row padded to the longest. Small
+   next to the weights at a few hundred tokens (SmolLM2-135M: 46 KB of fp32
+   KV per token vs 540 MB of weights), it is most of a step's growth at
+   thousands: the CPU backend's attention reads long rows in place instead
+   (rule 7); Metal still gathers.
 3. Every row carries its own RoPE start position (`offset` is an int32
    array of shape (B,)); `mx.fast.rope` accepts an array offset.
 4. The boolean mask has shape (B, 1, L, T): query i of row r (absolute
