@@ -10,28 +10,23 @@ loop (it JIT-compiles with the system compiler; `shapeless=True` keeps one
 kernel for every shape). So each piece below is written as multiplies, adds
 and selects that fuse, with no transcendental in the loop:
 
-exp of t <= 0 (softmax after subtracting the row max; silu's e^-|g|):
-    y = max(t, -24) / 32, p = a degree-6 polynomial for e^y on [-0.75, 0]
-    (least squares on Chebyshev nodes), squared five times: p^32 = e^t,
-    minus its value at t = -24 (3.8e-11) and clamped at 0, so masked
-    scores give weight exactly 0 with no select in the loop (a select on a
-    boolean is not vectorised and cost more than all the rest of SwiGLU).
-    Both clamps are relu(v) = (v + |v|) / 2, not `mx.maximum`: MLX's CPU
-    maximum tests for NaN first and branches, so where t falls below -24 at
-    random the mispredictions cost more than the polynomial
-    (benchmarks/results/cpu_backend-measurements.md). relu(v) is exact; y = relu(t/32 + 0.75) - 0.75
-    rounds t by <= 2e-6 absolute. relu(-inf) is NaN, so masks are additive
-    `MASKED` (-1e9, finite) instead of -inf: a masked score still lands on
-    weight 0, and a row with every key masked (a padding row) gets finite
-    garbage instead of NaN.
-    Relative error <= 3e-6 near 0, <= 1e-5 where e^t > 5e-5, and never more
-    than 1e-5 relative + 4e-11 absolute (`mx.exp` itself is off by up to
-    3.5e-6 relative here).
+exp of t <= 0 (softmax after subtracting the row max; silu's e^-|g|): a
+    polynomial and five squarings, exactly 0 below -24 (fastexp.py). Masks are
+    additive `MASKED` (-1e9, finite) instead of -inf (fastexp.py says why).
 Attention = one (group*L, D) x (D, T) matmul per KV head (GQA without
     repeating K/V), + bias, row max, the fused exp, row sum, weights @ V,
     scaled by 1/sum; the score matrix is made in query chunks of at most
     2^18 numbers so those passes stay in cache. Outputs match stock SDPA to
     ~1e-6 relative.
+Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
+    most DIRECT_MAX_QUERIES queries a row (decode and verify rows) reads each
+    row of at least DIRECT_MIN_TOKENS positions as slices of the pool (its
+    runs of adjacent blocks) instead of rule 2's gather, which copied the
+    whole context every step: one score matmul per segment, the scores (D
+    times smaller than the keys) concatenated so the softmax stays one exact
+    pass, then each segment's weights times its values, summed, the products
+    cut over the matmuls' streams (segments.py). The call's shorter rows are
+    batched over a gather only as wide as they are.
 SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
     (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
     absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
@@ -81,59 +76,21 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .split import on_cpu
+from .fastexp import exp_nonpositive, softmax_numerator
+from .segments import segment_attention
+from .split import on_cpu, side_streams
 
-# e^y on [-0.75, 0], lowest degree first: least squares (relative error) on
-# Chebyshev nodes; with five squarings it covers e^t on [-24, 0].
-_EXP_COEFFS = (0.9999999967040782, 0.9999996079438743, 0.4999921593017254,
-               0.16660660779608683, 0.04144344299904352, 0.007897733332690473,
-               0.0009497848131088273)
-_EXP_SQUARINGS = 5
-_EXP_FLOOR = -24.0
 _MARK = "_frink_cpu_kernel"
 _SCORES_PER_CHUNK = 1 << 18
 MIN_SCORES = 1 << 12
 MASKED = -1e9  # additive mask: finite, see the module docstring
-
-
-def _relu(v: mx.array) -> mx.array:
-    """max(v, 0) without a branch (see the module docstring); exact, NaN for -inf."""
-    return 0.5 * (v + mx.abs(v))
-
-
-def _exp_unfloored(t: mx.array) -> mx.array:
-    """The polynomial-and-squarings e**t of `max(t, _EXP_FLOOR)`."""
-    low = _EXP_FLOOR / (1 << _EXP_SQUARINGS)
-    y = _relu(t * (1.0 / (1 << _EXP_SQUARINGS)) - low) + low
-    p = y * _EXP_COEFFS[-1] + _EXP_COEFFS[-2]
-    for c in _EXP_COEFFS[-3::-1]:
-        p = p * y + c
-    for _ in range(_EXP_SQUARINGS):
-        p = p * p
-    return p
-
-
-# What `_exp_unfloored` gives at the floor (3.8e-11), nudged up by 1e-4 relative
-# so a fused loop that rounds differently (contracted multiply-adds) still
-# lands on exactly 0 there.
-_EXP_AT_FLOOR = float(np.asarray(_exp_unfloored(mx.array([_EXP_FLOOR], mx.float32)))[0]) * (1 + 1e-4)
-
-
-def exp_nonpositive(t: mx.array) -> mx.array:
-    """e**t for float32 t <= 0, exactly 0 at and below `_EXP_FLOOR` (see the module docstring).
-
-    Only multiplies, adds and abs, so `mx.compile` fuses it (and whatever
-    elementwise work surrounds it). Subtracting the value at the floor (3.8e-11)
-    instead of selecting 0 below it keeps booleans out of the loop: a select
-    on a boolean intermediate is not vectorised by the JIT and costs ~7 ns
-    per element, more than the whole rest of SwiGLU.
-    """
-    return _relu(_exp_unfloored(t) - _EXP_AT_FLOOR)
-
-
-@partial(mx.compile, shapeless=True)
-def _softmax_numerator(scores: mx.array, row_max: mx.array) -> mx.array:
-    return exp_nonpositive(scores - row_max)
+# Reads where the keys lie (kv/paged.py rule 7, kv/reads.py rules 1-2): rows of at
+# least DIRECT_MIN_TOKENS, calls of at most DIRECT_MAX_QUERIES queries per row (decode
+# and verify rows), up to DIRECT_MAX_RUNS slices of at least DIRECT_MIN_RUN_BLOCKS blocks.
+DIRECT_MIN_TOKENS = 512
+DIRECT_MAX_QUERIES = 32
+DIRECT_MAX_RUNS = 8
+DIRECT_MIN_RUN_BLOCKS = 16
 
 
 @partial(mx.compile, shapeless=True)
@@ -177,7 +134,7 @@ def _attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float
     if bias is not None:
         scores = (scores.reshape(batch, kv_heads, group, length, width) + bias).reshape(
             batch, kv_heads, group * length, width)
-    weights = _softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
+    weights = softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
     out = (weights @ values) * mx.reciprocal(weights.sum(axis=-1, keepdims=True))
     return out.reshape(batch, heads, length, values.shape[-1])
 
@@ -304,6 +261,36 @@ def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
             and queries.dtype == mx.float32 and on_cpu())
 
 
+def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
+    """Attention over a `LayerRead` (kv/reads.py): each long row over its segments, the
+    short rows batched over their own gather; rows come back in batch order."""
+    batch = queries.shape[0]
+    outs: list[mx.array | None] = [None] * batch
+    if read.batched:
+        rows = read.batched
+        q = queries if len(rows) == batch else queries[mx.array(rows, dtype=mx.int32)]
+        out = attention(q, read.batched_keys, read.batched_values, scale, read.batched_bias)
+        for j, r in enumerate(rows):
+            outs[r] = out[j:j + 1]
+    streams = side_streams()
+    for seg in read.direct:
+        outs[seg.row] = segment_attention(queries[seg.row:seg.row + 1], seg.keys, seg.values,
+                                          scale, seg.bias, streams)
+    if batch == 1:
+        return outs[0]  # type: ignore[return-value]
+    return mx.concatenate(outs, axis=0)  # type: ignore[arg-type]
+
+
+def _read_in_place(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
+                   mask: Any) -> Any:
+    """The cache's read of the keys where they lie (paged.py rule 7), or None."""
+    reader = getattr(cache, "read_in_place", None)
+    if reader is None or queries.shape[2] > DIRECT_MAX_QUERIES:
+        return None
+    return reader(keys, values, mask, min_tokens=DIRECT_MIN_TOKENS, max_runs=DIRECT_MAX_RUNS,
+                  min_run_blocks=DIRECT_MIN_RUN_BLOCKS, masked=MASKED)
+
+
 def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
     """mlx-lm's `scaled_dot_product_attention` signature: the fast path or `stock`."""
 
@@ -312,6 +299,9 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
                                      sinks: Any = None) -> mx.array:
         if not _wants_fast_path(queries, cache, sinks):
             return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        read = _read_in_place(queries, keys, values, cache, mask)
+        if read is not None:
+            return paged_attention(queries, read, scale)
         return attention(queries, keys, values, scale,
                          _bias(cache, mask, queries.shape[2], keys.shape[2]))
 

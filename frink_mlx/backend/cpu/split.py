@@ -117,6 +117,12 @@ def split_forward(streams: Sequence[Any]) -> Iterator[None]:
         _LOCAL.streams = previous
 
 
+def side_streams() -> list[Any]:
+    """The side streams of the split forward the calling thread is in ([] outside one);
+    the kernels' attention over long rows cuts its products over them too."""
+    return list(getattr(_LOCAL, "streams", None) or [])
+
+
 class _Ranges:
     """Row-range views of one weight (and its bias), rule 3. Not a parameter."""
 

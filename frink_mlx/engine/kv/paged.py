@@ -42,10 +42,11 @@ Rules:
    Memory traffic per layer per step: the gather reads and writes
    B*T*H*D elements for K and again for V, which attention then reads once
    more; i.e. ~2x the bytes of the live context rows, against ~1x for
-   mlx-lm's contiguous KVCache. For the models we
-   serve on CPU this is small next to streaming the weights once per step
-   (SmolLM2-135M: 46 KB of fp32 KV per token vs 540 MB of weights), which
-   is why no custom kernel is needed on the CPU backend.
+   mlx-lm's contiguous KVCache, and every row padded to the longest. Small
+   next to the weights at a few hundred tokens (SmolLM2-135M: 46 KB of fp32
+   KV per token vs 540 MB of weights), it is most of a step's growth at
+   thousands: the CPU backend's attention reads long rows in place instead
+   (rule 7); Metal still gathers.
 3. Every row carries its own RoPE start position (`offset` is an int32
    array of shape (B,)); `mx.fast.rope` accepts an array offset. A model
    whose positions are not its indices (M-RoPE: models/vision.py rule 6)
@@ -72,6 +73,17 @@ Rules:
    pool, read and replaced through the store; the replacement is the same
    array plus a dependency (same shape and dtype, checked), sharing the
    pool's buffer, so the next step's scatter still writes in place (rule 1).
+7. Reads where the keys lie (reads.py): an attention kernel that can score a
+   row over several key segments (the CPU backend's) may ask a layer's cache
+   for `read_in_place(keys, values, mask, ...)` instead of using rule 2's
+   gather: long rows come back as slices of the pool (its runs of adjacent
+   blocks) with the mask over their columns, the short rows gathered only as
+   wide as they need. It answers only for the very arrays `update_and_fetch`
+   just returned (compared by id, never kept: rule 1) and a mask this layout
+   made (its window is read back from the memo); otherwise, or when no row is
+   long enough, None. The gathers `update_and_fetch` returned are lazy and
+   nothing else reads them, so MLX never runs them. Metal and the stock path
+   never ask, and read as rule 2 says.
 """
 
 from __future__ import annotations
@@ -81,6 +93,10 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
+
+from .reads import LayerRead, ReadPlan, ReadShape, layer_read, plan_reads, take_rows
+
+_take_rows = take_rows  # rule 2's gather; reads.py holds it so that both reads gather alike
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +196,8 @@ class BatchLayout:
         ends = starts + num_new
         self.width = int(ends.max())
         self._starts, self._num_new = starts, num_new
-        slot_of = _slot_matrix(rows, block_size, trash_slot, self.width)
+        self._rows, self._block_size = rows, block_size
+        slot_of = self._slot_of = _slot_matrix(rows, block_size, trash_slot, self.width)
         cols = np.arange(self.length)[None, :]
         pos = starts[:, None] + cols
         real = cols < num_new[:, None]
@@ -197,11 +214,30 @@ class BatchLayout:
         every layer."""
         key = ("rows", heads, slots_per_head)
         rows = self._memo.get(key)
-        if rows is None:
-            slots = np.asarray(self.read_slots, dtype=np.int64)
-            base = np.arange(heads, dtype=np.int64)[:, None, None] * slots_per_head
-            rows = self._memo[key] = mx.array((base + slots[None]).astype(np.int32))
+        if rows is None:  # lazy: computed only if a gather runs (rule 7)
+            base = mx.arange(heads, dtype=mx.int32)[:, None, None] * slots_per_head
+            rows = self._memo[key] = base + self.read_slots[None]
         return rows
+
+    def window_of(self, mask: object) -> tuple[bool, int | None]:
+        """(True, window) if `mask` is what `mask(window)` made for this layout (rule 7)."""
+        for key, value in self._memo.items():
+            if (key is None or isinstance(key, int)) and value is mask:
+                return True, key
+        return False, None
+
+    def read_plan(self, window: int | None, shape: ReadShape, *, min_tokens: int,
+                  max_runs: int, min_run_blocks: int, masked: float) -> ReadPlan | None:
+        """Rule 7's plan (reads.py), made once per forward and window."""
+        key = ("plan", window, shape, min_tokens, max_runs, min_run_blocks, masked)
+        if key not in self._memo:
+            tables = [np.asarray(r.block_table, dtype=np.int64) for r in self._rows]
+            self._memo[key] = plan_reads(
+                self._starts, self._num_new, tables, self._slot_of, shape, window=window,
+                min_tokens=min_tokens, max_runs=max_runs, min_run_blocks=min_run_blocks,
+                masked=masked)
+        plan: ReadPlan | None = self._memo[key]
+        return plan
 
     def mask(self, window_size: int | None = None) -> mx.array | str | None:
         """The attention mask (rule 4), built once per window size."""
@@ -228,12 +264,6 @@ class BatchLayout:
         real_q = (cols < self._num_new[:, None])[:, :, None]
         allowed = np.where(real_q, allowed, k_pos == 0)
         return allowed[:, None, :, :]
-
-
-def _take_rows(pool: mx.array, rows: mx.array) -> mx.array:
-    """pool[:, slots] for (H, S, D) `pool`, as a row gather on its (H*S, D) view."""
-    heads, slots, dim = pool.shape
-    return mx.take(pool.reshape(heads * slots, dim), rows, axis=0)
 
 
 def _slot_matrix(rows: Sequence[RowSpan], block_size: int, trash_slot: int, width: int) -> np.ndarray:
@@ -266,6 +296,7 @@ class PagedLayerCache:
         self._layer = layer
         self._layout = layout
         self._grouped_mask = grouped_mask
+        self._fetched: tuple[int, int] | None = None  # ids of the last fetch (rule 7)
         self.offset = layout.offsets
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -276,9 +307,26 @@ class PagedLayerCache:
         store.keys[i][:, lay.write_slots] = k_new.astype(store.dtype)
         store.values[i][:, lay.write_slots] = v_new.astype(store.dtype)
         rows = lay.read_rows(heads, store.num_slots + 1)
-        k_all = _take_rows(store.keys[i], rows).transpose(1, 0, 2, 3)
-        v_all = _take_rows(store.values[i], rows).transpose(1, 0, 2, 3)
+        k_all = take_rows(store.keys[i], rows).transpose(1, 0, 2, 3)
+        v_all = take_rows(store.values[i], rows).transpose(1, 0, 2, 3)
+        self._fetched = (id(k_all), id(v_all))
         return k_all, v_all
+
+    def read_in_place(self, keys: mx.array, values: mx.array, mask: object, *,
+                      min_tokens: int, max_runs: int, min_run_blocks: int,
+                      masked: float) -> LayerRead | None:
+        """Rule 7: this layer's K/V where they lie, or None (read `keys`/`values` then)."""
+        if self._fetched != (id(keys), id(values)):
+            return None
+        made, window = self._layout.window_of(mask)
+        if not made:
+            return None
+        k_pool, v_pool = self._store.keys[self._layer], self._store.values[self._layer]
+        shape = ReadShape(self._store.block_size, k_pool.shape[0], k_pool.shape[1],
+                          self._layout.length)
+        plan = self._layout.read_plan(window, shape, min_tokens=min_tokens, max_runs=max_runs,
+                                      min_run_blocks=min_run_blocks, masked=masked)
+        return None if plan is None else layer_read(plan, k_pool, v_pool)
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None, **_: Any

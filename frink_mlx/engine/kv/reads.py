@@ -1,0 +1,202 @@
+"""Reading a row's K/V where it lies in the pool: runs of adjacent blocks as slices.
+
+Why: paged.py rule 2's read gathers every row's whole context out of the pool
+on every step, for every layer, so a decode step's cost grows with the
+context twice: once for the gather (a copy of the whole context, through
+MLX's CPU gather at a few GB/s) and once for attention itself. A row's blocks
+mostly sit next to each other in the pool (the block pool hands out ids in
+order from a fresh pool, and a sequence's blocks are freed, hence re-used, as
+one run: block_pool.py rules 2-3), and a run of adjacent blocks is one
+contiguous range of slots in every head of the head-major pool, so a plain
+slice `pool[:, a:b]` is a view of it: no copy at all.
+
+This module plans such a read once per forward (host-side integers, shared by
+every layer); paged.py rule 7 hands it to an attention kernel that can score
+a row over several key segments (the CPU backend's: backend/cpu/kernels.py).
+The stock path, and Metal, never ask for it and keep rule 2's gather.
+
+Rules:
+1. Only rows with at least `min_tokens` positions are read directly; the
+   others are gathered together as one batch, as rule 2 does, but only as wide
+   as the longest of *them* (not padded to the long rows' width). No row long
+   enough: no plan (None), and the caller keeps rule 2's read untouched.
+2. Attention does not care in which order it sees a row's keys, so a row's
+   blocks are sorted by id and cut into runs of consecutive ids; a run of k
+   blocks starting at block b is the slice of slots [b*bs, (b+k)*bs). The
+   `max_runs` longest runs of at least `min_run_blocks` blocks are read as
+   slices; the rest of the row's blocks (a fragmented pool) are gathered into
+   one more segment, so the cost of a scattered row is bounded by rule 2's.
+3. Each segment's columns carry the positions of their slots. The mask is
+   paged.py rule 4's over those positions: query i of the row (position
+   start + i) sees key position p iff p <= start + i (and, with a sliding
+   window w, p > start + i - w); slots of the last, partly filled block past
+   the row's end are never visible; padding queries (a row shorter than the
+   call's L) see only position 0. A block no query of the row can see (outside
+   every query's window) is not read at all. The mask is additive, `masked` where hidden (the kernel's
+   convention), shaped (1, 1, 1, L, n) to broadcast over KV heads and query
+   groups, and None when every column is visible (a plain decode row whose
+   last block is full).
+4. Nothing here keeps a pool array: the plan holds slot ranges and index
+   arrays; each layer's views are made from the store when asked
+   (paged.py rule 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RowRead:
+    """Where one row's keys lie (rules 2-3)."""
+
+    row: int
+    runs: tuple[tuple[int, int], ...]  # [start, stop) slot ranges, read as slices
+    rest: mx.array | None              # (H, 1, n) pool rows of the remaining blocks (rule 2)
+    bias: mx.array | None              # (1, 1, 1, L, n) additive, None: all visible
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """One forward's reads: rows read where they lie, and the rest gathered (rule 1)."""
+
+    direct: tuple[RowRead, ...]
+    batched: tuple[int, ...]           # the other rows, in batch order
+    batched_rows: mx.array | None      # (H, Bs, Ts) pool rows of the batched rows
+    batched_bias: mx.array | None      # (Bs, 1, 1, L, Ts) additive
+
+
+@dataclass(frozen=True, slots=True)
+class ReadShape:
+    """What a plan needs to know of the store and the call."""
+
+    block_size: int
+    heads: int
+    slots_per_head: int   # the pool's slots per head, trash slot included
+    length: int           # the call's L (queries per row, padded)
+
+
+def plan_reads(starts: np.ndarray, num_new: np.ndarray, tables: list[np.ndarray],
+               slot_of: np.ndarray, shape: ReadShape, *, window: int | None, min_tokens: int,
+               max_runs: int, min_run_blocks: int, masked: float) -> ReadPlan | None:
+    """The plan of module rules 1-3; `slot_of` is the layout's (B, width) slot matrix."""
+    ends = starts + num_new
+    long_rows = [r for r in range(len(starts)) if ends[r] >= min_tokens]
+    if not long_rows:
+        return None
+    direct = tuple(
+        _row_read(r, int(starts[r]), int(num_new[r]), tables[r], shape, window=window,
+                  max_runs=max_runs, min_run_blocks=min_run_blocks, masked=masked)
+        for r in long_rows)
+    batched = tuple(r for r in range(len(starts)) if ends[r] < min_tokens)
+    if not batched:
+        return ReadPlan(direct, (), None, None)
+    sub = np.array(batched)
+    width = int(ends[sub].max())
+    allowed = _allowed(starts[sub], num_new[sub], np.arange(width)[None, :], shape.length, window)
+    bias = np.where(allowed, 0.0, masked).astype(np.float32)[:, None, None]
+    return ReadPlan(direct, batched, _pool_rows(slot_of[sub, :width], shape), mx.array(bias))
+
+
+def _pool_rows(slots: np.ndarray, shape: ReadShape) -> mx.array:
+    """(H, *slots.shape) rows of the pool's (H * slots_per_head, D) view (paged.py rule 2)."""
+    base = np.arange(shape.heads, dtype=np.int64).reshape(-1, *([1] * slots.ndim))
+    return mx.array((base * shape.slots_per_head + slots[None]).astype(np.int32))
+
+
+def _row_read(row: int, start: int, num_new: int, table: np.ndarray, shape: ReadShape, *,
+              window: int | None, max_runs: int, min_run_blocks: int, masked: float) -> RowRead:
+    block_size, length = shape.block_size, shape.length
+    end = start + num_new
+    blocks = table[:-(-end // block_size)]
+    first_pos = np.arange(len(blocks)) * block_size          # position of each block's slot 0
+    if window is not None:  # rule 3: blocks no real query can see are not read
+        lowest = start - window + 1                            # the first query's first key
+        seen = first_pos + block_size > lowest
+        seen[0] |= length > num_new                            # padding queries see position 0
+        blocks, first_pos = blocks[seen], first_pos[seen]
+    order = np.argsort(blocks, kind="stable")
+    blocks, first_pos = blocks[order], first_pos[order]
+    cuts = np.flatnonzero(np.diff(blocks) != 1) + 1
+    bounds = np.concatenate([[0], cuts, [len(blocks)]])
+    spans = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    spans.sort(key=lambda ab: ab[0] - ab[1])                   # longest first
+    sliced = sorted(ab for ab in spans[:max_runs] if ab[1] - ab[0] >= min_run_blocks)
+    picked = np.zeros(len(blocks), dtype=bool)
+    for a, b in sliced:
+        picked[a:b] = True
+    runs = tuple((int(blocks[a]) * block_size, int(blocks[b - 1] + 1) * block_size)
+                 for a, b in sliced)
+    offsets = np.arange(block_size)
+    segments = [first_pos[a:b, None] + offsets for a, b in sliced]
+    rest = None
+    if not picked.all():
+        segments.append(first_pos[~picked, None] + offsets)
+        rest = _pool_rows((blocks[~picked, None] * block_size + offsets).reshape(1, -1), shape)
+    k_pos = np.concatenate([s.reshape(-1) for s in segments])[None, :]
+    allowed = _allowed(np.array([start]), np.array([num_new]), k_pos, length, window)
+    bias = None
+    if not allowed.all():
+        bias = mx.array(np.where(allowed, 0.0, masked).astype(np.float32)[:, None, None])
+    return RowRead(row, runs, rest, bias)
+
+
+def _allowed(starts: np.ndarray, num_new: np.ndarray, k_pos: np.ndarray, length: int,
+             window: int | None) -> np.ndarray:
+    """(B, L, n) visibility of key positions `k_pos` ((B or 1, n)) to each row's queries (rule 3)."""
+    cols = np.arange(length)[None, :]
+    q_pos = (starts[:, None] + cols)[:, :, None]                # (B, L, 1)
+    k = k_pos[:, None, :]                                       # (B or 1, 1, n)
+    allowed = k <= q_pos
+    if window is not None:
+        allowed &= k > q_pos - window
+    real_q = (cols < num_new[:, None])[:, :, None]
+    return np.where(real_q, allowed, k == 0)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentedRow:
+    """One row's keys and values in one layer, as segments (views where they lie)."""
+
+    row: int
+    keys: list[mx.array]     # each (1, H, n_i, D)
+    values: list[mx.array]
+    bias: mx.array | None    # (1, 1, 1, L, sum n_i) additive
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRead:
+    """One layer's K/V for a kernel that scores rows over segments (paged.py rule 7)."""
+
+    direct: list[SegmentedRow]
+    batched: tuple[int, ...]
+    batched_keys: mx.array | None    # (Bs, H, Ts, D)
+    batched_values: mx.array | None
+    batched_bias: mx.array | None    # (Bs, 1, 1, L, Ts)
+
+
+def layer_read(plan: ReadPlan, keys: mx.array, values: mx.array) -> LayerRead:
+    """`plan` over one layer's (H, S, D) pools: slices for runs, gathers for the rest (rule 4:
+    the views are made now, from the pools the store holds after this layer's writes)."""
+    direct = []
+    for read in plan.direct:
+        ks = [keys[None, :, a:b] for a, b in read.runs]
+        vs = [values[None, :, a:b] for a, b in read.runs]
+        if read.rest is not None:
+            ks.append(take_rows(keys, read.rest).transpose(1, 0, 2, 3))
+            vs.append(take_rows(values, read.rest).transpose(1, 0, 2, 3))
+        direct.append(SegmentedRow(read.row, ks, vs, read.bias))
+    bk = bv = None
+    if plan.batched_rows is not None:
+        bk = take_rows(keys, plan.batched_rows).transpose(1, 0, 2, 3)
+        bv = take_rows(values, plan.batched_rows).transpose(1, 0, 2, 3)
+    return LayerRead(direct, plan.batched, bk, bv, plan.batched_bias)
+
+
+def take_rows(pool: mx.array, rows: mx.array) -> mx.array:
+    """pool[:, slots] for (H, S, D) `pool`, as a row gather on its (H*S, D) view (paged.py rule 2)."""
+    heads, slots, dim = pool.shape
+    return mx.take(pool.reshape(heads * slots, dim), rows, axis=0)
