@@ -15,7 +15,7 @@ from engine_support import BACKEND, engine_factory, engines, greedy, loaded, ran
 
 from frink_mlx.backend.cpu.split import auto_parts
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.spec import RowDrafter, SpecConfig
+from frink_mlx.engine.speculative import RowDrafter, SpecConfig
 from frink_mlx.engine.types import SeqRequest
 
 pytestmark = pytest.mark.skipif(BACKEND.name != "cpu", reason="the CPU backend's kernels")
