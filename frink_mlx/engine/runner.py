@@ -386,7 +386,7 @@ def image_embeddings(x: mx.array, chunks: list[PrefillChunk]) -> mx.array | None
     embedded = covered[0][1].embed(x)
     for i, images, lo, hi, start in covered:
         where = mx.array([p - start for p in images.positions[lo:hi]], dtype=mx.int32)
-        rows = images.features()[lo:hi].astype(embedded.dtype)
+        rows = images.rows(lo, hi).astype(embedded.dtype)
         embedded[i, where] = rows
     return embedded
 

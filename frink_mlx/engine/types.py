@@ -44,16 +44,17 @@ class ImageInputs(Protocol):
     """A prompt's images as the engine needs them (models/vision.py `ImageFeatures`).
 
     `positions` are the prompt indices of the image tokens, ascending; the
-    runner puts `features()` row k at position k of a prefill chunk that
-    covers it, over `embed(ids)` for the rest. `features()` runs the vision
-    tower once, on the MLX thread, and only when a chunk needs it (a prefix-cache
-    hit over the image never encodes it). `rope_positions` is asked for every
-    chunk and decode row of the request (runner.py `rope_positions`)."""
+    runner puts `rows(lo, hi)` row k - lo at position `positions[k]` of a
+    prefill chunk that covers it, over `embed(ids)` for the rest. `rows` runs
+    the vision tower on the MLX thread, only when a chunk needs it, and once per
+    image: a prefix-cache hit over an image never encodes it (models/vision.py
+    rule 4). `rope_positions` is asked for every chunk and decode row of the
+    request (runner.py `rope_positions`)."""
 
     positions: list[int]
 
-    def features(self) -> Any:
-        """(len(positions), hidden) embedding rows (an mx.array), computed once."""
+    def rows(self, lo: int, hi: int) -> Any:
+        """(hi - lo, hidden) embedding rows (an mx.array) of image tokens lo..hi-1."""
 
     def embed(self, ids: Any) -> Any:
         """The language model's token embeddings of `ids` (B, L) -> (B, L, hidden)."""

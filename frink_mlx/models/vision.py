@@ -27,9 +27,16 @@ Rules:
 3. `Vision.prepare(text, images)` runs mlx-vlm's processor: the rendered
    prompt's image markers expanded to the image token run, the pixel inputs
    for the tower. It is CPU work on decoded images; call it off the event loop.
-4. `Vision.features(prepared)` runs the tower and projector (MLX: the engine
-   thread) and returns one embedding row per image token, in prompt order,
-   exactly the rows mlx-vlm's `get_input_embeddings` puts at those positions.
+4. `Vision.features(prepared, first)` runs the tower and projector (MLX: the
+   engine thread) on images `first`.. and returns one embedding row per image
+   token of theirs, in prompt order, exactly the rows mlx-vlm's
+   `get_input_embeddings` puts at those positions. An image is encoded once
+   per cached prefix: a prefix-cache hit that covers the first k images of a
+   prompt (the screenshots of an agent's earlier turns) encodes only the rest,
+   in one tower call (`ImageFeatures.rows`). The earlier images' tokens become
+   padding, their pixel inputs are cut away (`_split_inputs`: one batch row
+   per image, or Qwen's patch rows counted by `image_grid_thw`); inputs that
+   cannot be cut per image (a processor's crops, say) encode every image.
 5. `Vision.embed(ids)` is the language model's own token embedding (what the
    language model would compute from ids), so a prefill chunk that holds image
    positions is the text embeddings with the feature rows put in their place.
@@ -189,13 +196,20 @@ class Vision:
         inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
         return VisionPrompt(ids, inputs, positions, _runs(positions))
 
-    def features(self, prompt: VisionPrompt) -> mx.array:
-        """Rule 4: (num image tokens, hidden) rows, in prompt order."""
-        ids = mx.array([prompt.ids])
+    def features(self, prompt: VisionPrompt, first: int = 0) -> tuple[mx.array, int]:
+        """Rule 4: (rows, image index they start at) -- the image tokens' rows of
+        images `first`.. (or of all of them, from 0, when the inputs cannot be cut)."""
+        inputs = _split_inputs(prompt, first) if first else None
+        if inputs is None:
+            first, inputs = 0, prompt.inputs
+        skipped = {p for start, length in prompt.spans[:first]
+                   for p in range(start, start + length)}
+        pad = int(getattr(self.vlm.config, "pad_token_id", None) or 0)
+        ids = mx.array([[pad if i in skipped else t for i, t in enumerate(prompt.ids)]])
         mask = mx.ones(ids.shape, dtype=mx.int32)
-        embedded = self.vlm.get_input_embeddings(ids, mask=mask, **prompt.inputs)
-        rows = embedded.inputs_embeds[0]
-        return rows[mx.array(prompt.positions, dtype=mx.int32)]
+        embedded = self.vlm.get_input_embeddings(ids, mask=mask, **inputs)
+        kept = [p for p in prompt.positions if p not in skipped]
+        return embedded.inputs_embeds[0][mx.array(kept, dtype=mx.int32)], first
 
     def embed(self, ids: mx.array) -> mx.array:
         """Rule 5."""
@@ -210,6 +224,20 @@ class Vision:
         positions, delta = self.vlm.language_model.get_rope_index(
             ids, prompt.inputs.get("image_grid_thw"), None, mx.ones(ids.shape, dtype=mx.int32))
         return np.array(positions[:, 0, :]).astype(np.int64), int(np.array(delta).reshape(-1)[0])
+
+
+def _split_inputs(prompt: VisionPrompt, first: int) -> dict[str, mx.array] | None:
+    """Rule 4: the pixel inputs of images `first`.., or None when they cannot be cut."""
+    inputs, num_images = prompt.inputs, len(prompt.spans)
+    pixels, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+    if pixels is None or set(inputs) - {"pixel_values", "image_grid_thw"}:
+        return None
+    if grid is None:   # one batch row per image (SigLIP-style towers)
+        return {"pixel_values": pixels[first:]} if pixels.shape[0] == num_images else None
+    if grid.shape[0] != num_images:
+        return None
+    skip = int(np.array(grid[:first]).prod(axis=1).sum())   # Qwen: t*h*w patch rows each
+    return {"pixel_values": pixels[skip:], "image_grid_thw": grid[first:]}
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -251,19 +279,27 @@ def load_vision(path: Path, name: str, tokenizer_config: dict[str, Any] | None =
 
 
 class ImageFeatures:
-    """engine/types.py `ImageInputs` for one prepared prompt: features computed once."""
+    """engine/types.py `ImageInputs` for one prepared prompt: each image encoded once,
+    and none that a prefix-cache hit covers (rule 4)."""
 
     def __init__(self, vision: Vision, prompt: VisionPrompt) -> None:
         self.vision = vision
         self.prompt = prompt
         self.positions = prompt.positions
         self._rows: mx.array | None = None
+        self._from = 0   # the image-token index self._rows starts at
         self._rope: tuple[np.ndarray, int] | None = None
 
-    def features(self) -> mx.array:
-        if self._rows is None:
-            self._rows = self.vision.features(self.prompt)
-        return self._rows
+    def rows(self, lo: int, hi: int) -> mx.array:
+        """Image tokens lo..hi-1's rows; the first call encodes the image holding
+        token lo and every one after it (a prefill chunk never goes back, except a
+        recompute after preemption, which encodes again from where it starts)."""
+        if self._rows is None or lo < self._from:
+            first = next(k for k, (start, length) in enumerate(self.prompt.spans)
+                         if self.positions[lo] < start + length)
+            self._rows, first = self.vision.features(self.prompt, first)
+            self._from = sum(length for _, length in self.prompt.spans[:first])
+        return self._rows[lo - self._from:hi - self._from]
 
     def embed(self, ids: mx.array) -> mx.array:
         return self.vision.embed(ids)

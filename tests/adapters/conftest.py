@@ -9,6 +9,9 @@ prompt, answering by `THINKER`; `coder` -- a copy with Qwen2.5-Coder's
 fill-in-the-middle tokens, always answering "a, b"; `structured` -- a tools-aware
 copy answering `{"city": "Paris"}` (as a call of the first offered tool when
 tools are offered), by `STRUCTURED`.
+
+`vlive` is a second daemon for the image tests (test_vision_*.py): `vlm` (the default), a
+tiny random Gemma 3 VLM, `qvlm` a Qwen2.5-VL (tests/vision_support.py), and `tiny`, text only.
 """
 
 from __future__ import annotations
@@ -114,5 +117,25 @@ def live(tmp_path_factory: pytest.TempPathFactory, adapter_engines: dict[str, An
                                              "coder": lambda prompt: "a, b"},
                                             adapter_engines))
     server = start_server(app)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vlive(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from conftest import make_tiny_llama
+    from daemon_support import start_server
+    from vision_support import make_tiny_gemma3_vlm, make_tiny_qwen2_5_vl
+
+    root = tmp_path_factory.mktemp("vision")
+    vlm = make_tiny_gemma3_vlm(root / "vlm")
+    qvlm = make_tiny_qwen2_5_vl(root / "qvlm")
+    path = write_models_toml(root, {"vlm": vlm, "qvlm": qvlm,
+                                    "tiny": make_tiny_llama(root / "tiny")}, default="vlm")
+    settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
+                             cache_dir=str(root / "cache"), fallback=False, max_images=8)
+    server = start_server(create_app(settings, registry=load_registry(settings)))
+    server.vlm_path = vlm
+    server.qvlm_path = qvlm
     yield server
     server.stop()

@@ -14,39 +14,9 @@ import pytest
 pytest.importorskip("mlx_vlm")
 pytest.importorskip("PIL")
 
-from vision_support import (  # noqa: E402
-    make_tiny_gemma3_vlm,
-    make_tiny_qwen2_5_vl,
-    mlx_vlm_greedy,
-    png_base64,
-    png_image,
-)
+from vision_support import mlx_vlm_greedy, png_base64, png_image  # noqa: E402
 
 PROMPT = "describe the image please"
-
-
-@pytest.fixture(scope="module")
-def vlive(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from conftest import make_tiny_llama
-    from daemon_support import start_server
-
-    from adapters.scripted import write_models_toml
-    from frink_mlx.app import create_app
-    from frink_mlx.registry import load_registry
-    from frink_mlx.settings import Settings
-
-    root = tmp_path_factory.mktemp("vision")
-    vlm = make_tiny_gemma3_vlm(root / "vlm")
-    qvlm = make_tiny_qwen2_5_vl(root / "qvlm")
-    path = write_models_toml(root, {"vlm": vlm, "qvlm": qvlm,
-                                    "tiny": make_tiny_llama(root / "tiny")}, default="vlm")
-    settings = Settings.load(models_path=str(path), min_generation_s=0.0, access_log=False,
-                             cache_dir=str(root / "cache"), fallback=False, max_images=8)
-    server = start_server(create_app(settings, registry=load_registry(settings)))
-    server.vlm_path = vlm
-    server.qvlm_path = qvlm
-    yield server
-    server.stop()
 
 
 def post(live: Any, path: str, **body: Any) -> httpx.Response:
