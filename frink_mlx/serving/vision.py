@@ -9,9 +9,13 @@ Rules:
    placeholder text is what the model reads (core/images.py rule 2), or, with
    `refuse_images` for that entry, the first part is refused by name.
 2. On a vision generation every image is checked before any byte is sent, each
-   failure a 400 naming the part: at most `max_images` per request; base64 that
-   decodes, to at most `max_image_bytes`; an image Pillow can open (PNG, JPEG,
-   WebP, GIF, BMP -- SVG and other formats are refused by name) whose width x
+   failure a 400 naming the part: at most `max_images` per request; a declared
+   media type (a data: URL's, an Anthropic source's) that is one of those
+   formats (MEDIA_TYPES; a generic `application/octet-stream` counts as
+   undeclared), since a client that calls its bytes a PDF or an SVG did not
+   mean a picture; base64 that decodes, to at most `max_image_bytes`; an image
+   Pillow can open (PNG, JPEG, WebP, GIF, BMP -- SVG, TIFF and other formats
+   are refused by name, whatever was declared) whose width x
    height, read from its header before the pixels are decoded, is at most
    `max_image_pixels`; truncated data is refused when the pixels load. Remote
    URLs are not fetched by default: a local daemon should not reach out to
@@ -52,6 +56,9 @@ from ..errors import InvalidRequest, UnsupportedField
 from ..models.vision import ImageFeatures, Vision
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+MEDIA_TYPES = frozenset({"image/png", "image/x-png", "image/jpeg", "image/jpg", "image/pjpeg",
+                         "image/webp", "image/gif", "image/bmp", "image/x-ms-bmp"})
+UNDECLARED = frozenset({"", "application/octet-stream"})
 FETCH_TIMEOUT_S = 10.0
 
 
@@ -77,6 +84,10 @@ def decode_image(ref: ImageRef, limits: ImageLimits) -> tuple[Any, bytes]:
     """Rule 2: (a loaded RGB PIL image, its bytes) or a 400 naming `ref.path`."""
     from PIL import Image, UnidentifiedImageError
 
+    media = (ref.media_type or "").strip().lower()
+    if media not in MEDIA_TYPES and media not in UNDECLARED:
+        raise UnsupportedField(ref.path, f"is declared as {ref.media_type!r}; send an image "
+                               f"of one of {', '.join(FORMATS)}")
     raw = _image_bytes(ref, limits)
     try:
         image = Image.open(io.BytesIO(raw))
