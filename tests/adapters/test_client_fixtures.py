@@ -17,14 +17,17 @@ to the adapter tests' `coder` (fill-in-the-middle).
 
 from __future__ import annotations
 
+import base64
 import json
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-from agent_clis.harness import ROUND_TRIP_DONE, AgentDaemon, start_daemon, tool_script
+from agent_clis.harness import ROUND_TRIP_DONE, AgentDaemon, start_daemon, tool_script, write_png
 
+from frink_mlx.core.images import OMITTED_HEADER
 from frink_mlx.http.fields import HEADER
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "clients"
@@ -181,3 +184,65 @@ def test_llama_server_side_routes(live: Any, path: str) -> None:
         total = httpx.get(live.url + "/props", timeout=10).json()["total_slots"]
         busy = [row["is_processing"] for row in rows]
         assert len(rows) == total and busy == sorted(busy, reverse=True)   # running rows first
+
+
+# --- sessions that carry a screenshot, on the text-only default model (issue 30) --------
+# (named: a fallback name is served by whichever model is active, registry rule 8)
+def _screenshot(tmp_path: Path) -> str:
+    return base64.b64encode(write_png(tmp_path / "shot.png", size=64).read_bytes()).decode()
+
+
+def _session_turns(agents: AgentDaemon, case: dict[str, Any], reply: Callable[
+        [list[tuple[str, Any]]], list[dict[str, Any]]], turns: int, omitted: int = 1) -> None:
+    """`case`, then `turns - 1` more turns, each the history so far + the answer + a new user
+    message (as the agents resend it); every turn 200 with the placeholder header."""
+    key = "messages" if "messages" in case["body"] else "input"
+    ids = []
+    for turn in range(turns):
+        r, events = sse_events(agents, case)
+        assert r.status_code == 200, (turn, r.text)
+        assert r.headers.get(OMITTED_HEADER) == str(omitted), (turn, dict(r.headers))
+        ids.append(r.headers["x-request-id"])
+        case["body"][key] += reply(events) + [{"role": "user", "content": f"And turn {turn + 2}?"}]
+    deadline = time.monotonic() + 10           # the ring records a stream once it has closed
+    while len(records := [r for r in agents.ring() if r.id in ids]) < turns and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(r.status, r.model) for r in records] == [(200, "agent")] * turns   # the default
+    assert all(r.cached_tokens for r in records[1:])     # later turns hit the prefix cache
+
+
+def test_a_claude_code_session_with_a_screenshot_on_the_default_model(
+        agents: AgentDaemon, tmp_path: Path) -> None:
+    """Claude Code's Read of a PNG (an image inside the tool_result), then three more
+    turns, on the daemon's default model (`agent`: text only, the real engine)."""
+    case = fixture("claude_code_tool_result", "agent")
+    result = case["body"]["messages"][-1]["content"][0]
+    result["content"] = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                      "data": _screenshot(tmp_path)}}]
+
+    def reply(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+        text = "".join(d["delta"].get("text", "") for name, d in events
+                       if name == "content_block_delta")
+        return [{"role": "assistant", "content": [{"type": "text", "text": text or "ok"}]}]
+
+    _session_turns(agents, case, reply, 4)
+
+
+def test_a_codex_session_with_an_input_image_on_the_default_model(
+        agents: AgentDaemon, tmp_path: Path) -> None:
+    """`codex exec -i shot.png` (an input_image beside the prompt) and a tool output holding
+    one (`view_image`'s), then three more turns, each resending the whole input (store:
+    false) with the last response's output items."""
+    case = fixture("codex_responses_followup", "agent")
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + _screenshot(tmp_path)}
+    case["body"]["input"][3]["content"].append(image)
+    output = case["body"]["input"][5]
+    output["output"] = [{"type": "input_text", "text": output["output"]}, image]
+
+    def reply(events: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+        done = events[-1][1]["response"]
+        assert events[-1][0] == "response.completed" and done["status"] == "completed"
+        return list(done["output"])
+
+    _session_turns(agents, case, reply, 4, omitted=2)
