@@ -72,8 +72,11 @@ def test_greedy_ids_equal_mlx_vlm_alone_and_batched_with_text(vlm: tuple) -> Non
     text_ids = tokenizer.encode("<bos>hello world", add_special_tokens=False)
     text = SeqRequest("text", text_ids, GREEDY, N_OUT)
     alone = drive(model, {0: [SeqRequest("text", text_ids, GREEDY, N_OUT)]})["text"][0]
+    want_one = _reference(path, "describe the image please", [0])
+    assert drive(model, {0: [_seq(vlm, "one", "describe the image please", [0])]},
+                 chunk=64)["one"][0] == want_one
     outs = drive(model, {0: [one, text], 1: [two]}, chunk=5)   # chunks cut the image runs
-    assert outs["one"][0] == _reference(path, "describe the image please", [0])
+    assert outs["one"][0] == want_one
     assert outs["two"][0] == _reference(path, "and the second one?", [1, 2])
     assert outs["text"][0] == alone
 
@@ -169,3 +172,41 @@ def test_qwen_n2_rows_share_the_image_prompt(qvlm: tuple) -> None:
                                        [(3, WIDE)], n=2)]})
     want = _qwen_reference(path, "describe the image please", [(3, WIDE)])
     assert outs["pair"][0] == want and outs["pair"][1] == want
+
+
+# --- models/vision.py rule 4: images a prefix-cache hit covers are not encoded ---
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen"])
+def test_rows_encode_only_the_images_past_the_cached_prefix(
+        vlm: tuple, qvlm: tuple, family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlx.core as mx
+
+    from frink_mlx.models.vision import ImageFeatures
+
+    if family == "gemma3":
+        seq = _seq(vlm, "s", "and the second one?", [1, 2])
+    else:
+        seq = _qwen_seq(qvlm, "s", "and the second one?", [(1, (50, 40)), (2, WIDE)])
+    images = seq.images
+    assert isinstance(images, ImageFeatures)
+    calls: list[int] = []
+    tower = type(images.vision.vlm.vision_tower)
+    original = tower.__call__
+
+    def counting(self: object, pixels: mx.array, *args: object, **kwargs: object) -> object:
+        grid = args[0] if args else kwargs.get("grid_thw")
+        calls.append(int(grid.shape[0] if grid is not None else pixels.shape[0]))  # type: ignore[attr-defined]
+        return original(self, pixels, *args, **kwargs)
+
+    monkeypatch.setattr(tower, "__call__", counting)
+    num = len(images.positions)
+    first_len = images.prompt.spans[0][1]
+    whole = ImageFeatures(images.vision, images.prompt).rows(0, num)
+    assert calls == [2]
+    later = ImageFeatures(images.vision, images.prompt)
+    tail = later.rows(first_len, num)                   # the hit covers image 1: image 2 alone
+    assert calls == [2, 1]
+    assert mx.array_equal(tail, whole[first_len:]).item()
+    assert later.rows(first_len + 1, num).shape[0] == num - first_len - 1 and calls == [2, 1]
+    assert mx.array_equal(later.rows(1, num), whole[1:]).item()   # back into image 1
+    assert calls == [2, 1, 2]
