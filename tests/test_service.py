@@ -22,9 +22,9 @@ from typing import Iterator
 
 import pytest
 
-from frink_mlx import service
+from frink_mlx.cli import service
+from frink_mlx.cli.service import plan_service, render_plist, render_unit, service_command
 from frink_mlx.errors import ConfigError
-from frink_mlx.service import plan_service, render_plist, render_unit, service_command
 from frink_mlx.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .settings import Settings
+from ..settings import Settings
 
 PROBE_TIMEOUT_S = 2.0
 READY_WAIT_S = 600.0      # a daemon loading a large model may take minutes

@@ -30,15 +30,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backend import Backend
-from ..settings import Settings
+from ...backend import Backend
+from ...settings import Settings
 from .common import ChatParams, Emit, Messages, Note, Stats
 
 
 def _build(settings: Settings, device: Backend, name: str | None) -> Any:
-    from ..engine.gate import DecodeGate
-    from ..registry import load_registry
-    from ..serving.generation import build_generation
+    from ...engine.gate import DecodeGate
+    from ...registry import load_registry
+    from ...serving.generation import build_generation
 
     spec = load_registry(settings).resolve(name)
     with _sigint_for_the_main_thread():
@@ -68,7 +68,7 @@ class LocalModel:
     """common.ChatModel in process."""
 
     settings: Settings
-    device: Backend                # the device backend (backend/), chosen once by chat.py
+    device: Backend                # the device backend (backend/), chosen once by command.py
     note: Note
     generation: Any = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
@@ -96,7 +96,7 @@ class LocalModel:
         return self.model
 
     def answer(self, messages: Messages, params: ChatParams, emit: Emit) -> Stats:
-        from ..core.request import Message
+        from ...core.request import Message
 
         req = self._request(params)
         req.messages = [Message(m["role"], m["content"]) for m in messages]  # type: ignore[arg-type]
@@ -113,7 +113,7 @@ class LocalModel:
         self.loop.close()
 
     def _request(self, params: ChatParams) -> Any:
-        from ..core.request import GenRequest, SamplingParams
+        from ...core.request import GenRequest, SamplingParams
 
         sampling, sent = SamplingParams(seed=params.seed), set()
         if params.temperature is not None:
@@ -142,9 +142,9 @@ class LocalModel:
                 self.loop.remove_signal_handler(signal.SIGINT)
 
     async def _generate(self, req: Any, emit: Emit) -> Stats:
-        from ..core.events import Done, ErrorEvent, TextDelta
-        from ..errors import EngineFailure
-        from ..serving.handles import DecodeHandles
+        from ...core.events import Done, ErrorEvent, TextDelta
+        from ...errors import EngineFailure
+        from ...serving.handles import DecodeHandles
 
         started = time.perf_counter()
         run = DecodeHandles.take(self.generation).start(req)

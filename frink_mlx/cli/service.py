@@ -28,7 +28,7 @@ Rules:
    launchd's `SoftResourceLimits` / `HardResourceLimits` `NumberOfFiles`
    (macOS starts agents with 256), systemd's `LimitNOFILE`.
 7. Logs: on macOS the access lines go to `access.log` beside the service's
-   log, rotated by size (server.py rule 10), so the log launchd appends to
+   log, rotated by size (serve.py rule 10), so the log launchd appends to
    without rotating holds the daemon's own lines only; systemd's journal
    rotates itself (an `access_log_file` given at install is kept either way).
 """
@@ -51,9 +51,9 @@ from xml.sax.saxutils import escape
 
 import frink_mlx
 
-from .errors import ConfigError
-from .http.binding import default_key_file, is_loopback_host, read_key_file
-from .settings import Settings, user_config_home
+from ..errors import ConfigError
+from ..http.binding import default_key_file, is_loopback_host, read_key_file
+from ..settings import Settings, user_config_home
 
 LABEL = "dev.frink.mlx"
 UNIT = "frink-mlx.service"

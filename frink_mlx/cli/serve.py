@@ -74,14 +74,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
-from . import __version__
-from .errors import ConfigError, ModelUnavailable
-from .settings import Settings, environ_snapshot, started_by_mlx_launch
+from .. import __version__
+from ..errors import ConfigError, ModelUnavailable
+from ..settings import Settings, environ_snapshot, started_by_mlx_launch
 
-log = logging.getLogger("frink_mlx.server")
+log = logging.getLogger("frink_mlx.server")  # the name log lines have always carried
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -149,8 +150,10 @@ def _server_class() -> Any:
     class DaemonServer(uvicorn.Server):
         """uvicorn.Server that drains on a signal and does not re-raise it (rule 4)."""
 
-        drain: Any = None          # async () -> None, set by _serve
-        draining: Any = None       # the drain task once a signal came
+        drain: Callable[[], Awaitable[None]] | None = None   # set by _serve
+        drain_timeout_s: float = 0.0                          # set by _serve
+        draining = False           # a signal came: the drain runs, a second one stops at once
+        refusal: str | None = None  # rule 3's one error line, set by _announce
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -166,7 +169,8 @@ def _server_class() -> Any:
                     signal.signal(sig, handler)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.draining is not None or self.drain is None or not self.started:
+            drain = self.drain
+            if self.draining or drain is None or not self.started:
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
                 self.should_exit = True
@@ -175,11 +179,11 @@ def _server_class() -> Any:
                      sig, self.drain_timeout_s)
             self.draining = True  # a second signal now stops at once
             loop = asyncio.get_event_loop()
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit(drain)))
 
-        async def _drain_then_exit(self) -> None:
+        async def _drain_then_exit(self, drain: Callable[[], Awaitable[None]]) -> None:
             try:
-                await self.drain()
+                await drain()
             finally:
                 self.should_exit = True
 
@@ -225,7 +229,7 @@ def uvicorn_config(settings: Settings, app: Any) -> Any:
     """uvicorn's Config for `app` under `settings` (rule 5's timers); the socket is ours."""
     import uvicorn
 
-    from .http.timeouts import guarded_protocol
+    from ..http.timeouts import guarded_protocol
 
     return uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
@@ -281,16 +285,16 @@ def raise_open_files(max_connections: int) -> None:
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
-    from .backend import select_backend
+    from ..backend import select_backend
 
     backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
-    from .http.binding import check_bind
+    from ..http.binding import check_bind
 
     check_bind(settings)
     raise_open_files(settings.max_connections)
-    from .models.sources import source_checker
-    from .registry import load_registry, warn_unavailable
+    from ..models.sources import source_checker
+    from ..registry import load_registry, warn_unavailable
 
     registry = load_registry(settings)
     registry.source_check = source_checker(settings.load_config())  # Hub/Ollama entries too
@@ -299,13 +303,12 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
-    from .app import create_app
+    from ..app import create_app
 
     app = create_app(settings, registry=registry, background_load=True, backend=backend,
                      factory=factory, cluster=channel)
     url, host, port = base_url(sock, tls=bool(settings.ssl_certfile))
     server = _server_class()(uvicorn_config(settings, app))
-    server.refusal = None
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
         if launched:
@@ -330,9 +333,9 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
 
 def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, Any]:
     """Rule 6: join the group; rank 0 gets (generation factory, channel), the others never return."""
-    from .backend.distributed import init_group
-    from .engine.channel import PlanChannel
-    from .serving import distributed
+    from ..backend.distributed import init_group
+    from ..engine.channel import PlanChannel
+    from ..serving import distributed
 
     group = init_group(settings.group_config())
     channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,

@@ -20,8 +20,8 @@ import webbrowser
 from collections.abc import Callable
 from typing import TextIO
 
+from ..settings import Settings
 from .local_daemon import daemon_answers, daemon_url
-from .settings import Settings
 
 Opener = Callable[[str], bool]
 
