@@ -34,7 +34,7 @@ def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
     from ..http.binding import resolve_api_key
 
     spec = load_registry(settings).resolve(args.model)
-    url = daemon_url(settings, argparse.Namespace(url=None))
+    url = daemon_url(settings)
     key = resolve_api_key(settings)
     served = served_context(url, spec.name, key)
     context = min(c for c in (spec.context_length, served) if c) if (

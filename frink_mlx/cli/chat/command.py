@@ -54,7 +54,7 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> Daem
     """Rules 1-3: the daemon to use, or None to load in process."""
     if args.local:
         return None
-    url, headers = daemon_url(settings, args), _auth_headers(settings)
+    url, headers = daemon_url(settings, args.url), _auth_headers(settings)
     found = probe(url, headers)
     if found.health in (Health.LOADING, Health.SILENT):
         found = wait_ready(url, headers, say)
@@ -69,7 +69,7 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> Daem
 
 
 def _where(settings: Settings, args: argparse.Namespace) -> str:
-    return "(--local)" if args.local else f"at {daemon_url(settings, args)}"
+    return "(--local)" if args.local else f"at {daemon_url(settings, args.url)}"
 
 
 def _local(settings: Settings, args: argparse.Namespace, say: Note) -> ChatModel:
