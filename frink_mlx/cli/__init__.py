@@ -2,13 +2,14 @@
 
 Why a room of its own: the package root keeps the library (app, settings,
 registry, errors, config, metrics) and nothing that prints for a person or
-reads argv, so a reader finds each command under its own name here and the
-daemon never imports any of it (tests/test_layering.py checks both).
+reads argv, so a reader finds each command under its own name here, and no
+layer below imports any of it (tests/test_layering.py checks both).
 
     main.py          the parser and the dispatch: argv -> Settings -> one command
     flags.py         every Settings field as a flag, and README's flag table
                      (`python -m frink_mlx.cli.flags README.md`)
     serve.py         `serve`: bind, serve at once, load, drain on signals
+                     (draining_server.py: the uvicorn server it runs)
     chat/            `chat` and `generate` (command.py) and their REPL pieces
     models.py        `models`, `import`, `pull`: the registry and the model stores
     service.py       `service`: the launchd agent / systemd user unit

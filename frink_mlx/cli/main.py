@@ -20,12 +20,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from .. import __version__
 from ..errors import FrinkError
 from ..settings import Settings
 from .flags import COMMON, add_setting_flags, setting_fields
+
+# what `add_subparsers` returns: one `add_parser` per command
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 CHAT_HELP = """Inside the REPL: /help, /reset, /system TEXT, /model NAME, /save FILE,
 /retry, /stats, /quit (also mlx_lm.chat's q, r, h). Ctrl-C stops an answer and keeps
@@ -49,7 +52,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
                    help="never use a daemon; load the model in this process")
 
 
-def _open_parser(sub: Any) -> None:
+def _open_parser(sub: Commands) -> None:
     page = sub.add_parser("open", help="open the daemon's status page in the default browser")
     page.add_argument("--host", help="the daemon's address (default: the configured one)")
     page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
@@ -60,7 +63,7 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
-def _launch_parser(sub: Any) -> None:
+def _launch_parser(sub: Commands) -> None:
     launch = sub.add_parser("launch", help="point a coding agent (Claude Code, Codex, OpenCode) "
                                            "at this daemon: write its config file")
     launch.add_argument("agent", choices=["claude", "codex", "opencode"])
@@ -71,7 +74,7 @@ def _launch_parser(sub: Any) -> None:
     add_setting_flags(launch, COMMON + ("config_dir", "host", "port", "api_key_file"))
 
 
-def _model_store_parsers(sub: Any) -> None:
+def _model_store_parsers(sub: Commands) -> None:
     """models, import, pull: the registry and the model stores (models.py)."""
     models = sub.add_parser("models", help="list the registry and each entry's status")
     add_setting_flags(models, COMMON)
