@@ -10,7 +10,7 @@ Rules:
    daemon would re-exec itself with it anyway; mlx_lm.server would not) and the
    same `OPENBLAS_CORETYPE` the daemon's re-exec would choose (engine/blas.py
    rule 5), so every process runs the same BLAS kernels.
-2. Readiness: frink-mlx prints one JSON ready line on stdout (server.py rule 3);
+2. Readiness: frink-mlx prints one JSON ready line on stdout (cli/serve.py rule 3);
    mlx_lm.server prints nothing machine-readable, so it is polled on /health
    until it answers 200 and then warmed with a request (it loads lazily).
    Each server's stderr goes to a temp log file, shown when a start fails.

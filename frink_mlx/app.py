@@ -354,7 +354,7 @@ def create_app(settings: Settings, *, registry: Registry | None = None, load_def
                factory: GenerationFactory | None = None, backend: Backend | None = None,
                background_load: bool = False, cluster: Any = None) -> Starlette:
     """The daemon app. `factory` replaces model loading (tests only); `backend` is
-    the entry point's choice (server.py), else chosen here, once per app;
+    the entry point's choice (cli/serve.py), else chosen here, once per app;
     `background_load`: rule 1 (the lifespan does not wait for the default model)."""
     chosen = backend if backend is not None else select_backend(settings.backend_config())
 

@@ -1,5 +1,5 @@
 """What each setting means: the one table `frink-mlx serve`'s flags and README.md's
-settings section are built from (cli_flags.py).
+settings section are built from (cli/flags.py).
 
 Why a module of its own: the table is documentation kept beside the code, one row
 per `Settings` field (settings.py), and a test checks every field has a row, a flag

@@ -12,7 +12,7 @@ defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
 `HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
 `OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
 `SETTING_DOCS` (setting_docs.py) is the one table of what each setting means: `frink-mlx
-serve` builds one flag per field from it (cli_flags.py, with the default and
+serve` builds one flag per field from it (cli/flags.py, with the default and
 the environment variable in the help), and README.md's settings section is
 generated from it (a test checks every field has a row, a flag and a README
 line). A new Settings field needs one row there.
@@ -43,7 +43,7 @@ from .config import (
     LoadConfig,
 )
 from .errors import ConfigError
-from .setting_docs import SETTING_DOCS, SettingDoc  # noqa: F401 (re-exported: cli_flags, tests)
+from .setting_docs import SETTING_DOCS, SettingDoc  # noqa: F401 (re-exported: cli/flags.py, tests)
 
 DEFAULT_PORT = 8177
 # Bounds msgspec checks while loading, so a bad value is refused naming its setting
@@ -291,7 +291,7 @@ def user_config_home() -> str:
 
 def agent_homes() -> tuple[str, str, str]:
     """($HOME, $XDG_CONFIG_HOME or ~/.config, $CODEX_HOME or ~/.codex): where the coding agents
-    `frink-mlx launch` configures keep their files (launch.py)."""
+    `frink-mlx launch` configures keep their files (cli/launch.py)."""
     home = str(Path.home())
     return home, user_config_home(), os.environ.get("CODEX_HOME") or str(Path(home) / ".codex")
 
@@ -305,5 +305,5 @@ def environ_snapshot() -> dict[str, str]:
 def started_by_mlx_launch() -> bool:
     """True for a rank that `mlx.launch` started (it sets MLX_RANK for each; frink-mlx's own
     `--rank` exports it only later, in backend/distributed.py `init_group`). Such a rank's
-    parent process is the launcher, and the group ends with it (server.py rule 8)."""
+    parent process is the launcher, and the group ends with it (cli/serve.py rule 8)."""
     return bool(os.environ.get("MLX_RANK"))

@@ -197,7 +197,7 @@ def start_server(app: Any) -> LiveServer:
 
 
 def start_guarded_server(app: Any, settings: Any, *, sndbuf: int | None = None) -> LiveServer:
-    """`app` served as `frink-mlx serve` serves it (server.py `uvicorn_config`: the h11
+    """`app` served as `frink-mlx serve` serves it (cli/serve.py `uvicorn_config`: the h11
     protocol with every timer of http/timeouts.py), in a thread, on a loopback socket
     bound here. `sndbuf` shrinks the send buffer every accepted connection inherits,
     so a client that stops reading stalls the server within a few frames."""
@@ -205,7 +205,7 @@ def start_guarded_server(app: Any, settings: Any, *, sndbuf: int | None = None) 
 
     import uvicorn
 
-    from frink_mlx.server import bind_socket, uvicorn_config
+    from frink_mlx.cli.serve import bind_socket, uvicorn_config
 
     sock = bind_socket("127.0.0.1", 0)
     if sndbuf is not None:

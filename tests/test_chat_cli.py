@@ -142,7 +142,7 @@ def test_url_to_a_dead_port_is_one_error_line_exit_2(command, registry_file):
 
 def _run_generate_noting_mlx(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
     """`frink-mlx generate ...`, then say on stderr whether MLX was ever imported."""
-    code = ("import sys; from frink_mlx.cli import main; rc = main(sys.argv[1:]); "
+    code = ("import sys; from frink_mlx.cli.main import main; rc = main(sys.argv[1:]); "
             "loaded = any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules); "
             "print('MLX-IMPORTED', loaded, file=sys.stderr); sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, "generate", *args], capture_output=True,

@@ -1,4 +1,4 @@
-"""The chat prompt never loses a Ctrl-C (cli_chat/prompt.py).
+"""The chat prompt never loses a Ctrl-C (cli/chat/prompt.py).
 
 The race it closes: a SIGINT that lands after readline drew the prompt but before it
 waits in select(). It is reproduced deterministically by delivering SIGINT to another
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-termin
 
 CHILD = """
 import readline, signal, sys, threading, time
-from frink_mlx.cli_chat.prompt import read_line
+from frink_mlx.cli.chat.prompt import read_line
 read = {reader}
 def poke():
     time.sleep(0.5)   # the main thread waits at the prompt by now

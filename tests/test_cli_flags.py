@@ -9,8 +9,7 @@ import msgspec
 import pytest
 from cli_support import ROOT, cli, env
 
-from frink_mlx.cli import build_parser, main
-from frink_mlx.cli_flags import (
+from frink_mlx.cli.flags import (
     default_text,
     env_name,
     flag_names,
@@ -18,6 +17,7 @@ from frink_mlx.cli_flags import (
     setting_fields,
     settings_markdown,
 )
+from frink_mlx.cli.main import build_parser, main
 from frink_mlx.settings import SETTING_DOCS, Settings
 
 FIELDS = list(setting_fields())
@@ -98,6 +98,6 @@ def test_readme_settings_section_is_generated_from_the_table():
     section = readme_section((ROOT / "README.md").read_text())
     assert section is not None, "README.md lost its settings markers"
     assert section == settings_markdown(), \
-        "README's settings table is stale: run `python -m frink_mlx.cli_flags README.md`"
+        "README's settings table is stale: run `python -m frink_mlx.cli.flags README.md`"
     for name in FIELDS:
         assert f"`{env_name(name)}`" in section and f"`{flag_names(name)[0]}`" in section

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from frink_mlx.cli import main
+from frink_mlx.cli.main import main
 
 MODELS = """default = "big"
 

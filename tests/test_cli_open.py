@@ -10,8 +10,8 @@ import pytest
 from daemon_support import start_server
 
 from frink_mlx.app import create_app
-from frink_mlx.cli import build_parser
-from frink_mlx.page_cli import open_command
+from frink_mlx.cli.main import build_parser
+from frink_mlx.cli.open import open_command
 from frink_mlx.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""SIGTERM with streams in flight, through the real CLI and real sockets (server.py rule 4).
+"""SIGTERM with streams in flight, through the real CLI and real sockets (cli/serve.py rule 4).
 
 While draining, the listener stays open: new generation work gets 503 +
 Retry-After in its protocol's envelope and /health says "draining"; a stream

@@ -1,5 +1,5 @@
 """`frink-mlx serve` from the outside: start-up refusals, /health while loading, unavailable
-registry entries, sampling defaults from the model, and max_tokens budgets (server.py rules
+registry entries, sampling defaults from the model, and max_tokens budgets (cli/serve.py rules
 2-3, registry rules 5 and 7, loader rule 7, handles rule 3)."""
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ Each group is imported in a fresh interpreter and its sys.modules inspected.
   included, read with `ast`): engine/ imports nothing above it, backend/cpu is
   reached only through backend/, the registry imports no engine, model or
   backend code, and nothing below serving/ imports Settings.
+- The command line is one room: only cli/ imports cli/ or app.py, only cli/
+  parses argv (argparse, getopt, optparse, sys.argv), and the package root
+  holds the library's modules alone.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def _offenders(importers: str, forbidden: tuple[str, ...]) -> list[str]:
 
 def test_engine_imports_nothing_above_it() -> None:
     above = ("frink_mlx.serving", "frink_mlx.adapters", "frink_mlx.app", "frink_mlx.http",
-             "frink_mlx.server", "frink_mlx.cli", "frink_mlx.chat", "frink_mlx.service")
+             "frink_mlx.cli")
     assert _offenders("frink_mlx.engine", above) == []
 
 
@@ -121,9 +124,62 @@ def test_nothing_below_the_root_imports_settings(layer: str) -> None:
     assert _offenders(f"frink_mlx.{layer}", ("frink_mlx.settings",)) == []
 
 
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def test_nothing_imports_the_entry_points_or_the_root() -> None:
-    roots = ("frink_mlx.app", "frink_mlx.server", "frink_mlx.cli", "frink_mlx.chat",
-             "frink_mlx.service")
+    """Only the commands (cli/) import the commands or the composition root (app.py)."""
+    roots = ("frink_mlx.app", "frink_mlx.cli")
     bad = [line for line in _offenders("frink_mlx", roots)
-           if line.split(" -> ")[0] not in roots + ("frink_mlx.registry_cli",)]
+           if not _under(line.split(" -> ")[0], "frink_mlx.cli")]
     assert bad == []
+
+
+ARGV_MODULES = ("argparse", "getopt", "optparse")
+
+
+def _argv_uses(path: Path) -> list[str]:
+    """`import argparse` (getopt, optparse) or a `sys.argv` read in `path`, as "line: what"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                 else [])
+        found += [f"{node.lineno}: import {n}" for n in names if n.split(".")[0] in ARGV_MODULES]
+        if (isinstance(node, ast.Attribute) and node.attr == "argv"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys") or (
+                isinstance(node, ast.ImportFrom) and node.module == "sys"
+                and any(a.name == "argv" for a in node.names)):
+            found.append(f"{node.lineno}: sys.argv")
+    return found
+
+
+def test_only_the_command_line_parses_argv() -> None:
+    """cli/ is the one home of argv; the layers below take values. The OpenBLAS re-exec
+    (backend/cpu/blas.py) is handed sys.argv by the commands through `select_backend(argv=)`
+    and replays it, parsing nothing (its `sys.orig_argv` read keeps `-m pkg`)."""
+    cli = PACKAGE / "cli"
+    bad = [f"{p.relative_to(PACKAGE)}:{use}" for p in sorted(PACKAGE.rglob("*.py"))
+           if cli not in p.parents for use in _argv_uses(p)]
+    assert bad == []
+    assert _argv_uses(cli / "main.py"), "the check must see the parser where it is"
+
+
+# The package root keeps the library: what the daemon and its tests build on. A command,
+# or anything that prints for a person, goes into cli/.
+ROOT_MODULES = {
+    "__init__": "the version",
+    "app": "the composition root: create_app(settings)",
+    "config": "the config slices each layer takes",
+    "errors": "the one error tree",
+    "metrics": "the Prometheus metrics the daemon exports",
+    "registry": "models.toml -> ModelSpec",
+    "setting_docs": "what each setting means (Settings' documentation)",
+    "settings": "frozen Settings, the only reader of os.environ",
+}
+
+
+def test_the_root_holds_only_the_library() -> None:
+    extra = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ROOT_MODULES)
+    assert extra == [], "a new root module: a command goes into cli/, else name it here"

@@ -22,9 +22,9 @@ from typing import Iterator
 
 import pytest
 
-from frink_mlx import service
+from frink_mlx.cli import service
+from frink_mlx.cli.service import plan_service, render_plist, render_unit, service_command
 from frink_mlx.errors import ConfigError
-from frink_mlx.service import plan_service, render_plist, render_unit, service_command
 from frink_mlx.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -270,11 +270,10 @@ def test_systemd_verbs(tmp_path: Path, fakes: Fakes, capsys: pytest.CaptureFixtu
     assert not unit.exists()
 
 
-@pytest.fixture
-def health_server() -> Iterator[int]:
+def serve_health(body: bytes) -> http.server.HTTPServer:
+    """A server on a free loopback port answering /health 200 with `body` (else 404)."""
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = b'{"status": "ok", "model": "tiny"}'
             self.send_response(200 if self.path == "/health" else 404)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -284,8 +283,13 @@ def health_server() -> Iterator[int]:
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def health_server() -> Iterator[int]:
+    server = serve_health(b'{"state": "ready", "model": "tiny", "generation": 1}')
     yield server.server_address[1]
     server.shutdown()
 
@@ -298,7 +302,22 @@ def test_status_reads_launchctl_and_health(tmp_path: Path, fakes: Fakes, health_
     capsys.readouterr()
     assert service_command(settings, verb("status", "launchd")) == 0
     out = capsys.readouterr().out
-    assert "state = running; pid = 4242" in out and '"status": "ok"' in out
+    assert "state = running; pid = 4242" in out and '"state": "ready"' in out
+
+
+def test_status_of_something_else_on_the_port_is_not_running(
+        tmp_path: Path, fakes: Fakes, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rule 4 with local_daemon.py rule 3: JSON without frink's `state` is FOREIGN, as
+    `chat` reads it, so `status` does not call it the daemon."""
+    server = serve_health(b'{"status": "ok"}')
+    try:
+        settings = settings_for(tmp_path, port=server.server_address[1])
+        service_command(settings, verb("install", "launchd"))
+        capsys.readouterr()
+        assert service_command(settings, verb("status", "launchd")) == 3
+        assert "not a frink-mlx daemon" in capsys.readouterr().out
+    finally:
+        server.shutdown()
 
 
 def test_status_reports_a_daemon_that_is_still_loading(tmp_path: Path, fakes: Fakes,

@@ -47,7 +47,7 @@ Rules:
    after reading and parsing a request's headers, and keeps the connection.)
    Refusals are logged within a LogBudget (http/log_budget.py), so a flood
    of them is a few lines and a count. The file-descriptor limit is raised to
-   fit the cap at start-up (server.py rule 9).
+   fit the cap at start-up (cli/serve.py rule 9).
 """
 
 from __future__ import annotations

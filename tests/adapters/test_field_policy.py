@@ -96,10 +96,10 @@ def test_strict_fields_refuses_by_name(tmp_path: Path, tiny_llama_dir: Path) -> 
 
 
 def test_serve_flags_reach_the_settings() -> None:
-    from frink_mlx.cli import build_parser
-    from frink_mlx.cli_flags import setting_fields
+    from frink_mlx.cli.flags import setting_fields
+    from frink_mlx.cli.main import build_parser
 
-    _SETTINGS_KEYS = setting_fields()  # the one flag table (cli_flags.py)
+    _SETTINGS_KEYS = setting_fields()  # the one flag table (cli/flags.py)
     args = build_parser().parse_args(["serve", "--strict-fields", "--no-fallback"])
     overrides = {k: v for k, v in vars(args).items() if k in _SETTINGS_KEYS}
     settings = Settings.load(**overrides)

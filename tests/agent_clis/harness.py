@@ -252,7 +252,7 @@ class Session:
             settings.parent.mkdir(parents=True, exist_ok=True)
             settings.write_text(json.dumps(QWEN_SETTINGS, indent=2))
             return
-        from frink_mlx import agents, launch
+        from frink_mlx.cli import agents, launch
         from frink_mlx.settings import Settings
 
         settings = Settings.load(models_path=str(self.daemon.models_path),

@@ -1,6 +1,6 @@
 """Connection and log limits on real sockets against `frink-mlx serve`: the connection cap
-(http/timeouts.py rule 7), the open-files limit (server.py rule 9), the rotated access log
-(server.py rule 10) and what strangers can make it log (http/access.py rule 9)."""
+(http/timeouts.py rule 7), the open-files limit (cli/serve.py rule 9), the rotated access log
+(cli/serve.py rule 10) and what strangers can make it log (http/access.py rule 9)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_a_connection_past_the_cap_gets_503_before_sending_a_byte(daemon: Daemon
 def test_the_open_files_limit_is_raised_to_fit_the_cap() -> None:
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, "
             "resource.getrlimit(resource.RLIMIT_NOFILE)[1]));"
-            "from frink_mlx.server import raise_open_files; raise_open_files(512);"
+            "from frink_mlx.cli.serve import raise_open_files; raise_open_files(512);"
             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=60, check=True)

@@ -1,4 +1,4 @@
-"""HTTPS: `frink-mlx serve --ssl-certfile --ssl-keyfile` (server.py rule 11), with a
+"""HTTPS: `frink-mlx serve --ssl-certfile --ssl-keyfile` (cli/serve.py rule 11), with a
 self-signed certificate made here by `openssl`; and http/security.py's TLS checks."""
 
 from __future__ import annotations

@@ -335,7 +335,7 @@ def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
 def test_a_group_started_by_mlx_launch_serves_and_ends_with_the_launcher(registry_path, tmp_path):
     """README's `mlx.launch --backend ring ... -- frink-mlx serve` (ranks read MLX_RANK and
     MLX_HOSTFILE), here with `-n 2`: both ranks on loopback. SIGTERM to the launcher must
-    end both ranks (server.py rule 8), which it does not stop by itself."""
+    end both ranks (cli/serve.py rule 8), which it does not stop by itself."""
     launcher_bin = Path(sys.executable).with_name("mlx.launch")
     if not launcher_bin.exists():
         pytest.skip("no mlx.launch beside this interpreter")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import FrinkError
+from ...errors import FrinkError
 from .common import DAEMON_LOST, DAEMON_UNREACHABLE, ChatModel, ChatParams, Stats
 from .prompt import read_line
 from .session import Conversation

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import FrinkError, Unavailable
+from ...errors import FrinkError, Unavailable
 from ..local_daemon import reason
 from .common import (
     DAEMON_LOST,

@@ -35,7 +35,7 @@ from typing import Any
 
 import tomllib
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 AGENTS = ("claude", "codex", "opencode")
 PLACEHOLDER_KEY = "frink-mlx"   # a daemon without a key accepts any

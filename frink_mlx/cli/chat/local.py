@@ -28,17 +28,21 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..backend import Backend
-from ..settings import Settings
+from ...backend import Backend
+from ...core.request import GenRequest
+from ...settings import Settings
 from .common import ChatParams, Emit, Messages, Note, Stats
 
+if TYPE_CHECKING:  # loaded only when a model is: it imports MLX
+    from ...serving.generation import Generation
 
-def _build(settings: Settings, device: Backend, name: str | None) -> Any:
-    from ..engine.gate import DecodeGate
-    from ..registry import load_registry
-    from ..serving.generation import build_generation
+
+def _build(settings: Settings, device: Backend, name: str | None) -> Generation:
+    from ...engine.gate import DecodeGate
+    from ...registry import load_registry
+    from ...serving.generation import build_generation
 
     spec = load_registry(settings).resolve(name)
     with _sigint_for_the_main_thread():
@@ -58,7 +62,7 @@ def _sigint_for_the_main_thread() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
-def _shutdown(generation: Any) -> None:
+def _shutdown(generation: Generation | None) -> None:
     if generation is not None and generation.engine is not None:
         generation.engine.shutdown(1.0)
 
@@ -68,9 +72,9 @@ class LocalModel:
     """common.ChatModel in process."""
 
     settings: Settings
-    device: Backend                # the device backend (backend/), chosen once by chat.py
+    device: Backend                # the device backend (backend/), chosen once by command.py
     note: Note
-    generation: Any = None
+    generation: Generation | None = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     label: str = "in process"
 
@@ -96,7 +100,7 @@ class LocalModel:
         return self.model
 
     def answer(self, messages: Messages, params: ChatParams, emit: Emit) -> Stats:
-        from ..core.request import Message
+        from ...core.request import Message
 
         req = self._request(params)
         req.messages = [Message(m["role"], m["content"]) for m in messages]  # type: ignore[arg-type]
@@ -112,8 +116,8 @@ class LocalModel:
         self.generation = None
         self.loop.close()
 
-    def _request(self, params: ChatParams) -> Any:
-        from ..core.request import GenRequest, SamplingParams
+    def _request(self, params: ChatParams) -> GenRequest:
+        from ...core.request import SamplingParams
 
         sampling, sent = SamplingParams(seed=params.seed), set()
         if params.temperature is not None:
@@ -127,7 +131,7 @@ class LocalModel:
         return GenRequest(model=self.model, max_tokens=params.max_tokens, sampling=sampling,
                           sampling_sent=frozenset(sent))  # the rest: the model's defaults
 
-    def _run(self, req: Any, emit: Emit) -> Stats:
+    def _run(self, req: GenRequest, emit: Emit) -> Stats:
         """Rules 1 and 2."""
         task = self.loop.create_task(self._generate(req, emit))
         handled = threading.current_thread() is threading.main_thread()
@@ -141,11 +145,13 @@ class LocalModel:
             if handled:
                 self.loop.remove_signal_handler(signal.SIGINT)
 
-    async def _generate(self, req: Any, emit: Emit) -> Stats:
-        from ..core.events import Done, ErrorEvent, TextDelta
-        from ..errors import EngineFailure
-        from ..serving.handles import DecodeHandles
+    async def _generate(self, req: GenRequest, emit: Emit) -> Stats:
+        from ...core.events import Done, ErrorEvent, TextDelta
+        from ...errors import EngineFailure
+        from ...serving.handles import DecodeHandles
 
+        if self.generation is None:  # closed: the REPL loads before the first answer
+            raise EngineFailure("no model is loaded in this process")
         started = time.perf_counter()
         run = DecodeHandles.take(self.generation).start(req)
         stats, first = Stats(prompt_tokens=run.prompt_tokens), None

@@ -1,6 +1,6 @@
-"""argv -> Settings -> one command. No logic lives here.
+"""argv -> Settings -> one command: the parser and the dispatch. No logic lives here.
 
-    frink-mlx serve     [every setting as a flag: see `serve --help`, cli_flags.py]
+    frink-mlx serve     [every setting as a flag: see `serve --help`, flags.py]
     frink-mlx generate  --prompt TEXT [--model NAME] [--max-tokens N] [--url URL | --local]
     frink-mlx chat      [--model NAME] [--max-tokens N] [--verbose] [--url URL | --local]
     frink-mlx models    [--models FILE]
@@ -10,7 +10,7 @@
     frink-mlx open      [--host H] [--port P] [--url URL] [--print] [--no-check]
     frink-mlx launch    claude|codex|opencode [--model NAME] [--print]
 
-Each command's implementation lives in its own module and is imported lazily,
+Each command's implementation lives in its own module of cli/ and is imported lazily,
 so `frink-mlx models` does not pay for importing MLX. A `ConfigError` (bad
 models.toml, broken GGUF, ...) is printed as one line and exits 2; no traceback.
 """
@@ -20,12 +20,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
-from . import __version__
-from .cli_flags import COMMON, add_setting_flags, setting_fields
-from .errors import FrinkError
-from .settings import Settings
+from .. import __version__
+from ..errors import FrinkError
+from ..settings import Settings
+from .flags import COMMON, add_setting_flags, setting_fields
+
+# what `add_subparsers` returns: one `add_parser` per command
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 CHAT_HELP = """Inside the REPL: /help, /reset, /system TEXT, /model NAME, /save FILE,
 /retry, /stats, /quit (also mlx_lm.chat's q, r, h). Ctrl-C stops an answer and keeps
@@ -49,7 +52,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
                    help="never use a daemon; load the model in this process")
 
 
-def _open_parser(sub: Any) -> None:
+def _open_parser(sub: Commands) -> None:
     page = sub.add_parser("open", help="open the daemon's status page in the default browser")
     page.add_argument("--host", help="the daemon's address (default: the configured one)")
     page.add_argument("--port", type=int, help="the daemon's port (default: the configured one)")
@@ -60,7 +63,7 @@ def _open_parser(sub: Any) -> None:
                       help="open even if no daemon answers /health")
 
 
-def _launch_parser(sub: Any) -> None:
+def _launch_parser(sub: Commands) -> None:
     launch = sub.add_parser("launch", help="point a coding agent (Claude Code, Codex, OpenCode) "
                                            "at this daemon: write its config file")
     launch.add_argument("agent", choices=["claude", "codex", "opencode"])
@@ -71,8 +74,8 @@ def _launch_parser(sub: Any) -> None:
     add_setting_flags(launch, COMMON + ("config_dir", "host", "port", "api_key_file"))
 
 
-def _model_store_parsers(sub: Any) -> None:
-    """models, import, pull: the registry and the model stores (registry_cli.py)."""
+def _model_store_parsers(sub: Commands) -> None:
+    """models, import, pull: the registry and the model stores (models.py)."""
     models = sub.add_parser("models", help="list the registry and each entry's status")
     add_setting_flags(models, COMMON)
 
@@ -132,17 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
     fn: Callable[..., int]
     if name == "serve":
-        from .server import serve_command
+        from .serve import serve_command
         fn = serve_command
     elif name in ("generate", "chat"):
-        from . import chat as chat_mod
+        from .chat import command as chat_mod
         fn = chat_mod.generate_command if name == "generate" else chat_mod.chat_command
     elif name in ("models", "import", "pull"):
-        from . import registry_cli as reg
+        from . import models as reg
         fn = {"models": reg.models_command, "import": reg.import_command,
               "pull": reg.pull_command}[name]
     elif name == "open":
-        from .page_cli import open_command
+        from .open import open_command
         fn = open_command
     elif name == "launch":
         from .launch import launch_command
@@ -167,7 +170,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

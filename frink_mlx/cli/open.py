@@ -20,16 +20,16 @@ import webbrowser
 from collections.abc import Callable
 from typing import TextIO
 
+from ..settings import Settings
 from .local_daemon import daemon_answers, daemon_url
-from .settings import Settings
 
 Opener = Callable[[str], bool]
 
 
 def open_command(settings: Settings, args: argparse.Namespace, out: TextIO = sys.stdout,
                  opener: Opener = webbrowser.open) -> int:
-    url = daemon_url(settings, args) + "/"
-    if not args.no_check and not daemon_answers(url.rstrip("/"), {}):
+    url = daemon_url(settings, args.url) + "/"
+    if not args.no_check and not daemon_answers(url.rstrip("/")):
         print(f"frink-mlx: no daemon answers at {url}; start one with `frink-mlx serve` "
               "(or `frink-mlx service start`), or pass --url", file=sys.stderr)
         return 1

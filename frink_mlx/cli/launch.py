@@ -23,18 +23,18 @@ import argparse
 import sys
 from typing import TextIO
 
+from ..registry import load_registry
+from ..settings import Settings, agent_homes
 from . import agents
 from .local_daemon import PROBE_TIMEOUT_S, daemon_url
-from .registry import load_registry
-from .settings import Settings, agent_homes
 
 
 def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
     """Rule 1."""
-    from .http.binding import resolve_api_key
+    from ..http.binding import resolve_api_key
 
     spec = load_registry(settings).resolve(args.model)
-    url = daemon_url(settings, argparse.Namespace(url=None))
+    url = daemon_url(settings)
     key = resolve_api_key(settings)
     served = served_context(url, spec.name, key)
     context = min(c for c in (spec.context_length, served) if c) if (

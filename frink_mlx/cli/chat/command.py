@@ -2,7 +2,7 @@
 
 Both talk to the running daemon when one answers, so the model stays loaded
 once (a second in-process copy of a 135M model peaks at 2.7 GB), and load the
-model in process otherwise; the pieces live in cli_chat/. Rules:
+model in process otherwise; the pieces live beside it in chat/. Rules:
 1. `--url URL`: that daemon or an error -- if nothing answers there, one
    `frink-mlx: error:` line and exit 2, never a silent local load.
 2. No `--url`: the configured address (local_daemon.py). A daemon that is
@@ -22,18 +22,18 @@ import argparse
 import os
 import sys
 
-from .cli_chat.common import ChatModel, ChatParams, Note
-from .cli_chat.daemon import DaemonModel
-from .cli_chat.repl import Repl, note
-from .cli_chat.session import Conversation
-from .errors import Unavailable
-from .local_daemon import Health, daemon_url, probe, wait_ready
-from .settings import Settings, environ_snapshot
+from ...errors import Unavailable
+from ...settings import Settings, environ_snapshot
+from ..local_daemon import Health, daemon_url, probe, wait_ready
+from .common import ChatModel, ChatParams, Note
+from .daemon import DaemonModel
+from .repl import Repl, note
+from .session import Conversation
 
 
 def _auth_headers(settings: Settings) -> dict[str, str]:
     try:
-        from .http.binding import resolve_api_key
+        from ...http.binding import resolve_api_key
 
         key = resolve_api_key(settings)
     except Exception:  # noqa: BLE001 - an unreadable key file: talk without one
@@ -54,7 +54,7 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> Daem
     """Rules 1-3: the daemon to use, or None to load in process."""
     if args.local:
         return None
-    url, headers = daemon_url(settings, args), _auth_headers(settings)
+    url, headers = daemon_url(settings, args.url), _auth_headers(settings)
     found = probe(url, headers)
     if found.health in (Health.LOADING, Health.SILENT):
         found = wait_ready(url, headers, say)
@@ -69,12 +69,12 @@ def find_daemon(settings: Settings, args: argparse.Namespace, say: Note) -> Daem
 
 
 def _where(settings: Settings, args: argparse.Namespace) -> str:
-    return "(--local)" if args.local else f"at {daemon_url(settings, args)}"
+    return "(--local)" if args.local else f"at {daemon_url(settings, args.url)}"
 
 
 def _local(settings: Settings, args: argparse.Namespace, say: Note) -> ChatModel:
-    from .backend import select_backend
-    from .cli_chat.local import LocalModel
+    from ...backend import select_backend
+    from .local import LocalModel
 
     device = select_backend(settings.backend_config(), argv=sys.argv,  # rule 5
                             environ=environ_snapshot())

@@ -1,49 +1,61 @@
-"""Where the local daemon answers, for the commands that talk to it (`chat`, `generate`, `open`).
+"""Where the local daemon answers, and whether it does: the one loopback rule and the
+one /health prober every command uses (`chat`, `generate`, `open`, `launch`, `service
+status`).
 
 Rules:
-1. The base URL is --url when given, else the configured host and port; a
-   wildcard bind address (0.0.0.0, ::) is reached at 127.0.0.1 and an IPv6
-   literal is bracketed.
+1. The base URL is --url when given, else the configured host and port as
+   this machine reaches them (`local_url`): a wildcard bind address (0.0.0.0,
+   ::, or empty) is reached at 127.0.0.1, an IPv6 literal is bracketed once
+   (given bare or bracketed), and the scheme is https when the daemon serves
+   TLS. `service` writes the same URL into the plan it probes.
 2. A daemon "answers" when /health replies 200 or 503 with its JSON (a
    loading or idle daemon answers too); /health needs no key.
 3. `probe()` says more than yes or no: READY (200), LOADING (a 503 from
    frink's /health), SILENT (the port accepted the connection but /health did
    not answer in time: a daemon busy starting), ABSENT (nothing listens),
-   FOREIGN (something else answers). Only ABSENT lets `chat` and `generate`
-   fall back to a model loaded in process: a daemon that is starting is
-   waited for (`wait_ready`, noting once what it waits for; Ctrl-C stops it),
-   never doubled by a second copy of the model.
+   FOREIGN (something else answers: no JSON body with frink's `state`). Only
+   ABSENT lets `chat` and `generate` fall back to a model loaded in process:
+   a daemon that is starting is waited for (`wait_ready`, noting once what it
+   waits for; Ctrl-C stops it), never doubled by a second copy of the model.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .settings import Settings
+from ..settings import Settings
 
 PROBE_TIMEOUT_S = 2.0
 READY_WAIT_S = 600.0      # a daemon loading a large model may take minutes
 
 
-def daemon_url(settings: Settings, args: argparse.Namespace) -> str:
-    """Rule 1, without a trailing slash."""
-    if args.url:
-        return str(args.url).rstrip("/")
-    host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    scheme = "https" if settings.ssl_certfile else "http"  # a self-signed one: SSL_CERT_FILE
-    return f"{scheme}://{host}:{settings.port}"
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
-def daemon_answers(url: str, headers: dict[str, str]) -> bool:
-    """Rule 2, waiting at most two seconds."""
-    return probe(url, headers).health in (Health.READY, Health.LOADING)
+def local_url(host: str, port: int, *, tls: bool = False) -> str:
+    """Rule 1: the base URL (no trailing slash) of a daemon bound to `host`:`port` here."""
+    name = host.strip().strip("[]")
+    if name in WILDCARD_HOSTS:
+        name = "127.0.0.1"
+    shown = f"[{name}]" if ":" in name else name
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def daemon_url(settings: Settings, url: str | None = None) -> str:
+    """Rule 1: `url` (a --url flag) when given, else where the configured daemon answers."""
+    if url:
+        return url.rstrip("/")
+    # a self-signed certificate: point SSL_CERT_FILE at it (httpx reads it)
+    return local_url(settings.host, settings.port, tls=bool(settings.ssl_certfile))
+
+
+def daemon_answers(url: str, headers: dict[str, str] | None = None) -> bool:
+    """Rule 2, waiting at most PROBE_TIMEOUT_S."""
+    return probe(url, headers).answers
 
 
 class Health(Enum):
@@ -60,13 +72,19 @@ class Probe:
     detail: str                  # why, in words ("connection refused", "HTTP 404", ...)
     body: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def answers(self) -> bool:
+        """Rule 2: a frink-mlx daemon replied (ready, or loading, idle, draining)."""
+        return self.health in (Health.READY, Health.LOADING)
 
-def probe(url: str, headers: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
-    """Rule 3: what answers /health at `url`."""
+
+def probe(url: str, headers: dict[str, str] | None = None,
+          timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
+    """Rule 3: what answers /health at the base URL `url`."""
     import httpx
 
     try:
-        r = httpx.get(url + "/health", headers=headers, timeout=timeout_s)
+        r = httpx.get(url + "/health", headers=headers or {}, timeout=timeout_s)
     except httpx.ConnectError as exc:
         return Probe(Health.ABSENT, reason(exc))
     except httpx.TimeoutException:

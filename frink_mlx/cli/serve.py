@@ -75,13 +75,23 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from . import __version__
-from .errors import ConfigError, ModelUnavailable
-from .settings import Settings, environ_snapshot, started_by_mlx_launch
+from .. import __version__
+from ..errors import ConfigError, ModelUnavailable
+from ..settings import Settings, environ_snapshot, started_by_mlx_launch
 
-log = logging.getLogger("frink_mlx.server")
+if TYPE_CHECKING:  # types only: serving/ and engine/ are imported once the backend is chosen
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from ..backend import Backend
+    from ..engine.channel import PlanChannel
+    from ..registry import Registry
+    from ..serving.generation import GenerationFactory
+    from .draining_server import DaemonServer
+
+log = logging.getLogger("frink_mlx.server")  # the name log lines have always carried
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -117,7 +127,7 @@ def _bind_refusal(host: str, port: int, exc: OSError) -> str:
     return f"{where}: {exc.strerror or exc}"
 
 
-def check_default_model(registry: Any) -> None:
+def check_default_model(registry: Registry) -> None:
     """Rule 2: refuse to start when the default model's source is missing."""
     try:
         registry.available(None)
@@ -134,7 +144,7 @@ def base_url(sock: socket.socket, tls: bool = False) -> tuple[str, str, int]:
     return f"{'https' if tls else 'http'}://{shown}:{port}", host, port
 
 
-def ready_line(url: str, host: str, port: int, app: Any) -> str:
+def ready_line(url: str, host: str, port: int, app: Starlette) -> str:
     state = getattr(app.state, "frink", None)
     gen = state.hub.current if state is not None else None
     return json.dumps({"event": "ready", "url": url, "host": host, "port": port,
@@ -143,50 +153,7 @@ def ready_line(url: str, host: str, port: int, app: Any) -> str:
                        "generation": gen.number if gen else None})
 
 
-def _server_class() -> Any:
-    import uvicorn
-
-    class DaemonServer(uvicorn.Server):
-        """uvicorn.Server that drains on a signal and does not re-raise it (rule 4)."""
-
-        drain: Any = None          # async () -> None, set by _serve
-        draining: Any = None       # the drain task once a signal came
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            sigs = (signal.SIGINT, signal.SIGTERM)
-            original = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
-            try:
-                yield
-            finally:
-                for sig, handler in original.items():
-                    signal.signal(sig, handler)
-
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.draining is not None or self.drain is None or not self.started:
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                self.should_exit = True
-                return
-            log.info("signal %d: draining (new work gets 503; up to %.0f s for streams)",
-                     sig, self.drain_timeout_s)
-            self.draining = True  # a second signal now stops at once
-            loop = asyncio.get_event_loop()
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit()))
-
-        async def _drain_then_exit(self) -> None:
-            try:
-                await self.drain()
-            finally:
-                self.should_exit = True
-
-    return DaemonServer
-
-
-async def _announce(server: Any, url: str, host: str, port: int, app: Any) -> None:
+async def _announce(server: DaemonServer, url: str, host: str, port: int, app: Starlette) -> None:
     """Rule 3: the ready line once serving and loaded, or the refusal and exit 2."""
     while not server.started:
         if server.should_exit:
@@ -207,8 +174,8 @@ async def _announce(server: Any, url: str, host: str, port: int, app: Any) -> No
     sys.stdout.flush()
 
 
-async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: int,
-                 app: Any, drain_timeout_s: float) -> None:
+async def _serve(server: DaemonServer, sock: socket.socket, url: str, host: str, port: int,
+                 app: Starlette, drain_timeout_s: float) -> None:
     async def drain() -> None:
         cut = await app.state.frink.drain(drain_timeout_s)
         log.info("drained (%d stream(s) cut at the limit)", cut)
@@ -221,11 +188,11 @@ async def _serve(server: Any, sock: socket.socket, url: str, host: str, port: in
         announce.cancel()
 
 
-def uvicorn_config(settings: Settings, app: Any) -> Any:
+def uvicorn_config(settings: Settings, app: Starlette) -> uvicorn.Config:
     """uvicorn's Config for `app` under `settings` (rule 5's timers); the socket is ours."""
     import uvicorn
 
-    from .http.timeouts import guarded_protocol
+    from ..http.timeouts import guarded_protocol
 
     return uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
@@ -281,16 +248,16 @@ def raise_open_files(max_connections: int) -> None:
 
 def serve_command(settings: Settings, args: argparse.Namespace | None = None) -> int:
     """Serve until SIGTERM/SIGINT; a clean stop leaves through `_exit_without_finalisation`."""
-    from .backend import select_backend
+    from ..backend import select_backend
 
     backend = select_backend(settings.backend_config(), argv=sys.argv, environ=environ_snapshot())
     configure_logging(settings)
-    from .http.binding import check_bind
+    from ..http.binding import check_bind
 
     check_bind(settings)
     raise_open_files(settings.max_connections)
-    from .models.sources import source_checker
-    from .registry import load_registry, warn_unavailable
+    from ..models.sources import source_checker
+    from ..registry import load_registry, warn_unavailable
 
     registry = load_registry(settings)
     registry.source_check = source_checker(settings.load_config())  # Hub/Ollama entries too
@@ -299,13 +266,14 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
     sock = bind_socket(settings.host, settings.port)
     warn_unavailable(registry)
-    from .app import create_app
+    from ..app import create_app
 
     app = create_app(settings, registry=registry, background_load=True, backend=backend,
                      factory=factory, cluster=channel)
     url, host, port = base_url(sock, tls=bool(settings.ssl_certfile))
-    server = _server_class()(uvicorn_config(settings, app))
-    server.refusal = None
+    from .draining_server import DaemonServer
+
+    server = DaemonServer(uvicorn_config(settings, app))
     if channel is not None:
         _exit_when_lost(channel, server, settings.distributed_exit_after_lost_s)
         if launched:
@@ -328,11 +296,12 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     _exit_without_finalisation(1 if channel is not None and channel.lost else 0)
 
 
-def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, Any]:
+def _join_group(settings: Settings, registry: Registry, backend: Backend
+                ) -> tuple[GenerationFactory, PlanChannel]:
     """Rule 6: join the group; rank 0 gets (generation factory, channel), the others never return."""
-    from .backend.distributed import init_group
-    from .engine.channel import PlanChannel
-    from .serving import distributed
+    from ..backend.distributed import init_group
+    from ..engine.channel import PlanChannel
+    from ..serving import distributed
 
     group = init_group(settings.group_config())
     channel = PlanChannel(group, timeout_s=settings.distributed_timeout_s,
@@ -345,7 +314,7 @@ def _join_group(settings: Settings, registry: Any, backend: Any) -> tuple[Any, A
     return distributed.leader_factory(channel, group), channel
 
 
-def _exit_when_lost(channel: Any, server: Any, after_s: float | None) -> None:
+def _exit_when_lost(channel: PlanChannel, server: DaemonServer, after_s: float | None) -> None:
     """Rule 7: once the group is lost, /health says why for `after_s`, then rank 0 stops
     and exits 1, so its supervisor (launchd KeepAlive) starts the group again."""
     if after_s is None:

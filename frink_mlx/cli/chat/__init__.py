@@ -1,5 +1,6 @@
-"""The pieces behind `frink-mlx chat` and `frink-mlx generate` (entry points in chat.py).
+"""The pieces behind `frink-mlx chat` and `frink-mlx generate` (their entry points: command.py).
 
+    command.py  `chat_command` and `generate_command`: pick the daemon or load in process
     common.py   ChatParams, Stats (tokens/s), the ChatModel protocol both sides speak
     daemon.py   the daemon over HTTP: streamed chat and completions, transport
                 failures and error envelopes turned into FrinkErrors (finding the

@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from .config import LoadConfig
-from .errors import ConfigError
-from .models import gguf, sources
-from .models.progress import Progress, reporting
-from .registry import ModelSpec, Registry, load_registry, resolve_source, source_kind
-from .settings import Settings
+from ..config import LoadConfig
+from ..errors import ConfigError
+from ..models import gguf, sources
+from ..models.progress import Progress, reporting
+from ..registry import ModelSpec, Registry, load_registry, resolve_source, source_kind
+from ..settings import Settings
 
 # mlx-lm serves these model_types with another type's file (mlx_lm.utils.MODEL_REMAPPING).
 _MLX_LM_REMAPPED = {"mistral": "llama", "llava": "mistral3", "phi-msft": "phixtral",

@@ -17,10 +17,11 @@ Rules:
    Installing for a non-loopback host without such a file is refused.
 3. Restart on crash only; a clean SIGTERM drain (exit 0) stays stopped. The
    stop deadline is the drain deadline plus a margin.
-4. `status` reports the service manager's view and `GET /health`; exit 0 when
-   the daemon answers (its state -- ready, loading with progress, draining --
-   is in the body it prints, whatever the status code), 3 (LSB "not
-   running") when nothing answers.
+4. `status` reports the service manager's view and `GET /health` at the
+   address `chat` uses (local_daemon.py rules 1-3, the one prober); exit 0
+   when the daemon answers (its state -- ready, loading with progress,
+   draining -- is in the body it prints, whatever the status code), 3 (LSB
+   "not running") when nothing answers or what answers is not frink-mlx.
 5. Templates are read from `launchd/` next to the package (source checkout or
    editable install, which is what `make install-service` uses).
 6. Open files: both templates raise the service's open-files limit, soft and
@@ -28,7 +29,7 @@ Rules:
    launchd's `SoftResourceLimits` / `HardResourceLimits` `NumberOfFiles`
    (macOS starts agents with 256), systemd's `LimitNOFILE`.
 7. Logs: on macOS the access lines go to `access.log` beside the service's
-   log, rotated by size (server.py rule 10), so the log launchd appends to
+   log, rotated by size (serve.py rule 10), so the log launchd appends to
    without rotating holds the daemon's own lines only; systemd's journal
    rotates itself (an `access_log_file` given at install is kept either way).
 """
@@ -43,24 +44,22 @@ import shlex
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 import frink_mlx
 
-from .errors import ConfigError
-from .http.binding import default_key_file, is_loopback_host, read_key_file
-from .settings import Settings, user_config_home
+from ..errors import ConfigError
+from ..http.binding import default_key_file, is_loopback_host, read_key_file
+from ..settings import Settings, user_config_home
+from .local_daemon import local_url, probe
 
 LABEL = "dev.frink.mlx"
 UNIT = "frink-mlx.service"
 TEMPLATE_DIR = Path(frink_mlx.__file__).resolve().parent.parent / "launchd"
 THROTTLE_INTERVAL_S = 10
 STOP_MARGIN_S = 5
-HEALTH_TIMEOUT_S = 2.0
 NOT_RUNNING = 3
 OPEN_FILES_MIN = 4096
 OPEN_FILES_RESERVE = 512
@@ -75,10 +74,14 @@ class ServicePlan:
     working_directory: Path
     log_file: Path
     port: int
-    health_url: str
+    url: str                     # where the service answers (local_daemon.py rule 1)
     key_file: Path | None
     exit_timeout_s: int
     open_files: int = OPEN_FILES_MIN
+
+    @property
+    def health_url(self) -> str:
+        return self.url + "/health"
 
 
 def plan_service(settings: Settings, *, key_file: Path | None, log_dir: Path,
@@ -106,13 +109,11 @@ def plan_service(settings: Settings, *, key_file: Path | None, log_dir: Path,
     package_root = Path(frink_mlx.__file__).resolve().parent.parent
     if package_root.name != "site-packages":  # source checkout: make the package importable
         env["PYTHONPATH"] = str(package_root)
-    probe_host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    probe_host = f"[{probe_host}]" if ":" in probe_host else probe_host
     return ServicePlan(
         program_args=tuple(args), environment=env,
         working_directory=Path(settings.config_dir), log_file=log_dir / "frink-mlx.log",
-        port=settings.port, health_url=f"{'https' if settings.ssl_certfile else 'http'}://"
-                                       f"{probe_host}:{settings.port}/health",
+        port=settings.port, url=local_url(settings.host, settings.port,
+                                          tls=bool(settings.ssl_certfile)),
         key_file=key_file, exit_timeout_s=int(settings.drain_timeout_s) + STOP_MARGIN_S,
         open_files=max(OPEN_FILES_MIN, settings.max_connections + OPEN_FILES_RESERVE))
 
@@ -202,27 +203,13 @@ def run_tool(argv: list[str], *, check: bool = True) -> subprocess.CompletedProc
     return done
 
 
-def probe_health(url: str) -> dict[str, object] | None:
-    """GET /health (open even with a key); None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as resp:
-            body = json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:  # 503 while loading or draining: it does answer
-        try:
-            body = json.loads(exc.read() or b"{}")
-        except ValueError:
-            return None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else {"status": body}
-
-
 def report_health(plan: ServicePlan) -> int:
-    health = probe_health(plan.health_url)
-    if health is None:
-        print(f"health: no answer at {plan.health_url}")
+    """Rule 4: the daemon's /health body and 0, else why not and NOT_RUNNING."""
+    found = probe(plan.url)
+    if not found.answers:
+        print(f"health: no frink-mlx daemon answers at {plan.health_url} ({found.detail})")
         return NOT_RUNNING
-    print(f"health: {plan.health_url} -> {json.dumps(health, sort_keys=True)}")
+    print(f"health: {plan.health_url} -> {json.dumps(found.body, sort_keys=True)}")
     return 0
 
 
