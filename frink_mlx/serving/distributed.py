@@ -50,8 +50,7 @@ from ..errors import ModelFormatError
 from ..models.budget import KVPlan, plan_kv
 from ..models.loader import LoadedModel, load_model
 from ..registry import ModelSpec, Registry
-from .embeddings import SELF
-from .generation import Gate, Generation, GenerationFactory, build_generation, engine_config
+from .generation import SELF, Gate, Generation, GenerationFactory, build_generation, engine_config
 
 log = logging.getLogger("frink_mlx.distributed")
 
@@ -59,7 +58,7 @@ log = logging.getLogger("frink_mlx.distributed")
 def leader_factory(channel: PlanChannel, group: DistributedGroup) -> GenerationFactory:
     """The hub's generation factory on rank 0 (module rules 1-4)."""
     factory = functools.partial(_build_leader_generation, channel, group)
-    factory.shards = getattr(group, "size", 1)  # type: ignore[attr-defined]  # each rank holds 1/size (room.py)
+    factory.shards = getattr(group, "size", 1)  # type: ignore[attr-defined]  # each rank holds 1/size (hub rule 9)
     return factory
 
 

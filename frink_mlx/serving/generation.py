@@ -6,10 +6,20 @@ decode handles (handles.py) read one; none of them owns the type. Building
 and freeing a generation are the only two places that touch model loading
 and the engine's lifetime, and they block: the hub runs them in worker
 threads (docs/ARCHITECTURE.md, "Threads").
+
+Rules:
+1. `attach_embedder` (here, below the hub that calls it: embeddings.py only
+   reads the result) gives a generation the encoder that answers
+   /v1/embeddings for it (embeddings.py's table): an encoder entry serves
+   itself, `embeddings = "self"` mean-pools the model's own hidden states,
+   `embeddings = E` loads entry E next to it (a side-car). It runs inside the
+   hub's load (worker thread), so a side-car that cannot load fails the load
+   by name, with the resident set still serving.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -17,17 +27,19 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ..backend import Backend
-from ..config import HubConfig
+from ..config import HubConfig, LoadConfig
 from ..engine.engine import Engine, EngineConfig
 from ..engine.kv.disk import DiskTier
 from ..engine.speculative import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.draft import load_draft
-from ..models.encoder import Encoder
+from ..models.encoder import Encoder, encoder_from_generative
 from ..models.loader import LoadedModel, load_model
-from ..registry import ModelSpec
+from ..registry import ModelSpec, Registry
 
 log = logging.getLogger("frink_mlx.hub")
+
+SELF = "self"  # an entry's `embeddings = "self"`: its own hidden states, pooled (rule 1)
 
 
 class Gate(Protocol):
@@ -105,6 +117,23 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         if limits.speculative else None)
 
 
+def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig,
+                    backend: Backend) -> Generation:
+    """The generation with its `embedder` set (rule 1); unchanged when it has none."""
+    if gen.embedder is not None:
+        return gen
+    spec = gen.spec
+    if spec.kind == "encoder":
+        embedder = gen.loaded.encoder
+    elif spec.embeddings == SELF:
+        embedder = encoder_from_generative(gen.loaded, config.encoder, backend)
+    elif spec.embeddings:
+        embedder = load_model(registry.resolve(spec.embeddings), config, backend).encoder
+    else:
+        return gen
+    return dataclasses.replace(gen, embedder=embedder)
+
+
 def free_generation(gen: Generation, timeout_s: float) -> None:
     """Shut the engine down (blocking); the hub hands the memory back once its last
     reference is gone (hub rule 4, Backend.release_freed_memory)."""
@@ -113,7 +142,6 @@ def free_generation(gen: Generation, timeout_s: float) -> None:
             gen.engine.shutdown(timeout_s)
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("engine shutdown failed for generation %d", gen.number)
-
 
 
 def takes_disk(factory: GenerationFactory) -> bool:
