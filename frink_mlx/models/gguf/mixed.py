@@ -34,12 +34,11 @@ import numpy as np
 
 from ...errors import ModelFormatError
 from .plan import ArchSpec, ModelLayout, Plan, claim, layer_of, num, per_layer, split_gate_up
+from .rope import rope_scaling
 
 
 def _config_gpt_oss(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
                     rope: dict[str, np.ndarray]) -> None:
-    from .arch import rope_scaling
-
     layers, heads = config["num_hidden_layers"], int(num(meta, p + "attention.head_count"))
     config.update(
         num_attention_heads=heads, num_key_value_heads=int(num(meta, p + "attention.head_count_kv", heads)),
