@@ -28,7 +28,7 @@ import numpy as np
 from ...backend import ForwardScope
 from ..heads import pick, split_head
 from ..kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
-from .speculator import DraftJob
+from ..plan import DraftJob
 
 
 class DraftModel:
