@@ -44,6 +44,7 @@ from ..backend import Backend
 from ..backend.distributed import DistributedGroup, shard_model, split_code
 from ..config import HubConfig
 from ..engine.channel import Commit, Load, PlanChannel
+from ..engine.config import resolve_engine_config
 from ..engine.engine import Engine
 from ..engine.follower import Follower, ShardOffer
 from ..errors import ModelFormatError
@@ -103,8 +104,9 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
                                f"rank 0 ({loaded.parallel}); give every rank the same "
                                "distributed_split")
     plan = _agreed_plan(plan, min(row[1] for row in rows), loaded.context_length)
-    # No speculation in a group: the step plan the followers replay carries no drafts.
-    group_config = dataclasses.replace(engine_config(config, plan, number), spec=None)
+    # No speculation nor pipelining in a group (engine/config.py rules 1, 3).
+    group_config = resolve_engine_config(engine_config(config, plan, number), loaded, backend,
+                                         distributed=True)
     engine = Engine(loaded, group_config, gate, backend,  # type: ignore[arg-type]
                     channel=channel)
     engine.start()

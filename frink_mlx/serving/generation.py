@@ -28,7 +28,8 @@ from typing import Callable, Protocol
 
 from ..backend import Backend
 from ..config import HubConfig, LoadConfig
-from ..engine.engine import Engine, EngineConfig
+from ..engine.config import EngineConfig, resolve_engine_config
+from ..engine.engine import Engine
 from ..engine.kv.disk import DiskTier
 from ..engine.speculative import SpecConfig
 from ..models.budget import KVPlan, plan_kv
@@ -93,14 +94,16 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         if draft is not None and config.engine.speculative else None
     plan = plan_kv(loaded, config.budget, backend.memory_budget(), draft=helper,
                    draft_rows=config.engine.spec_draft_rows)
-    engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
-                    draft=helper, disk=disk)
+    resolved = resolve_engine_config(engine_config(config, plan, number), loaded, backend,
+                                     draft=helper)  # the engine's whole config, decided here
+    engine = Engine(loaded, resolved, gate, backend, draft=helper, disk=disk)  # type: ignore[arg-type]
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic(), draft=helper)
 
 
 def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
-    """The engine's config for generation `number`, from the hub's limits and the KV plan."""
+    """The engine's config for generation `number`, from the hub's limits and the KV plan,
+    before what the model and the backend decide (engine/config.py resolves it)."""
     limits = config.engine
     return EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
