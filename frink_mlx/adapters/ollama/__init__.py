@@ -132,7 +132,7 @@ async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
 
 
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
-    """Rule 5."""
+    """Rule 5: `suffix` as fill-in-the-middle through the model's FIM tokens, else 400."""
     name = model_name(body.model)
     style = await fim_style(request.app.state.frink, name)
     if style is None:
@@ -174,7 +174,7 @@ def _inputs(raw: str | list[str]) -> list[str]:
 
 @endpoint(ollama_error)
 async def embed(request: Request) -> Response:
-    """Rule 6."""
+    """Rule 6: /api/embed (truncating by default) and the legacy /api/embeddings."""
     started = time.perf_counter_ns()
     body = await decode_body(request, wire.EmbedRequest)
     options_of(body.options)

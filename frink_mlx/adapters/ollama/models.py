@@ -147,7 +147,7 @@ async def show(request: Request) -> Response:
 
 
 def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
-    """Rule 3."""
+    """Rule 3: one resident generation as /api/ps lists it (sizes, expiry, context)."""
     spec = gen.spec
     residency = state.model_states().get(spec.name) or {}
     keep_alive_s, last_used = residency.get("keep_alive_s"), residency.get("last_used")
