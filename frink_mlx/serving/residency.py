@@ -207,7 +207,7 @@ class Residency:
 
     # --- the policy --------------------------------------------------------------
     def check_fits_alone(self, spec: ModelSpec, need_bytes: int) -> None:
-        """Rule 4."""
+        """Rule 4: refuse (507) a model that cannot fit even with nothing else loaded."""
         if need_bytes > self.budget_bytes:
             raise InsufficientMemory(
                 f"The model '{spec.name}' needs about {need_bytes} bytes (weights and a minimal "

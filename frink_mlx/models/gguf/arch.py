@@ -127,7 +127,8 @@ def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
 
 
 def _gemma_attn_scalar(config: dict[str, Any], big_layers: int) -> int | float:
-    """Rule 7 (an int where whole: transformers' Gemma configs insist)."""
+    """Rule 7: head_dim, or hidden / heads for the 27B models (an int where whole:
+    transformers' Gemma configs insist)."""
     if config["num_hidden_layers"] == big_layers:
         scalar = config["hidden_size"] / config["num_attention_heads"]
         return int(scalar) if scalar == int(scalar) else scalar

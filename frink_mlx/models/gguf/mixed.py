@@ -104,7 +104,8 @@ _SHARED_KV = (".attn_k.weight", ".attn_v.weight", ".attn_k_norm.weight")
 
 def _plan_gemma4(plans: dict[str, Plan], unplaced: list[str], config: dict[str, Any],
                  layout: ModelLayout) -> None:
-    """Rule 4."""
+    """Rule 4: gemma4's layer and router scales, its fused experts split, KV-shared
+    layers' K/V skipped."""
     first_shared = config["num_hidden_layers"] - config["num_kv_shared_layers"]
     split_gate_up(plans, unplaced, layout, ".experts.switch_glu.gate_proj.weight")
     for name in list(unplaced):
