@@ -1,4 +1,4 @@
-"""The layering docs/ARCHITECTURE.md promises, pinned (its "Layers" rules 1-5).
+"""The layering docs/ARCHITECTURE.md promises, pinned (its "Layers" rules 1-5 and 8).
 
 - core/ and the KV accounting / scheduler modules import neither MLX nor Starlette;
 - every adapter module imports no MLX (it translates wire formats, nothing more).
