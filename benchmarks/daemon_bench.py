@@ -66,6 +66,7 @@ class EngineInProcess:
     from serving overhead."""
 
     def __init__(self, baseline: MlxLmBaseline) -> None:
+        from frink_mlx.engine.config import resolve_engine_config
         from frink_mlx.engine.engine import Engine, EngineConfig
         from frink_mlx.engine.gate import DecodeGate
         from frink_mlx.models.budget import plan_kv
@@ -79,6 +80,7 @@ class EngineInProcess:
                               batching=settings.batching, context_ceiling=plan.context_ceiling,
                               max_queue=settings.max_queue,
                               queue_timeout_s=settings.queue_timeout_s, generation=1)
+        config = resolve_engine_config(config, baseline.loaded, baseline.backend)
         self.engine = Engine(baseline.loaded, config, DecodeGate(), baseline.backend)
         self.engine.start()
         self.ids = list(baseline.ids)

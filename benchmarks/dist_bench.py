@@ -134,6 +134,7 @@ def _micro(group: Any, hidden: int) -> dict[str, Any]:
 
 
 def _engine(model: Any, backend: Any, channel: Any) -> Any:
+    from frink_mlx.engine.config import resolve_engine_config
     from frink_mlx.engine.engine import Engine, EngineConfig
     from frink_mlx.engine.gate import DecodeGate
 
@@ -144,7 +145,9 @@ def _engine(model: Any, backend: Any, channel: Any) -> Any:
     config = EngineConfig(block_size=16, num_blocks=1024, max_batch=16, prefill_chunk_tokens=256,
                           batching=True, context_ceiling=4096, max_queue=64, queue_timeout_s=60,
                           generation=1, pipeline=False)
-    return Engine(Loaded(model), config, DecodeGate(), backend, channel=channel)
+    loaded = Loaded(model)
+    return Engine(loaded, resolve_engine_config(config, loaded, backend, distributed=True),
+                  DecodeGate(), backend, channel=channel)
 
 
 def _decode(engine: Any, streams: int, tokens: int) -> dict[str, float]:

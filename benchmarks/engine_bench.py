@@ -29,6 +29,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from frink_mlx.backend import Backend, select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -92,7 +93,7 @@ def make_engine(loaded, num_blocks: int, max_batch: int, backend: Backend) -> En
     cfg = EngineConfig(block_size=16, num_blocks=num_blocks, max_batch=max_batch,
                        prefill_chunk_tokens=256, batching=True, context_ceiling=2048,
                        max_queue=64, queue_timeout_s=300.0, generation=1)
-    engine = Engine(loaded, cfg, DecodeGate(), backend)
+    engine = Engine(loaded, resolve_engine_config(cfg, loaded, backend), DecodeGate(), backend)
     engine.start()
     return engine
 

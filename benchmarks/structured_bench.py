@@ -26,6 +26,7 @@ from typing import Any
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import ResponseFormat, SamplingParams
 from frink_mlx.core.structured import grammar_for_format
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.constraints import GrammarCompiler
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
@@ -146,7 +147,7 @@ def main() -> None:
     cfg = EngineConfig(block_size=16, num_blocks=256, max_batch=max(8, args.batch),
                        prefill_chunk_tokens=256, batching=True, context_ceiling=2048,
                        max_queue=64, queue_timeout_s=300.0, generation=1)
-    engine = Engine(loaded, cfg, DecodeGate(), backend)
+    engine = Engine(loaded, resolve_engine_config(cfg, loaded, backend), DecodeGate(), backend)
     engine.start()
     try:
         decode_tps(engine, prompt_ids, 8, 1, compiler)  # warm-up

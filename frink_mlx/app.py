@@ -64,7 +64,7 @@ from .metrics import Metrics
 from .models.encoder import Encoder
 from .models.sources import source_checker
 from .registry import Registry, load_registry
-from .serving import embeddings, room
+from .serving import embeddings, report
 from .serving.embeddings import EmbedResult
 from .serving.generation import Generation, GenerationFactory, build_generation
 from .serving.handles import DecodeHandles, Prepared, Run, TurnMemory
@@ -245,11 +245,11 @@ class AppState:
         return embeddings.describe(spec, self.registry, gen)
 
     def model_states(self) -> dict[str, dict[str, Any]]:
-        """Each registry entry's residency (serving/room.py), for the status routes."""
-        return room.model_states(self.hub)
+        """Each registry entry's residency (serving/report.py), for the status routes."""
+        return report.model_states(self.hub)
 
     def memory_report(self) -> dict[str, int]:
-        return room.memory_report(self.hub)
+        return report.memory_report(self.hub)
 
     def check_cluster(self) -> None:
         """503 once the distributed group is lost (engine/channel.py rule 5)."""

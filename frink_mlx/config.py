@@ -10,12 +10,14 @@ the slice they need without a whole daemon's configuration.
     Settings ── hub_config() ─> HubConfig ─┬─ load:   LoadConfig     models/loader.py
                                             │    └─ encoder: EncoderConfig  models/encoder/
                                             ├─ budget: BudgetConfig   models/budget.py
-                                            ├─ engine: EngineLimits   engine/engine.py (EngineConfig)
+                                            ├─ engine: EngineLimits   engine/config.py (EngineConfig)
                                             └─ disk:   DiskConfig     engine/kv/disk.py (None: off)
     Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
 
-The slices hold no defaults of their own: Settings is the one source of
-defaults, so a default can never differ between two layers. They import
+Settings is the one source of defaults, so a default can never differ between
+two layers: the slices hold none but a few tests lean on (the speculation
+knobs, `fetch_urls`), which repeat Settings' (tests/test_config_slices.py), and
+`HubConfig.disk`, None (no SSD tier) where Settings builds one. They import
 neither MLX nor Starlette.
 """
 

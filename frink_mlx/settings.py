@@ -11,11 +11,10 @@ Model stores other tools own keep their own variables, read here as the
 defaults of our settings (a `FRINK_MLX_*` one still wins): `HF_HUB_OFFLINE`,
 `HF_ENDPOINT`, `HF_HUB_CACHE` (else `HF_HOME`/hub) for the Hugging Face cache,
 `OLLAMA_MODELS` for the Ollama store. huggingface_hub reads its own token.
-`SETTING_DOCS` (setting_docs.py) is the one table of what each setting means: `frink-mlx
-serve` builds one flag per field from it (cli/flags.py, with the default and
-the environment variable in the help), and README.md's settings section is
-generated from it (a test checks every field has a row, a flag and a README
-line). A new Settings field needs one row there.
+What a setting means is written on its field (`doc(...)`: msgspec metadata, so
+its JSON schema says it too); `SETTING_DOCS` reads those back as the table
+`frink-mlx serve` builds its flags from (cli/flags.py) and README.md's settings
+section is generated from (a test checks each field has a doc, a flag and a row).
 
 A process started by `mlx.launch` is a rank of a distributed group: MLX's own
 MLX_RANK and MLX_HOSTFILE stand in for `--rank` and `--distributed`
@@ -26,8 +25,9 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 
@@ -43,7 +43,6 @@ from .config import (
     LoadConfig,
 )
 from .errors import ConfigError
-from .setting_docs import SETTING_DOCS, SettingDoc  # noqa: F401 (re-exported: cli/flags.py, tests)
 
 DEFAULT_PORT = 8177
 # Bounds msgspec checks while loading, so a bad value is refused naming its setting
@@ -65,102 +64,195 @@ def _default_config_dir() -> str:
     return str(Path(base) / "frink-mlx")
 
 
+def _default_ollama_models() -> str:
+    return str(Path.home() / ".ollama" / "models")
+
+
+class SettingDoc(NamedTuple):
+    """What one setting means, as its field says it (`doc`)."""
+
+    help: str                      # one line; says what an unset (None) value means
+    flags: tuple[str, ...] = ()    # flag names when not `--field-name`; the first is shown
+    default: str = ""              # the default as shown, when it is computed at run time
+
+
+def doc(help: str, *, flags: tuple[str, ...] = (), default: str = "") -> msgspec.Meta:
+    """A field's documentation (SettingDoc's parts) as msgspec metadata."""
+    return msgspec.Meta(description=help, extra={"flags": flags, "default": default})
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every knob of the daemon. Units are in the names."""
 
     # --- network ---
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    api_key: str | None = None
-    api_key_file: str | None = None
-    allowed_hosts: tuple[str, ...] = ()          # extra Host names beyond loopback ones
-    cors_origins: tuple[str, ...] = ()           # exact origins; none by default
-    max_body_bytes: int = 8 * 1024 * 1024
-    strict_fields: bool = False                  # unknown request fields: 400 instead of
-                                                 # a x-frink-ignored-fields header (http/fields.py)
-    refuse_images: bool = False                  # image parts: 400 instead of a placeholder
-    max_images: int = 32                         # image parts per request (vision models)
-    max_image_bytes: int = 20 * 1024 * 1024      # one image's decoded bytes
-    max_image_pixels: int = 50_000_000           # one image's width x height
-    fetch_image_urls: bool = False               # http(s) image URLs: fetch them (else 400)
-                                                 # text (core/images.py)
-    header_timeout_s: float = 30.0               # request line + headers must arrive in this
-                                                 # long (in total); else 408 / close
-    body_timeout_s: float = 30.0                 # the whole body must arrive in this long; else 408
-    idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
-    send_timeout_s: float = 60.0                 # a response the client reads none of this long
-                                                 # is aborted (http/timeouts.py rule 6)
-    max_connections: AtLeast1 = 512              # open connections beyond this get 503 at once
-    ssl_certfile: str | None = None              # serve HTTPS with this certificate (PEM) ...
-    ssl_keyfile: str | None = None               # ... and its private key (PEM)
+    host: Annotated[str, doc("address to bind; a non-loopback address needs an API key")] = "127.0.0.1"
+    port: Annotated[int, doc("TCP port; 0 picks a free one (the ready line names it)")] = DEFAULT_PORT
+    api_key: Annotated[str | None, doc(
+        "API key clients must send (Bearer or x-api-key); unset: none unless a key file exists")] = None
+    api_key_file: Annotated[str | None, doc(
+        "file holding the API key (mode 0600); unset: the file api_key in config_dir when it "
+        "exists")] = None
+    allowed_hosts: Annotated[tuple[str, ...], doc(
+        "extra Host header names accepted beyond loopback ones (repeat the flag; env: "
+        "comma-separated)", flags=("--allowed-host",))] = ()
+    cors_origins: Annotated[tuple[str, ...], doc(
+        "exact browser origins allowed by CORS (repeat the flag; env: "
+        "comma-separated)", flags=("--cors-origin",))] = ()
+    max_body_bytes: Annotated[int, doc("request bodies larger than this get 413")] = 8 * 1024 * 1024
+    strict_fields: Annotated[bool, doc(
+        "refuse unknown request fields by name (400) instead of accepting and reporting them "
+        "(x-frink-ignored-fields)")] = False
+    refuse_images: Annotated[bool, doc(
+        "refuse image parts by name (400) instead of replacing each with a short placeholder text "
+        "(x-frink-images-omitted)")] = False
+    max_images: Annotated[int, doc(
+        "most image parts one request may carry to a vision model (400 naming the part beyond it)")] = 32
+    max_image_bytes: Annotated[int, doc(
+        "most decoded bytes of one image (400 naming the part)")] = 20 * 1024 * 1024
+    max_image_pixels: Annotated[int, doc(
+        "most pixels (width x height) of one image, checked before it is decoded (400 naming the "
+        "part)")] = 50_000_000
+    fetch_image_urls: Annotated[bool, doc(
+        "fetch http(s) image URLs for vision models (10 s, max_image_bytes; off: such a part is a 400 "
+        "naming it, so a client cannot make the daemon reach other hosts)")] = False
+    header_timeout_s: Annotated[float, doc(
+        "the request line and headers must arrive within this many seconds, else 408 or the connection is "
+        "closed")] = 30.0
+    body_timeout_s: Annotated[float, doc(
+        "the whole request body must arrive within this many seconds, else 408")] = 30.0
+    idle_timeout_s: Annotated[float, doc("a keep-alive connection idle this many seconds is closed")] = 15.0
+    send_timeout_s: Annotated[float, doc(
+        "a response the client reads nothing of for this many seconds is aborted (its generation stopped; "
+        "logged 499); a slow but steady reader is never cut")] = 60.0
+    max_connections: Annotated[AtLeast1, doc(
+        "open connections at most; a new one past it is answered 503 before anything of it is read (the "
+        "open-files limit is raised to fit)")] = 512
+    ssl_certfile: Annotated[str | None, doc(
+        "serve HTTPS with this certificate chain (PEM; with ssl_keyfile); unset: plain HTTP")] = None
+    ssl_keyfile: Annotated[str | None, doc("the private key of ssl_certfile (PEM)")] = None
     # --- models ---
-    models_path: str | None = None               # --models / FRINK_MLX_MODELS
-    config_dir: str = msgspec.field(default_factory=_default_config_dir)
-    cache_dir: str = msgspec.field(default_factory=_default_cache_dir)
-    default_model: str | None = None             # overrides the registry's `default`
-    auto_swap: bool = True
-    fallback: bool | None = None                 # unknown model names -> the default model (its
-                                                 # side-car for embeddings); None = on when the
-                                                 # daemon binds a loopback address only
-    min_generation_s: float = 2.0                # a generation lives at least this long before a swap
-    keep_alive_s: float | None = None            # idle unload after this many seconds (None = never)
-    max_resident_models: int = 0                 # models resident at once; 0 = as memory allows
-    evict_wait_s: float = 10.0                   # a load waits this long for busy models to go idle
-    dequantize: bool | None = None               # None = auto (on for CPU backend where memory allows)
-    use_openblas: bool = True
-    hf_offline: bool = False                     # HF_HUB_OFFLINE: the HF cache only, no network
-    hf_endpoint: str | None = None               # HF_ENDPOINT (None: huggingface_hub's default)
-    hf_cache_dir: str | None = None              # HF_HUB_CACHE / $HF_HOME/hub (None: its default)
-    ollama_models: str = msgspec.field(default_factory=lambda: str(Path.home() / ".ollama" / "models"))
+    models_path: Annotated[str | None, doc(
+        "models.toml to use (env also FRINK_MLX_MODELS); unset: ~/.config/frink-mlx/models.toml, then the "
+        "packaged one", flags=("--models",))] = None
+    config_dir: Annotated[str, doc(
+        "where the user's key file lives",
+        default="$XDG_CONFIG_HOME/frink-mlx or "
+                "~/.config/frink-mlx")] = msgspec.field(default_factory=_default_config_dir)
+    cache_dir: Annotated[str, doc(
+        "where converted (GGUF-imported) checkpoints are cached",
+        default="~/Library/Caches/frink-mlx on macOS, else $XDG_CACHE_HOME/frink-mlx or "
+                "~/.cache/frink-mlx")] = msgspec.field(default_factory=_default_cache_dir)
+    default_model: Annotated[str | None, doc(
+        "model to load at start; unset: the registry's `default`", flags=("--model",))] = None
+    auto_swap: Annotated[bool, doc(
+        "a request naming another registry entry swaps to it (--no-auto-swap answers 409 instead)")] = True
+    fallback: Annotated[bool | None, doc(
+        "serve unknown model names with the default model (embeddings: the embedding model); unset: on for "
+        "a loopback-only daemon")] = None
+    min_generation_s: Annotated[float, doc(
+        "a loaded model lives at least this many seconds before a swap may replace it")] = 2.0
+    keep_alive_s: Annotated[float | None, doc(
+        "unload after this many idle seconds, reload on the next request; unset: "
+        "never", flags=("--keep-alive", "--keep-alive-s"))] = None
+    max_resident_models: Annotated[int, doc(
+        "models kept loaded at once; 0: as many as the memory budget holds (1: the classic single-model "
+        "swap)")] = 0
+    evict_wait_s: Annotated[float, doc(
+        "a load that needs memory held by busy models waits this long for them to go idle, then answers 503 "
+        "with Retry-After")] = 10.0
+    dequantize: Annotated[bool | None, doc(
+        "dequantize quantized weights to float32 on the CPU backend; unset: the model's entry, else where "
+        "memory allows")] = None
+    use_openblas: Annotated[bool, doc(
+        "re-execute once with the system OpenBLAS preloaded (Linux)", flags=("--openblas",))] = True
+    hf_offline: Annotated[bool, doc(
+        "resolve Hugging Face repo ids from the local cache only, never the network (env also "
+        "HF_HUB_OFFLINE)")] = False
+    hf_endpoint: Annotated[str | None, doc(
+        "Hugging Face Hub endpoint (env also HF_ENDPOINT); unset: huggingface_hub's default")] = None
+    hf_cache_dir: Annotated[str | None, doc(
+        "Hugging Face cache directory (env also HF_HUB_CACHE / $HF_HOME/hub); unset: huggingface_hub's "
+        "default")] = None
+    ollama_models: Annotated[str, doc(
+        "the Ollama store that `ollama:NAME[:TAG]` sources read (env also OLLAMA_MODELS)",
+        default="~/.ollama/models")] = msgspec.field(default_factory=_default_ollama_models)
     # --- engine ---
-    batching: bool = True
-    max_batch: int = 16
-    block_size: int = 4                          # tokens per KV block (prefix-cache granularity:
-                                                 # a prompt reuses its shared prefix rounded down to it)
-    prefill_chunk_tokens: int = 256              # prefill tokens per step while streams decode
-    idle_prefill_tokens: int = 768               # ... and in a step that decodes nothing
-    shared_prefill_tokens: int = 16              # ... while another model's engine runs
-                                                 # (engine/gate.py rule 5: bounds its streams'
-                                                 # inter-token gap to one such chunk)
-    admission_window_ms: float = 25.0            # an idle engine gathers a burst this long
-    pipeline: bool | None = None                 # dispatch decode step t+1 before reading t;
-                                                 # None: on Metal yes, on the CPU backend no
-    cpu_matmul_parts: int | None = None          # CPU backend: split each matmul over this many
-                                                 # MLX streams (backend/cpu/split.py); None = one
-                                                 # per usable core (at most 8), 1 = off
-    speculative: bool = True                     # speculative decoding in the batch: prompt lookup,
-                                                 # and an entry's `draft` model (engine/speculative/); per
-                                                 # request `speculative: false`
-    spec_max_draft: AtLeast1 = 8                 # most tokens a row drafts per step
-    spec_ngram: AtLeast2 = 4                     # longest suffix n-gram looked up in the context
-    spec_max_rows: int = 8                       # a step decoding more rows does not speculate
-    spec_draft_rows: AtLeast1 = 2                # full contexts the draft model's KV pool holds
-    kv_budget_bytes: int | None = None           # explicit device budget override
-    memory_headroom_fraction: float = 0.2
-    max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
-    kv_disk_dir: str | None = None               # the prefix cache's SSD tier; None = <cache_dir>/kv
-    kv_disk_bytes: int = 10 * 1024**3            # its byte budget (LRU beyond it); 0 = tier off
-    max_queue: int = 64                          # requests waiting beyond this get 503
-    queue_timeout_s: float = 30.0                # a request waiting on a full KV pool this long gets 503
+    batching: Annotated[bool, doc(
+        "continuous batching; --no-batching decodes one request at a time")] = True
+    max_batch: Annotated[int, doc("sequences decoded together at most")] = 16
+    block_size: Annotated[int, doc(
+        "tokens per KV block: the prefix cache reuses a shared prefix rounded down to it")] = 4
+    prefill_chunk_tokens: Annotated[int, doc(
+        "prompt tokens prefilled per step while other streams decode")] = 256
+    idle_prefill_tokens: Annotated[int, doc("prompt tokens prefilled in a step that decodes nobody")] = 768
+    shared_prefill_tokens: Annotated[int, doc(
+        "prompt tokens prefilled per step while another resident model's engine runs (bounds its streams' "
+        "inter-token gap; the least a step that only prefills takes, engine/turns.py)")] = 16
+    admission_window_ms: Annotated[float, doc(
+        "an idle engine gathers a burst of requests this long into one step")] = 25.0
+    pipeline: Annotated[bool | None, doc(
+        "dispatch decode step t+1 before reading step t; unset: on Metal only")] = None
+    cpu_matmul_parts: Annotated[int | None, doc(
+        "CPU backend: split each matmul over this many MLX streams; unset: one per usable core (at most 8); "
+        "1 turns it off")] = None
+    speculative: Annotated[bool, doc(
+        "speculative decoding inside the batch: prompt lookup, and the draft model of an entry naming "
+        "`draft` (not loaded when off; greedy output unchanged); requests opt out with `speculative: "
+        "false`")] = True
+    spec_max_draft: Annotated[AtLeast1, doc("most tokens one row drafts per step")] = 8
+    spec_ngram: Annotated[AtLeast2, doc("longest suffix n-gram looked up in the row's context")] = 4
+    spec_max_rows: Annotated[int, doc("a step decoding more rows than this does not speculate")] = 8
+    spec_draft_rows: Annotated[AtLeast1, doc(
+        "rows the draft model keeps KV for: its pool holds this many full contexts")] = 2
+    kv_budget_bytes: Annotated[int | None, doc(
+        "device memory budget for weights and KV; unset: measured (Metal's working set or physical "
+        "RAM)")] = None
+    memory_headroom_fraction: Annotated[float, doc(
+        "fraction of the budget kept free when sizing the KV pool")] = 0.2
+    max_kv_pool_bytes: Annotated[int, doc(
+        "cap on one model's KV pool, however much memory is free")] = 2 * 1024**3
+    kv_disk_dir: Annotated[str | None, doc(
+        "where the prefix cache's SSD tier keeps KV blocks (they survive restarts, swaps and evictions)",
+        default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, else $XDG_CACHE_HOME/frink-mlx/kv or "
+                "~/.cache/frink-mlx/kv")] = None
+    kv_disk_bytes: Annotated[int, doc(
+        "byte budget of the SSD tier (least recently used blocks go first); 0 turns the tier "
+        "off")] = 10 * 1024**3
+    max_queue: Annotated[int, doc("requests waiting beyond this many get 503 with Retry-After")] = 64
+    queue_timeout_s: Annotated[float, doc("a request waiting this long for KV room gets 503")] = 30.0
     # --- lifecycle ---
-    drain_timeout_s: float = 10.0
-    log_level: str = "info"
-    access_log: bool = True
-    access_log_file: str | None = None           # access lines to this file, rotated (else stderr)
-    access_log_max_bytes: AtLeast1 = 16 * 1024 * 1024
-    access_log_backups: int = 3                  # rotated files kept beside it
-    embed_batch_size: int = 32
+    drain_timeout_s: Annotated[float, doc(
+        "on SIGTERM, seconds in-flight requests may take to finish")] = 10.0
+    log_level: Annotated[str, doc("debug, info, warning, error or critical")] = "info"
+    access_log: Annotated[bool, doc(
+        "one JSON access-log line per request (on stderr, or in access_log_file)")] = True
+    access_log_file: Annotated[str | None, doc(
+        "write access-log lines to this file, rotated by size, instead of stderr; unset: stderr (`service "
+        "install` on macOS sets ~/Library/Logs/frink-mlx/access.log)")] = None
+    access_log_max_bytes: Annotated[AtLeast1, doc(
+        "the access-log file is rotated past this size")] = 16 * 1024 * 1024
+    access_log_backups: Annotated[int, doc("rotated access-log files kept (access.log.1 ... .N)")] = 3
+    embed_batch_size: Annotated[int, doc("texts embedded together at most")] = 32
     # --- several machines (backend/distributed.py, engine/channel.py) ---
-    distributed_hostfile: str | None = None      # --distributed HOSTFILE (MLX hostfile JSON)
-    distributed_rank: int | None = None          # --rank; 0 serves HTTP, the others follow
-    distributed_backend: str = "ring"            # ring | jaccl | mpi | any (MLX's backends)
-    distributed_split: str = "auto"              # auto | tensor | pipeline (backend/distributed.py)
-    distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
-    distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
-    distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
-    distributed_exit_after_lost_s: float | None = 10.0  # rank 0 exits 1 this long after the group
-                                                 # is lost, so its supervisor restarts the group
-                                                 # (None: stay up answering 503)
+    distributed_hostfile: Annotated[str | None, doc(
+        "serve one model over a group of machines: the MLX hostfile (env also MLX_HOSTFILE under "
+        "mlx.launch)", flags=("--distributed",))] = None
+    distributed_rank: Annotated[int | None, doc(
+        "this machine's rank in the hostfile; 0 serves HTTP, the others follow (env also "
+        "MLX_RANK)", flags=("--rank",))] = None
+    distributed_backend: Annotated[str, doc("MLX distributed backend: ring, jaccl, mpi or any")] = "ring"
+    distributed_split: Annotated[str, doc(
+        "how a model is split over the group: tensor (each rank a slice of every layer), pipeline (each "
+        "rank a run of layers), or auto (tensor where the model allows, else pipeline); ranks set "
+        "differently load nothing")] = "auto"
+    distributed_timeout_s: Annotated[float, doc(
+        "a step's collectives taking longer than this mark the group lost")] = 60.0
+    distributed_load_timeout_s: Annotated[float, doc(
+        "how long every rank may take to load a model")] = 900.0
+    distributed_ping_s: Annotated[float, doc("rank 0 checks an idle group this often")] = 1.0
+    distributed_exit_after_lost_s: Annotated[float | None, doc(
+        "rank 0 exits 1 this long after losing the group, so the service manager restarts it; unset: stay "
+        "up answering 503")] = 10.0
 
     @classmethod
     def load(cls, **overrides: Any) -> "Settings":
@@ -264,6 +356,23 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return None
         directory = self.kv_disk_dir or str(Path(self.cache_dir).expanduser() / "kv")
         return DiskConfig(directory=directory, budget_bytes=self.kv_disk_bytes)
+
+
+def _docs_of(struct: type[msgspec.Struct]) -> dict[str, SettingDoc]:
+    """Each field's `doc(...)`, in field order (a field without one is left out: the test
+    that every setting is documented names it)."""
+    docs: dict[str, SettingDoc] = {}
+    for field in msgspec.structs.fields(struct):
+        meta = next((m for m in typing.get_args(field.type)[1:]
+                     if isinstance(m, msgspec.Meta) and m.description), None)
+        if meta is not None and meta.description:
+            extra = meta.extra or {}
+            docs[field.name] = SettingDoc(meta.description, extra.get("flags", ()),
+                                          extra.get("default", ""))
+    return docs
+
+
+SETTING_DOCS: dict[str, SettingDoc] = _docs_of(Settings)  # what `serve`'s flags and README say
 
 
 def _foreign_stores() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The layering docs/ARCHITECTURE.md promises, pinned (its "Layers" rules 1-5).
+"""The layering docs/ARCHITECTURE.md promises, pinned (its "Layers" rules 1-5 and 8).
 
 - core/ and the KV accounting / scheduler modules import neither MLX nor Starlette;
 - every adapter module imports no MLX (it translates wire formats, nothing more).
@@ -10,6 +10,10 @@ Each group is imported in a fresh interpreter and its sys.modules inspected.
 - The command line is one room: only cli/ imports cli/ or app.py, only cli/
   parses argv (argparse, getopt, optparse, sys.argv), and the package root
   holds the library's modules alone.
+
+
+- No import circles anywhere in the package: the module graph (below) has no
+  cycle, so every module can be read after the modules it imports.
 """
 
 from __future__ import annotations
@@ -175,7 +179,6 @@ ROOT_MODULES = {
     "errors": "the one error tree",
     "metrics": "the Prometheus metrics the daemon exports",
     "registry": "models.toml -> ModelSpec",
-    "setting_docs": "what each setting means (Settings' documentation)",
     "settings": "frozen Settings, the only reader of os.environ",
 }
 
@@ -183,3 +186,108 @@ ROOT_MODULES = {
 def test_the_root_holds_only_the_library() -> None:
     extra = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ROOT_MODULES)
     assert extra == [], "a new root module: a command goes into cli/, else name it here"
+
+
+# --- no import circles --------------------------------------------------------------
+# The module graph: a -> b when module a imports module b anywhere -- at module level, in
+# a function (a lazy import is still a dependency; only its cost is deferred), or under
+# TYPE_CHECKING (a type names the module it comes from: a reader walks that circle too).
+# An import that runs also runs its target's packages first (their __init__), so it adds
+# an edge to each of them that is not already a package of the importer; a type-only
+# import runs nothing and names its module alone.
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _packages_of(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def _import_nodes(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement with whether it runs (False: under `if TYPE_CHECKING`)."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, runs: bool) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append((node, runs))
+        for child in ast.iter_child_nodes(node):
+            typing_only = isinstance(node, ast.If) and child in node.body and \
+                "TYPE_CHECKING" in ast.unparse(node.test)
+            visit(child, runs and not typing_only)
+
+    visit(tree, True)
+    return found
+
+
+def _module_edges(path: Path) -> set[str]:
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges: set[str] = set()
+    for node, runs in _import_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = {a.name for a in node.names}
+        else:
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = {f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                       for a in node.names}
+        for target in targets & MODULES.keys():
+            edges.add(target)
+            if runs:
+                edges |= _packages_of(target) - _packages_of(name)
+    return edges & MODULES.keys() - {name}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                connect(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return found
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    """The check below is only as good as this: a two-module and a three-module circle,
+    a self-free chain and a diamond (no circle)."""
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}, "f": {"g", "h"},
+             "g": {"i"}, "h": {"i"}, "i": set()}
+    assert _circles(graph) == [["a", "b"], ["c", "d", "e"]]
+
+
+def test_the_module_graph_reads_every_kind_of_import() -> None:
+    """Function-level, TYPE_CHECKING and package-running edges are all in the graph."""
+    edges = {name: _module_edges(path) for name, path in MODULES.items()}
+    assert "frink_mlx.serving.hub" in edges["frink_mlx.serving.embeddings"]
+    assert "frink_mlx.engine.speculative.lookup" in edges["frink_mlx.engine.plan"]  # typing
+    assert "frink_mlx.engine.speculative" not in edges["frink_mlx.engine.plan"]  # runs nothing
+    assert "frink_mlx.models.gguf.importer" in edges["frink_mlx.models.gguf"]  # in a function
+    assert "frink_mlx.adapters.llamacpp" in edges["frink_mlx.adapters.openai.wire"]  # its __init__
+
+
+def test_no_import_circles() -> None:
+    graph = {name: _module_edges(path) for name, path in MODULES.items()}
+    assert _circles(graph) == []

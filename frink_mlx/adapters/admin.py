@@ -22,7 +22,7 @@
     POST /admin/models/unload  {"model": NAME} retires that model (the hub stays open); no
                                body (or no model) retires every resident one and parks:
                                requests get 503 until a load
-    Every model is listed with its residency (serving/room.py `model_states`): state
+    Every model is listed with its residency (serving/report.py `model_states`): state
     resident/loading/available/unavailable, bytes, KV blocks, last used, leases,
     keep-alive; `memory` gives the budget, the bytes held (the sum) and free.
 

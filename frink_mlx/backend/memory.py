@@ -41,7 +41,8 @@ def _malloc_trim() -> Any:
 
 
 def release_freed_memory() -> None:
-    """Rule 1 (blocking; call it off the event loop)."""
+    """Rule 1: a garbage collection, MLX's buffer cache, then malloc_trim(0) (blocking;
+    call it off the event loop)."""
     gc.collect()
     mx.clear_cache()
     trim = _malloc_trim()

@@ -44,7 +44,7 @@ KEY_ENV = "FRINK_MLX_API_KEY"
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Rule 1."""
+    """Rule 1: the model, base URL, key, context window and output cap an agent is given."""
 
     model: str
     base_url: str                 # http://HOST:PORT

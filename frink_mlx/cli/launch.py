@@ -30,7 +30,7 @@ from .local_daemon import PROBE_TIMEOUT_S, daemon_url
 
 
 def target(settings: Settings, args: argparse.Namespace) -> agents.Target:
-    """Rule 1."""
+    """Rule 1: the agents' target, from the settings, the registry and the daemon."""
     from ..http.binding import resolve_api_key
 
     spec = load_registry(settings).resolve(args.model)

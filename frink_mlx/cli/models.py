@@ -41,7 +41,7 @@ _MLX_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 
 
 def entry_status(spec: ModelSpec, config: LoadConfig) -> str:
-    """Rule 1."""
+    """Rule 1: an entry's STATUS (available, imported, unavailable or refused, with why)."""
     problem = sources.missing_reason(spec, config)  # as the daemon reports it (registry rule 5)
     if problem is not None:
         return "unavailable: " + problem

@@ -228,7 +228,7 @@ OPEN_FILES_RESERVE = 256
 
 
 def raise_open_files(max_connections: int) -> None:
-    """Rule 9."""
+    """Rule 9: the soft RLIMIT_NOFILE raised to max_connections plus OPEN_FILES_RESERVE."""
     try:
         import resource
     except ImportError:  # not POSIX

@@ -27,7 +27,8 @@ _JOINED_ARGUMENTS = re.compile(  # `arguments +` or `+ ...arguments` not followe
 
 
 def arguments_as_text(source: str | None) -> bool:
-    """Rule 1."""
+    """Rule 1: whether the template joins an earlier call's arguments into text with `+`
+    (then it gets the client's JSON text, not the parsed object)."""
     return bool(source) and bool(_JOINED_ARGUMENTS.search(source or ""))
 
 

@@ -27,10 +27,7 @@ model reads them (models/vision.py); a text-only model cannot, so:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .request import Message
+from typing import Protocol, Sequence, TypeVar
 
 IMAGE_PLACEHOLDER = "[image omitted: the model serving this request reads text only]"
 OMITTED_HEADER = "x-frink-images-omitted"
@@ -63,7 +60,18 @@ def from_url(path: str, url: object) -> ImageRef:
     return ImageRef(path, url=text or None)
 
 
-def attach_images(messages: list["Message"], images: list[ImageRef]) -> list["Message"]:
+class HoldsImages(Protocol):
+    """What `attach_images` reads of a message (core/request.py's `Message` is one; this
+    module stays below request.py, which imports ImageRef from it)."""
+
+    content: str
+    images: list[ImageRef]
+
+
+M = TypeVar("M", bound=HoldsImages)
+
+
+def attach_images(messages: list[M], images: Sequence[ImageRef]) -> list[M]:
     """Rule 1: each message takes, in order, the refs of the placeholders it holds."""
     queue = list(images)
     for message in messages:

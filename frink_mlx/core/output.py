@@ -293,7 +293,8 @@ class OutputPipeline:
         return events
 
     def _out_of_time(self, choice: ChoiceState, text: str) -> bool:
-        """Rule 8."""
+        """Rule 8: a token holding a newline after max_predict_ms since the first token ends
+    the choice ("length")."""
         budget_ms = self.request.max_predict_ms
         if budget_ms is None or choice.first_token_at is None or "\n" not in text:
             return False

@@ -228,7 +228,8 @@ HEAD_CHARS_PER_TOKEN = 16  # rule 8: English runs about 4 chars a token, code 3
 
 def _refuse_hopeless(tokenizer: Any, text: str, ceiling: int | None, param: str,
                      add_special_tokens: bool) -> None:
-    """Rule 8."""
+    """Rule 8: refuse a text far longer than the ceiling could hold, tokenizing only its
+    head."""
     if ceiling is None or len(text) <= ceiling * HEAD_CHARS_PER_TOKEN:
         return
     head = tokenizer.encode(text[:ceiling * HEAD_CHARS_PER_TOKEN],

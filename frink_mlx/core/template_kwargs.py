@@ -100,7 +100,7 @@ def thinking_kwarg(source: str | None) -> str:
 
 
 def effort_kwargs(effort: str | None, source: str | None) -> dict[str, Any]:
-    """Rule 5."""
+    """Rule 5: `reasoning_effort` for a template that reads it, unless the client set it."""
     if effort in EFFORTS and source and _REASONING_EFFORT.search(source):
         return {"reasoning_effort": effort}
     return {}

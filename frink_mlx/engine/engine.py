@@ -10,6 +10,11 @@ abort, stats, shutdown) and its thread; loop.py is what that thread does
 each step; outputs.py turns read-back steps into each request's outputs;
 runner.py turns a plan into MLX calls.
 
+The config (`EngineConfig`) is decided before the engine is built, once per
+generation (config.py `resolve_engine_config`: pipelining, what recurrent
+layers and a distributed group turn off, the draft model's pool); the engine
+reads it as it is and refuses one that was not resolved.
+
 Pipelining (loop.py: dispatch step t+1, then read step t back) is a Metal
 feature: `EngineConfig.pipeline` comes from the backend
 (`Backend.pipelines_steps`) unless the setting says otherwise. On the CPU
@@ -41,8 +46,7 @@ it needs; each attention entry gets its own paged pool (its geometry), each
 recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
 Until recurrent-state snapshots exist, a model with recurrent layers runs
 with the prefix cache off (a hit would skip the state of the tokens it
-covers) and without speculation (a rejected draft would leave its tokens in
-the state); both are logged once when the engine starts.
+covers) and without speculation (config.py rule 2).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools).
@@ -59,12 +63,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import logging
 import queue
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -75,52 +77,23 @@ from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded, Unavaila
 from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
+from .config import EngineConfig, EngineModel, engine_cache_spec
 from .gate import DecodeGate
 from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .kv.recurrent import StateStore
-from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
 from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
 from .scheduler import Scheduler
-from .speculative import SpecConfig
 from .speculative.model import DraftModel
 from .stream import SeqStream
 from .turns import PrefillSlicer
 from .types import EngineStats, SeqRequest
 
 __all__ = ["Engine", "EngineConfig", "EngineModel", "SeqStream"]
-
-log = logging.getLogger("frink_mlx.engine.engine")
-
-
-class EngineModel(Protocol):
-    """What the engine needs of a loaded model (models/loader.py `LoadedModel`)."""
-
-    @property
-    def model(self) -> Any: ...  # an mlx-lm model (nn.Module)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int
-    num_blocks: int
-    max_batch: int
-    prefill_chunk_tokens: int
-    batching: bool
-    context_ceiling: int
-    max_queue: int
-    queue_timeout_s: float
-    generation: int = 0
-    idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
-    shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
-    pipeline: bool | None = None             # None: the backend decides; see the module docstring
-    admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
-    spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
-    num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
 
 
 class Engine:
@@ -131,17 +104,15 @@ class Engine:
         `channel`: this engine is rank 0 of a distributed group (module docstring);
         `draft`: the generation's draft model (engine/speculative/ rule 7; not distributed);
         `disk`: the daemon's SSD tier (module docstring)."""
+        if not config.resolved or (channel is not None and (config.pipeline or config.spec)):
+            raise ValueError("EngineConfig not resolved for this engine: build it with "
+                             "engine/config.py resolve_engine_config")
         self.loaded = loaded
         self._channel = channel
-        if channel is not None:
-            config = dataclasses.replace(config, pipeline=False)
-        elif config.pipeline is None:
-            config = dataclasses.replace(config, pipeline=backend.pipelines_steps())
         model = loaded.model
-        self.cache_spec = self._cache_spec(loaded, channel)
-        config = self._without_state_features(config)
-        self._draft = draft if config.spec is not None and channel is None else None
-        config = dataclasses.replace(config, spec=self._spec_config(config, loaded))
+        self.cache_spec = engine_cache_spec(loaded, distributed=channel is not None)
+        spec = config.spec
+        self._draft = draft if spec is not None and spec.draft_num_blocks > 0 else None
         self.config = config
         self.gate = gate
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
@@ -172,25 +143,6 @@ class Engine:
         self._thread: workers.Job | None = None
         self._stopping = False
 
-    def _cache_spec(self, loaded: EngineModel, channel: PlanChannel | None) -> ModelCacheSpec | None:
-        """The model's cache entries (kv/specs.py); None on a distributed group, whose
-        ranks keep one uniform paged cache per layer (a recurrent model is refused there)."""
-        if channel is None:
-            return getattr(loaded, "cache_spec", None) or model_cache_spec(loaded.model)
-        if has_recurrent_layers(loaded.model):
-            raise UnsupportedModel(f"{model_family(loaded.model)}: distributed serving of "
-                                   "recurrent layers is not supported")
-        return None
-
-    def _without_state_features(self, config: EngineConfig) -> EngineConfig:
-        """The module docstring's limits for a model with recurrent layers."""
-        spec = self.cache_spec
-        if spec is None or not spec.has_state:
-            return config
-        log.info("model %s has recurrent layers: prefix cache off%s", spec.family,
-                 ", speculation off" if config.spec is not None else "")
-        return dataclasses.replace(config, spec=None,
-                                   num_state_slots=config.num_state_slots or config.max_batch)
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
         none for a model with recurrent layers (its prefix cache is off: module docstring)."""
@@ -201,16 +153,6 @@ class Engine:
             return
         self.scheduler.cache_namespace = layout.namespace.hex()
         self._loop.spill = DiskLink(disk, layout, self.kv, lambda: self.runner.store)
-
-    def _spec_config(self, config: EngineConfig, loaded: EngineModel) -> SpecConfig | None:
-        """The speculation settings with the draft model's pool and step cost (rule 7)."""
-        spec = config.spec
-        if spec is None or self._draft is None:
-            return dataclasses.replace(spec, draft_num_blocks=0) if spec is not None else None
-        num_blocks = spec.draft_num_blocks or draft_pool_blocks(
-            spec, config.num_blocks, config.block_size, config.context_ceiling)
-        cost = spec.draft_step_cost or _nbytes(self._draft.model) / max(1, _nbytes(loaded.model))
-        return dataclasses.replace(spec, draft_num_blocks=num_blocks, draft_step_cost=cost)
 
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
         forward, masks = backend.prepare_decoder(model), backend.device_token_masks()
@@ -379,17 +321,6 @@ class Engine:
         # streams outlive this generation and serve the next engine the thread runs.
         with mx.stream(self._stream):
             self._loop.run()
-
-
-def draft_pool_blocks(spec: SpecConfig, num_blocks: int, block_size: int,
-                      context_ceiling: int) -> int:
-    """The draft KV pool (rule 7): `draft_rows` full contexts, never more than the target's."""
-    return max(1, min(num_blocks, spec.draft_rows * -(-context_ceiling // block_size)))
-
-
-def _nbytes(model: Any) -> int:
-    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return sum(v.nbytes for _, v in params)
 
 
 def _param_dtype(model: Any) -> mx.Dtype:

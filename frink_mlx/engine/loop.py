@@ -124,7 +124,7 @@ class StepLoop:
                     self._deliver(pending)
                     pending = None
                 pending = self._step(pending)
-            except Exception as exc:  # noqa: BLE001 - rule 3: a bug here must not hang anyone
+            except Exception as exc:  # noqa: BLE001 - engine.py failure rule 3: no hang
                 log.exception("engine loop failed; ending every live request")
                 pending = None
                 self._reset_after_eval_error(exc)
@@ -213,7 +213,8 @@ class StepLoop:
                                                      constraint, list(seq.prompt_ids), bias=bias)
 
     def _expire_waiting(self) -> None:
-        """Failure rule 2: requests refused KV space for `queue_timeout_s` end with Overloaded."""
+        """engine.py failure rule 2: requests refused KV space for `queue_timeout_s` end
+        with Overloaded."""
         timeout_s = self.config.queue_timeout_s
         expired = self.scheduler.expire_waiting(timeout_s)
         if expired:
@@ -250,7 +251,7 @@ class StepLoop:
                 if self.spill is not None:  # before this step may overwrite an idle block
                     self.spill.snapshot(STEP_SNAPSHOT_BYTES)  # (kv/spill.py rule 2)
                 result = self.runner.run(plan, self.router.samplers, slicer)
-        except Exception as exc:  # noqa: BLE001 - rule 3: this step's rows end, the engine goes on
+        except Exception as exc:  # noqa: BLE001 - engine.py failure rule 3
             if slicer is not None:  # its slices were evaluations: the pools are unknown
                 raise
             log.exception("engine step failed while building")
@@ -266,7 +267,7 @@ class StepLoop:
         return result
 
     def _mark_admitted(self, plan: SchedulerOutput) -> None:
-        """Failure rule 2: a request whose prefill is planned has left the queue."""
+        """engine.py failure rule 2: a request whose prefill is planned has left the queue."""
         for chunk in plan.prefill:
             seq = self.scheduler.seqs.get(chunk.seq_id)
             stream = self.router.streams.get(seq.group.request.request_id) if seq else None
@@ -274,11 +275,11 @@ class StepLoop:
                 stream._mark_admitted()
 
     def _deliver(self, step: StepResult) -> None:
-        """Read one step back (failure rule 3) and hand its rows to the router."""
+        """Read one step back (engine.py failure rule 3) and hand its rows to the router."""
         try:
             with self.gate:
                 rows = step.read()
-        except Exception as exc:  # noqa: BLE001 - rule 3
+        except Exception as exc:  # noqa: BLE001 - engine.py failure rule 3
             log.exception("engine step failed while evaluating")
             self._reset_after_eval_error(exc)
             return
@@ -299,7 +300,7 @@ class StepLoop:
         self._depth.set_waiting(sum(1 for g in self.scheduler.waiting if not g.activated))
 
     def _reset_after_eval_error(self, exc: BaseException) -> None:
-        """Failure rule 3: the pools' contents are unknown; end every row, rebuild them."""
+        """engine.py failure rule 3: the pools' contents are unknown; end every row, rebuild them."""
         self.runner.forget_pending()
         self._abort_all("error", f"engine step failed: {exc}")
         self.runner.store = None  # type: ignore[assignment]  # drop the old pools first

@@ -172,7 +172,8 @@ def _constraint_error(sampler: RowSampler | None) -> str:
 
 
 def _constraint_verdict(sampler: RowSampler, token_id: int) -> StopReason | None:
-    """Rule 2."""
+    """Rule 2: a token the row's constraint rejects ends it ("constraint"); a completed
+    grammar ends it as "eos"."""
     c = sampler.constraint
     if c is None:
         return None

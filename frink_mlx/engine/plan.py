@@ -13,10 +13,12 @@ the rules that fill them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .speculative.lookup import RowDrafter
-from .speculative.speculator import DraftJob
 from .types import EngineFinish, ImageInputs, SeqRequest
+
+if TYPE_CHECKING:  # the speculator (engine/speculative/) reads this module, not the reverse
+    from .speculative.lookup import RowDrafter
 
 
 @dataclass(slots=True)
@@ -114,6 +116,22 @@ class DecodeRow:
     num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/speculative/ rule 7)
     slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: M-RoPE positions)
+
+
+@dataclass(slots=True)
+class DraftJob:
+    """One row's work for the draft model this step (engine/speculative/ rule 7).
+
+    Feed `token_ids` (the row's known tokens the draft KV lacks) at positions
+    `start`.., then draft `num_draft` tokens greedily, each fed back but the
+    last: the draft KV gains len(token_ids) + num_draft - 1 positions.
+    """
+
+    seq_id: int
+    start: int
+    token_ids: list[int]
+    num_draft: int
+    block_table: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

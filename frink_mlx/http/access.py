@@ -294,7 +294,7 @@ class AccessLogMiddleware:
 
 
 def _bounded_path(path: str) -> str:
-    """Rule 9."""
+    """Rule 9: the path cut to MAX_LOGGED_PATH characters, `...(+N)` saying how many more."""
     if len(path) <= MAX_LOGGED_PATH:
         return path
     return f"{path[:MAX_LOGGED_PATH]}...(+{len(path) - MAX_LOGGED_PATH})"

@@ -112,7 +112,7 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_header_timer()
 
     def _refuse_connection(self) -> None:
-        """Rule 7."""
+        """Rule 7: a bare 503 before a byte of the connection is read, then close it."""
         self._refused = True
         log_it, suppressed = self.REFUSALS.take()
         if log_it:

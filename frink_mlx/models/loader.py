@@ -242,7 +242,7 @@ def _load_encoder(spec: ModelSpec, config: LoadConfig, path: Path, started: floa
 
 
 def context_length(config: dict[str, Any], spec: ModelSpec) -> int:
-    """Rule 5."""
+    """Rule 5: the trained length (a nested text_config's too), capped by the entry's."""
     text = config.get("text_config")
     nested = text if isinstance(text, dict) else {}
     trained = int(config.get("max_position_embeddings") or config.get("max_seq_len")
@@ -279,7 +279,8 @@ def _is_half(model: nn.Module) -> bool:
 
 def should_dequantize(model: nn.Module, spec: ModelSpec, config: LoadConfig,
                       backend: Backend) -> bool:
-    """Rule 3 (half-precision float weights count as narrow as quantized ones)."""
+    """Rule 3: the setting, else the entry, else the backend decides (half-precision float
+    weights count as narrow as quantized ones)."""
     if not _is_quantized(model) and not _is_half(model):
         return False
     choice = config.dequantize if config.dequantize is not None else spec.dequantize

@@ -103,7 +103,7 @@ def vision_available() -> bool:
 
 
 class VisionLM(nn.Module):
-    """Rule 2."""
+    """Rule 2: mlx-vlm's language model behind mlx-lm's call signature, with `layers`."""
 
     def __init__(self, vlm: nn.Module, mrope: bool = False) -> None:
         super().__init__()
@@ -212,7 +212,7 @@ class Vision:
         return embedded.inputs_embeds[0][mx.array(kept, dtype=mx.int32)], first
 
     def embed(self, ids: mx.array) -> mx.array:
-        """Rule 5."""
+        """Rule 5: the language model's own token embedding of `ids`."""
         return self.vlm.language_model.model.embed_tokens(ids)
 
     def rope_index(self, prompt: VisionPrompt) -> tuple[np.ndarray, int] | None:

@@ -44,14 +44,14 @@ from ..backend import Backend
 from ..backend.distributed import DistributedGroup, shard_model, split_code
 from ..config import HubConfig
 from ..engine.channel import Commit, Load, PlanChannel
+from ..engine.config import resolve_engine_config
 from ..engine.engine import Engine
 from ..engine.follower import Follower, ShardOffer
 from ..errors import ModelFormatError
 from ..models.budget import KVPlan, plan_kv
 from ..models.loader import LoadedModel, load_model
 from ..registry import ModelSpec, Registry
-from .embeddings import SELF
-from .generation import Gate, Generation, GenerationFactory, build_generation, engine_config
+from .generation import SELF, Gate, Generation, GenerationFactory, build_generation, engine_config
 
 log = logging.getLogger("frink_mlx.distributed")
 
@@ -59,7 +59,7 @@ log = logging.getLogger("frink_mlx.distributed")
 def leader_factory(channel: PlanChannel, group: DistributedGroup) -> GenerationFactory:
     """The hub's generation factory on rank 0 (module rules 1-4)."""
     factory = functools.partial(_build_leader_generation, channel, group)
-    factory.shards = getattr(group, "size", 1)  # type: ignore[attr-defined]  # each rank holds 1/size (room.py)
+    factory.shards = getattr(group, "size", 1)  # type: ignore[attr-defined]  # each rank holds 1/size (hub rule 9)
     return factory
 
 
@@ -104,8 +104,9 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
                                f"rank 0 ({loaded.parallel}); give every rank the same "
                                "distributed_split")
     plan = _agreed_plan(plan, min(row[1] for row in rows), loaded.context_length)
-    # No speculation in a group: the step plan the followers replay carries no drafts.
-    group_config = dataclasses.replace(engine_config(config, plan, number), spec=None)
+    # No speculation nor pipelining in a group (engine/config.py rules 1, 3).
+    group_config = resolve_engine_config(engine_config(config, plan, number), loaded, backend,
+                                         distributed=True)
     engine = Engine(loaded, group_config, gate, backend,  # type: ignore[arg-type]
                     channel=channel)
     engine.start()

@@ -16,39 +16,30 @@ Rules:
 2. Any other encoder entry leases through the hub as usual (a just-in-time
    swap makes it the active model). A generative entry without embeddings is
    refused before any swap.
-3. `attach_embedder` runs inside the hub's load (worker thread), so a
-   side-car that cannot load fails the load by name, with the old
-   generation still serving.
+3. The embedder is attached while the hub loads the generation
+   (generation.py rule 1), so a side-car that cannot load fails that load by
+   name and never a later embedding request.
 4. Work runs in a worker thread; each padded batch holds the DecodeGate
    (`exclusive()`: MLX is driven by one thread at a time).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import anyio
 import numpy as np
 
-from ..backend import Backend
-from ..config import LoadConfig
 from ..errors import FrinkError, InvalidRequest, ModelNotFound, UnsupportedField
-from ..models.encoder import encoder_from_generative
 from ..models.encoder.encoder import Encoder, shrink
 from ..models.encoder.load import encoder_limits
-from ..models.loader import load_model
 from ..models.vision import vision_family
 from ..registry import ModelSpec, Registry, resolve_source
-from .generation import Gate, Generation
-
-if TYPE_CHECKING:  # the hub imports this module to attach embedders at load time
-    from .hub import Hub
-
-SELF = "self"
+from .generation import SELF, Gate, Generation
+from .hub import Hub
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,24 +47,6 @@ class EmbedResult:
     model: str           # the encoder that made the vectors (honest, even via an alias)
     vectors: np.ndarray  # (N, dim) float32, input order
     num_tokens: int      # tokens actually embedded (after any requested truncation)
-
-
-# --- loading (called by the hub, in its worker thread) ------------------------------
-def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig,
-                    backend: Backend) -> Generation:
-    """The generation with its `embedder` set (rule 3); unchanged when it has none."""
-    if gen.embedder is not None:
-        return gen
-    spec = gen.spec
-    if spec.kind == "encoder":
-        embedder = gen.loaded.encoder
-    elif spec.embeddings == SELF:
-        embedder = encoder_from_generative(gen.loaded, config.encoder, backend)
-    elif spec.embeddings:
-        embedder = load_model(registry.resolve(spec.embeddings), config, backend).encoder
-    else:
-        return gen
-    return dataclasses.replace(gen, embedder=embedder)
 
 
 # --- resolution (rules 1-2) ---------------------------------------------------------
@@ -101,7 +74,7 @@ def no_embedder(name: str) -> InvalidRequest:
 
 
 async def embed(
-    hub: "Hub", registry: Registry, name: str | None, inputs: Sequence[str] | Sequence[Sequence[int]],
+    hub: Hub, registry: Registry, name: str | None, inputs: Sequence[str] | Sequence[Sequence[int]],
     *, truncate: bool = False, dimensions: int | None = None,
 ) -> EmbedResult:
     """Lease the generation serving `name`, embed `inputs` in a worker thread."""

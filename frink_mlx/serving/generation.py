@@ -6,10 +6,20 @@ decode handles (handles.py) read one; none of them owns the type. Building
 and freeing a generation are the only two places that touch model loading
 and the engine's lifetime, and they block: the hub runs them in worker
 threads (docs/ARCHITECTURE.md, "Threads").
+
+Rules:
+1. `attach_embedder` (here, below the hub that calls it: embeddings.py only
+   reads the result) gives a generation the encoder that answers
+   /v1/embeddings for it (embeddings.py's table): an encoder entry serves
+   itself, `embeddings = "self"` mean-pools the model's own hidden states,
+   `embeddings = E` loads entry E next to it (a side-car). It runs inside the
+   hub's load (worker thread), so a side-car that cannot load fails the load
+   by name, with the resident set still serving.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -17,17 +27,20 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from ..backend import Backend
-from ..config import HubConfig
-from ..engine.engine import Engine, EngineConfig
+from ..config import HubConfig, LoadConfig
+from ..engine.config import EngineConfig, resolve_engine_config
+from ..engine.engine import Engine
 from ..engine.kv.disk import DiskTier
 from ..engine.speculative import SpecConfig
 from ..models.budget import KVPlan, plan_kv
 from ..models.draft import load_draft
-from ..models.encoder import Encoder
+from ..models.encoder import Encoder, encoder_from_generative
 from ..models.loader import LoadedModel, load_model
-from ..registry import ModelSpec
+from ..registry import ModelSpec, Registry
 
 log = logging.getLogger("frink_mlx.hub")
+
+SELF = "self"  # an entry's `embeddings = "self"`: its own hidden states, pooled (rule 1)
 
 
 class Gate(Protocol):
@@ -81,14 +94,16 @@ def build_generation(spec: ModelSpec, config: HubConfig, number: int, gate: Gate
         if draft is not None and config.engine.speculative else None
     plan = plan_kv(loaded, config.budget, backend.memory_budget(), draft=helper,
                    draft_rows=config.engine.spec_draft_rows)
-    engine = Engine(loaded, engine_config(config, plan, number), gate, backend,  # type: ignore[arg-type]
-                    draft=helper, disk=disk)
+    resolved = resolve_engine_config(engine_config(config, plan, number), loaded, backend,
+                                     draft=helper)  # the engine's whole config, decided here
+    engine = Engine(loaded, resolved, gate, backend, draft=helper, disk=disk)  # type: ignore[arg-type]
     engine.start()
     return Generation(number, spec, loaded, engine, plan, time.monotonic(), draft=helper)
 
 
 def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
-    """The engine's config for generation `number`, from the hub's limits and the KV plan."""
+    """The engine's config for generation `number`, from the hub's limits and the KV plan,
+    before what the model and the backend decide (engine/config.py resolves it)."""
     limits = config.engine
     return EngineConfig(
         block_size=plan.block_size, num_blocks=plan.num_blocks, max_batch=limits.max_batch,
@@ -105,6 +120,23 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         if limits.speculative else None)
 
 
+def attach_embedder(gen: Generation, registry: Registry, config: LoadConfig,
+                    backend: Backend) -> Generation:
+    """The generation with its `embedder` set (rule 1); unchanged when it has none."""
+    if gen.embedder is not None:
+        return gen
+    spec = gen.spec
+    if spec.kind == "encoder":
+        embedder = gen.loaded.encoder
+    elif spec.embeddings == SELF:
+        embedder = encoder_from_generative(gen.loaded, config.encoder, backend)
+    elif spec.embeddings:
+        embedder = load_model(registry.resolve(spec.embeddings), config, backend).encoder
+    else:
+        return gen
+    return dataclasses.replace(gen, embedder=embedder)
+
+
 def free_generation(gen: Generation, timeout_s: float) -> None:
     """Shut the engine down (blocking); the hub hands the memory back once its last
     reference is gone (hub rule 4, Backend.release_freed_memory)."""
@@ -113,7 +145,6 @@ def free_generation(gen: Generation, timeout_s: float) -> None:
             gen.engine.shutdown(timeout_s)
         except Exception:  # noqa: BLE001 - freeing must not fail the caller
             log.exception("engine shutdown failed for generation %d", gen.number)
-
 
 
 def takes_disk(factory: GenerationFactory) -> bool:

@@ -23,6 +23,13 @@ Rules:
 5. The stop token ids are the tokenizer's EOS ids unless `ignore_eos`.
 6. A `Run` owns the lease: it is released when the events end or on
    `abort()`, whichever comes first (both idempotent).
+7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
+   generation keeps the last turns' ids (prompt + generated answer). A new
+   prompt that continues one of them (its whole prompt matches) but differs
+   inside its answer -- the chat template re-rendered the answer into other
+   ids -- reports the index of the first differing token as
+   `Usage.prefix_divergence`: the prefix cache cannot reach past it. A prompt
+   that continues a turn exactly, or none, reports nothing (None).
 8. `Run.admitted()` waits until the engine starts the request and raises the
    FrinkError that ended it before (Overloaded after queue_timeout_s), so
    AppState.generate refuses with its real status before any byte is sent. A
@@ -38,13 +45,6 @@ Rules:
    with an ErrorEvent of `error` (status, code, Retry-After), which each
    protocol renders as its own terminal error frame -- never a silent end and
    never a finish reason that pretends the answer was complete.
-7. Prefix divergence (a frink extension, issue 4): a `TurnMemory` per
-   generation keeps the last turns' ids (prompt + generated answer). A new
-   prompt that continues one of them (its whole prompt matches) but differs
-   inside its answer -- the chat template re-rendered the answer into other
-   ids -- reports the index of the first differing token as
-   `Usage.prefix_divergence`: the prefix cache cannot reach past it. A prompt
-   that continues a turn exactly, or none, reports nothing (None).
 """
 
 from __future__ import annotations
@@ -207,7 +207,8 @@ class DecodeHandles:
         return rendered, images, keys
 
     def max_tokens_for(self, request: GenRequest, num_prompt: int) -> int:
-        """Rule 3."""
+        """Rule 3: the entry's cap, else the room left under the ceiling; a larger ask is
+    clamped to that room."""
         param = "messages" if request.messages is not None else "prompt"
         if num_prompt >= self.context_ceiling:
             raise ContextLengthExceeded(num_prompt, self.context_ceiling, param=param)

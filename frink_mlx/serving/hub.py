@@ -21,7 +21,7 @@ Rules:
    Retry-After) for "default" and while the first model loads.
 2. Loads are serialised on one FIFO lock (arrival order; one that finds its
    model resident after the wait just leases it). Room is made first
-   (room.py rule 2: LRU idle evictions, 503 or 507 with the numbers). With
+   (rule 9: LRU idle evictions, 503 or 507 with the numbers). With
    max_resident_models the count is enforced after the load publishes: the
    LRU generation is retired even with leases, which finish on it (1 = the
    classic single-model swap, min_generation_s apart).
@@ -53,6 +53,13 @@ Rules:
    so a model evicted and loaded again, or swapped back, reads its blocks
    back. `shutdown` closes it after the engines, whose last idle blocks it
    writes first (up to `drain_timeout_s`).
+9. Making room (`_make_room`, under the load lock, before a load): refuse a
+   model that cannot fit alone (507, residency rule 4; a factory with
+   `shards` -- a distributed group's, serving/distributed.py -- holds
+   1/shards of it per rank); evict the LRU idle victims at once and wait for
+   their memory to be handed back; if no set of idle ones frees enough, poll
+   every ROOM_POLL_S until leases end, for at most `evict_wait_s`, then 503
+   + Retry-After naming what holds the memory.
 """
 
 from __future__ import annotations
@@ -64,33 +71,34 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Literal
 
 import anyio
+import msgspec
 
 from ..backend import Backend
 from ..config import HubConfig
 from ..engine.gate import DecodeGate
 from ..engine.kv.disk import DiskTier
 from ..errors import Conflict, EngineFailure, FrinkError, InsufficientMemory, NoModelLoaded, Unavailable
-from ..models.progress import Progress
+from ..models.progress import Progress, reporting
 from ..registry import ModelSpec, Registry
-from .generation import Gate, Generation, GenerationFactory, build_generation
-from .release import Releases
-from .residency import Residency
-from .room import (
-    build_resident,
-    keep_alive_of,
-    make_room,
-    memory_budget,
-    over_budget,
-    over_count,
-    reap_idle,
-    set_keep_alive,
+from .generation import (
+    Gate,
+    Generation,
+    GenerationFactory,
+    attach_embedder,
+    build_generation,
+    free_generation,
+    takes_disk,
 )
+from .release import Releases
+from .residency import Residency, estimate_nbytes, keep_alive_of, memory_budget
 
 log = logging.getLogger("frink_mlx.hub")
 
 HubState = Literal["ready", "loading", "idle", "unavailable", "draining"]
 LOAD_LOG_INTERVAL_S = 5.0
 DRAIN_RETRY_AFTER_S = 5.0
+ROOM_POLL_S = 0.05
+ROOM_RETRY_AFTER_S = 5.0
 
 
 async def _log_progress(progress: Progress) -> None:
@@ -312,12 +320,12 @@ class Hub:
             self.loading_since = started
         self.loading = spec.name
         try:
-            await make_room(self, spec)
+            await self._make_room(spec)
             self.load_progress = progress = Progress(spec.name, initial_phase="loading")
             ticker = asyncio.get_running_loop().create_task(_log_progress(progress))
             try:
                 gen = await anyio.to_thread.run_sync(
-                    build_resident, self, spec, number, progress, abandon_on_cancel=False)
+                    self._build, spec, number, progress, abandon_on_cancel=False)
             finally:
                 ticker.cancel()
         except Exception as exc:  # rule 3: keep the others, remember why
@@ -337,12 +345,59 @@ class Hub:
             self.on_load(gen)
         return gen
 
+    async def _make_room(self, spec: ModelSpec) -> None:
+        """Rule 9: evict LRU idle generations until `spec` fits, or raise."""
+        residency, config = self.residency, self.config
+        need = estimate_nbytes(spec, self.registry) // max(1, int(getattr(self.factory, "shards", 1)))
+        residency.check_fits_alone(spec, need)
+        wait_s = residency.min_lifetime_left_s(config.min_generation_s)
+        if wait_s > 0:
+            await anyio.sleep(wait_s)
+        deadline = time.monotonic() + config.evict_wait_s
+        while (victims := residency.victims(need, self.busy, config.min_generation_s)) is None:
+            if time.monotonic() >= deadline:
+                raise Unavailable(
+                    f"No room to load '{spec.name}': it needs about {need} bytes, "
+                    f"{residency.free_bytes()} of {residency.budget_bytes} are free, and the "
+                    f"memory is held by {residency.blockers(self.busy)}; retry when one is idle.",
+                    code="insufficient_memory", retry_after_s=ROOM_RETRY_AFTER_S)
+            await anyio.sleep(ROOM_POLL_S)
+        if self._evict(victims):
+            await self.wait_freed()
+
+    def _evict(self, victims: list[Generation]) -> int:
+        """Retire `victims`, emptying the list, so the waiting caller holds none of them
+        (rule 4)."""
+        count = len(victims)
+        while victims:
+            self._retire(victims.pop(0))
+        return count
+
+    def _build(self, spec: ModelSpec, number: int, progress: Progress) -> Generation:
+        """The factory (with the entry's draft model, registry rule 10) + the embedder
+        (generation.py rule 1), its KV pool planned against what the resident models hold
+        (residency rule 2). Blocking: run in a worker thread (rule 3), whose loaders
+        report into `progress`."""
+        config = self.config
+        budget = msgspec.structs.replace(config.budget, reserved_bytes=self.residency.held_bytes())
+        with reporting(progress):
+            extra: dict[str, Any] = {"draft": self.registry.resolve(spec.draft)} if spec.draft else {}
+            if self.disk is not None and takes_disk(self.factory):
+                extra["disk"] = self.disk
+            gen = self.factory(spec, msgspec.structs.replace(config, budget=budget), number,
+                               self.gate, self.backend, **extra)
+            try:
+                return attach_embedder(gen, self.registry, config.load, self.backend)
+            except BaseException:
+                free_generation(gen, config.drain_timeout_s)
+                raise
+
     def _publish(self, gen: Generation) -> None:
         """Rule 2: join the resident set; then the count cap retires the LRU ones, and so
-        does a newcomer that turned out larger than its estimate (room.py rule 4)."""
+        does a newcomer that turned out larger than its estimate (residency rule 8)."""
         self.sleeping = None
         self.residency.add(gen, keep_alive_of(gen.spec, self.config))
-        for old in over_count(self.residency, gen) + over_budget(self, gen):
+        for old in self.residency.over_count(gen) + self.residency.over_budget(gen, self.busy):
             self._retire(old)
 
     def _retire(self, gen: Generation) -> None:
@@ -354,8 +409,13 @@ class Hub:
             self._schedule_free(gen)
 
     def keep_alive(self, gen: Generation, keep_alive_s: float | None) -> None:
-        """A request's keep-alive for `gen` (rule 6, Ollama's `keep_alive`; room.py)."""
-        set_keep_alive(self, gen, keep_alive_s)
+        """A request's keep-alive for `gen` (rule 6, Ollama's `keep_alive`): seconds idle
+        before eviction, 0 = as soon as it is idle, negative = pinned; None = back to the
+        entry's (residency rule 6)."""
+        resident = self.residency.get(gen)
+        if resident is not None:
+            resident.keep_alive_s = (keep_alive_s if keep_alive_s is not None
+                                     else keep_alive_of(gen.spec, self.config))
 
     async def unload(self, name: str | None = None) -> Generation | None:
         """Rule 5: one model by name, or every resident one (and park the hub)."""
@@ -372,8 +432,23 @@ class Hub:
             return old
 
     async def reap_idle(self) -> None:
-        """Rule 6, run for the app's lifetime (room.py)."""
-        await reap_idle(self)
+        """Rule 6, run for the app's lifetime: retire residents idle past their keep-alive;
+        when the last one goes the hub sleeps (its next request, or "default", loads it
+        again)."""
+        while True:
+            await anyio.sleep(self.residency.reap_interval_s(self.config.keep_alive_s))
+            if not self._swap_lock.locked():
+                self._reap_once()
+
+    def _reap_once(self) -> None:
+        """One look, in a frame of its own: no loop variable keeps a retired generation
+        alive across the reaper's sleep (rule 4)."""
+        for gen in self.residency.expired(self.busy):
+            log.info("generation %d: %s idle past its keep-alive, unloading", gen.number,
+                     gen.name)
+            self._retire(gen)
+            if not self.residency.residents:
+                self.sleeping = gen.spec
 
     # --- freeing ---------------------------------------------------------------
     def _schedule_free(self, gen: Generation) -> None:

@@ -6,7 +6,8 @@ every keystroke pause; with one resident model each alternation is a reload
 resident generation reports what it holds (weights + the KV pool it
 reserved + a side-car encoder, `measure_nbytes`), and the sum stays within
 the device budget less the headroom. This module is the policy only (plain
-numbers and generations, no awaits); the hub (hub.py) loads, leases and frees.
+numbers and generations, no awaits); the hub (hub.py) loads, leases, waits
+and frees, asking this module what to evict and when.
 
     device budget (override, else Backend.memory_budget())
     ├── headroom (memory_headroom_fraction)           never priced out
@@ -35,21 +36,37 @@ Rules:
 5. max_resident_models > 0 caps the count as well (1 = the old single-model
    swap); 0 = memory alone decides.
 6. Idle eviction (`expired`): a resident idle for its keep_alive (the
-   request's, else its entry's, else the daemon's) is evicted; keep_alive 0
-   evicts as soon as the last lease ends; negative = pinned.
+   request's, else its entry's `keep_alive` in models.toml, else the daemon's
+   `keep_alive_s`; `keep_alive_of`) is evicted; keep_alive 0 evicts as soon
+   as the last lease ends; negative = pinned; None = never idle-evicted. The
+   hub's reaper looks every quarter of the shortest keep-alive, in [0.05,
+   0.25] s (`reap_interval_s`: a model loaded later may bring a shorter one).
+7. The budget (`memory_budget`) is the device budget (the `kv_budget_bytes`
+   override, else `Backend.memory_budget()`) less `memory_headroom_fraction`
+   of it: the same arithmetic as models/budget.py, so the resident set and
+   each KV plan agree.
+8. After a load publishes, a newcomer that measured larger than its estimate
+   (`over_budget`) pushes out LRU idle generations until the sum fits again;
+   when only busy or pinned ones are left, the set stays over budget (a
+   warning) rather than cut a stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..backend import Backend
+from ..config import HubConfig
 from ..errors import FrinkError, InsufficientMemory
 from ..models.budget import weights_nbytes
 from ..registry import ModelSpec, Registry, resolve_source
 from .generation import Generation
+
+log = logging.getLogger("frink_mlx.hub")
 
 ESTIMATE_MARGIN = 1.1  # rule 2: a newcomer's weights estimate, plus a minimal KV pool
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz", ".bin")
@@ -98,6 +115,18 @@ def estimate_nbytes(spec: ModelSpec, registry: Registry) -> int:
     return int(total * ESTIMATE_MARGIN)
 
 
+def memory_budget(config: HubConfig, backend: Backend) -> int:
+    """Rule 7: the device budget less the headroom, in bytes."""
+    budget = config.budget
+    total = budget.kv_budget_bytes or backend.memory_budget().nbytes
+    return int(total - budget.memory_headroom_fraction * total)
+
+
+def keep_alive_of(spec: ModelSpec, config: HubConfig) -> float | None:
+    """Rule 6: the entry's keep-alive, else the daemon's."""
+    return spec.keep_alive if spec.keep_alive is not None else config.keep_alive_s
+
+
 @dataclass(slots=True)
 class Resident:
     """One resident generation and what the policy needs to know about it."""
@@ -113,7 +142,7 @@ class Resident:
 
 
 class Residency:
-    """The resident set (rules 1-6); the hub is its only writer."""
+    """The resident set (rules 1-6, 8); the hub is its only writer."""
 
     def __init__(self, budget_bytes: int, max_models: int = 0) -> None:
         self.budget_bytes = budget_bytes   # device budget less headroom
@@ -178,7 +207,7 @@ class Residency:
 
     # --- the policy --------------------------------------------------------------
     def check_fits_alone(self, spec: ModelSpec, need_bytes: int) -> None:
-        """Rule 4."""
+        """Rule 4: refuse (507) a model that cannot fit even with nothing else loaded."""
         if need_bytes > self.budget_bytes:
             raise InsufficientMemory(
                 f"The model '{spec.name}' needs about {need_bytes} bytes (weights and a minimal "
@@ -210,6 +239,45 @@ class Residency:
                 + ("pinned" if r.pinned else "in use" if busy(r.gen) else "just loaded") + ")"
                 for r in self.residents.values()]
         return ", ".join(held) or "nothing"
+
+    def over_count(self, newcomer: Generation) -> list[Generation]:
+        """Rule 5 (hub rule 2): the LRU generations beyond max_models, never the newcomer
+        nor a pinned one, retired whether or not they are busy."""
+        if not self.max_models:
+            return []
+        extra = len(self.residents) - self.max_models
+        old = [r.gen for r in self.residents.values() if r.gen is not newcomer and not r.pinned]
+        return old[:max(0, extra)]
+
+    def min_lifetime_left_s(self, min_generation_s: float) -> float:
+        """Rule 5 (hub rule 2): how long until the generations a load will replace under
+        the count cap have lived min_generation_s; 0 when none must wait."""
+        if not self.max_models:
+            return 0.0
+        extra = len(self.residents) + 1 - self.max_models
+        doomed = [r.gen for r in self.residents.values() if not r.pinned][:max(0, extra)]
+        now = time.monotonic()
+        return max((g.created_at + min_generation_s - now for g in doomed), default=0.0)
+
+    def over_budget(self, newcomer: Generation,
+                    busy: Callable[[Generation], bool]) -> list[Generation]:
+        """Rule 8: idle LRU generations to retire so the set fits its budget again."""
+        if self.free_bytes() >= 0:
+            return []
+        victims = self.victims(0, lambda g: g is newcomer or busy(g))
+        if victims is None:
+            log.warning("resident models hold %d bytes, over the budget of %d: %s",
+                        self.held_bytes(), self.budget_bytes, self.blockers(busy))
+            return []
+        return victims
+
+    def reap_interval_s(self, default_keep_alive_s: float | None) -> float:
+        """Rule 6: how often the idle reaper looks."""
+        alives = [r.keep_alive_s for r in self.residents.values()
+                  if r.keep_alive_s is not None and r.keep_alive_s > 0]
+        if default_keep_alive_s:
+            alives.append(default_keep_alive_s)
+        return max(0.05, min([0.25, *(k / 4 for k in alives)]))
 
     def expired(self, busy: Callable[[Generation], bool]) -> list[Generation]:
         """Rule 6: idle residents past their keep-alive."""

@@ -156,7 +156,8 @@ def _fetch(ref: ImageRef, limits: ImageLimits) -> bytes:
 
 
 def key_ids(ids: list[int], spans: list[tuple[int, int]], digests: list[bytes]) -> list[int]:
-    """Rule 4."""
+    """Rule 4: the ids the prefix cache keys, image positions replaced by a digest of
+    the image and the position in its run."""
     keyed = list(ids)
     for (start, length), digest in zip(spans, digests):
         base = int.from_bytes(digest[:7], "little")

@@ -28,6 +28,7 @@ import frink_mlx
 from frink_mlx.backend import Backend, backend_name, select_backend
 from frink_mlx.backend.metal import MetalBackend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -71,7 +72,7 @@ def serve(loaded: Any, backend: Backend) -> list[list[int]]:
     """Greedy tokens of PROMPTS through a real engine on `backend`."""
     config = EngineConfig(block_size=4, num_blocks=64, max_batch=4, prefill_chunk_tokens=5,
                           batching=True, context_ceiling=256, max_queue=8, queue_timeout_s=60.0)
-    engine = Engine(loaded, config, DecodeGate(), backend)
+    engine = Engine(loaded, resolve_engine_config(config, loaded, backend), DecodeGate(), backend)
     engine.start()
     try:
         streams = [engine.submit(SeqRequest(f"r{i}", p, SamplingParams(temperature=0), NUM_TOKENS))

@@ -15,6 +15,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 from frink_mlx.backend import select_backend
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.speculative import SpecConfig
@@ -46,8 +47,8 @@ def engine_factory(**defaults: Any) -> Iterator[Callable[..., Engine]]:
                    generation=1)
         cfg.update(defaults)
         cfg.update(overrides)
-        engine = Engine(model, EngineConfig(**cfg), gate or DecodeGate(), BACKEND, draft=draft,
-                        disk=disk)
+        config = resolve_engine_config(EngineConfig(**cfg), model, BACKEND, draft=draft)
+        engine = Engine(model, config, gate or DecodeGate(), BACKEND, draft=draft, disk=disk)
         if start:
             engine.start()
         made.append(engine)

@@ -12,6 +12,7 @@ from mlx_lm import load
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -33,7 +34,7 @@ def _engine(tiny, **overrides) -> Engine:
     cfg = dict(block_size=4, num_blocks=28, max_batch=8, prefill_chunk_tokens=8, batching=True,
                context_ceiling=112, max_queue=64, queue_timeout_s=0.05, generation=1)
     cfg.update(overrides)
-    return Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
+    return Engine(tiny, resolve_engine_config(EngineConfig(**cfg), tiny, BACKEND), DecodeGate(), BACKEND)
 
 
 def test_a_queue_timeout_is_raised_by_admitted_and_the_runner_loses_nothing(tiny) -> None:

@@ -12,6 +12,7 @@ from mlx_lm.generate import generate_step
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -37,7 +38,7 @@ def test_smollm2_batched_greedy_equals_generate(smollm2_dir, tmp_path):
                 for p in prompts]
     config = EngineConfig(block_size=4, num_blocks=128, max_batch=4, prefill_chunk_tokens=5,
                           batching=True, context_ceiling=512, max_queue=8, queue_timeout_s=120.0)
-    engine = Engine(loaded, config, DecodeGate(), BACKEND)
+    engine = Engine(loaded, resolve_engine_config(config, loaded, BACKEND), DecodeGate(), BACKEND)
     engine.start()
     try:
         greedy = SamplingParams(temperature=0)

@@ -14,6 +14,7 @@ from mlx_lm.generate import generate_step
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.speculative import SpecConfig
@@ -56,7 +57,7 @@ def test_smollm2_speculative_greedy_equals_generate(smollm2_dir, tmp_path):
                           batching=True, context_ceiling=1024, max_queue=8, queue_timeout_s=120.0,
                           # three rows speculate together (engine/speculative/ rule 5)
                           spec=SpecConfig(max_rows=4))
-    engine = Engine(loaded, config, DecodeGate(), BACKEND)
+    engine = Engine(loaded, resolve_engine_config(config, loaded, BACKEND), DecodeGate(), BACKEND)
     engine.start()
     try:
         greedy = SamplingParams(temperature=0)

@@ -24,7 +24,7 @@ import pytest
 from engine_support import engines, greedy, loaded, random_prompt, tokens
 
 from frink_mlx.core.request import SamplingParams
-from frink_mlx.engine.engine import draft_pool_blocks
+from frink_mlx.engine.config import draft_pool_blocks
 from frink_mlx.engine.kv.manager import KVCacheManager
 from frink_mlx.engine.sampling import RowSampler, draft_samplers, sample
 from frink_mlx.engine.scheduler import Scheduler

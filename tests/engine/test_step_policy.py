@@ -15,6 +15,7 @@ from mlx_lm.generate import generate_step
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.admission import ArrivalForecast
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.kv.manager import KVCacheManager
@@ -61,7 +62,7 @@ def _engine(tiny, **overrides) -> tuple[Engine, list]:
     cfg = dict(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=64, batching=True,
                context_ceiling=128, max_queue=64, queue_timeout_s=30.0, generation=1)
     cfg.update(overrides)
-    engine = Engine(tiny, EngineConfig(**cfg), DecodeGate(), BACKEND)
+    engine = Engine(tiny, resolve_engine_config(EngineConfig(**cfg), tiny, BACKEND), DecodeGate(), BACKEND)
     plans: list = []
     run = engine.runner.run
 

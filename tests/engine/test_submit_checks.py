@@ -10,6 +10,7 @@ from mlx_lm import load
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -26,7 +27,7 @@ def engine(tiny_llama_dir):
     cfg = EngineConfig(block_size=4, num_blocks=64, max_batch=4, prefill_chunk_tokens=8,
                        batching=True, context_ceiling=128, max_queue=8, queue_timeout_s=30.0,
                        generation=1)
-    eng = Engine(tiny, cfg, DecodeGate(), BACKEND)
+    eng = Engine(tiny, resolve_engine_config(cfg, tiny, BACKEND), DecodeGate(), BACKEND)
     eng.start()
     yield eng
     eng.shutdown(1.0)

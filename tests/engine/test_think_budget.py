@@ -12,6 +12,7 @@ from mlx_lm import load
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.think_budget import ThinkBudget, with_think_budget
@@ -99,7 +100,7 @@ def engine(tiny_llama_dir):
     config = EngineConfig(block_size=4, num_blocks=64, max_batch=8, prefill_chunk_tokens=16,
                           batching=True, context_ceiling=128, max_queue=64,
                           queue_timeout_s=30.0, generation=1)
-    engine = Engine(loaded, config, DecodeGate(), BACKEND)
+    engine = Engine(loaded, resolve_engine_config(config, loaded, BACKEND), DecodeGate(), BACKEND)
     engine.start()
     yield engine
     engine.shutdown(1.0)

@@ -24,6 +24,7 @@ from mlx_lm.generate import generate_step
 
 from frink_mlx.backend import select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -52,7 +53,7 @@ def engine_tokens(loaded, batch: list[list[int]]) -> tuple[list[int], list[list[
     """One request alone, then all of `batch` submitted together."""
     config = EngineConfig(block_size=4, num_blocks=160, max_batch=4, prefill_chunk_tokens=8,
                           batching=True, context_ceiling=256, max_queue=8, queue_timeout_s=60.0)
-    engine = Engine(loaded, config, DecodeGate(), BACKEND)
+    engine = Engine(loaded, resolve_engine_config(config, loaded, BACKEND), DecodeGate(), BACKEND)
     engine.start()
     greedy = SamplingParams(temperature=0)
     try:

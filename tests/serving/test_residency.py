@@ -1,4 +1,4 @@
-"""serving/residency.py + room.py through the hub: several resident models priced against
+"""serving/residency.py through the hub: several resident models priced against
 memory, LRU eviction of idle ones only, pinning, the sum, 507 / 503 with the numbers.
 
 A fake generation factory stands in for model loading (each generation reports the

@@ -68,7 +68,7 @@ LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
 async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int | str]
                          ) -> str | list[int | str]:
-    """Rule 1."""
+    """Rule 1: a mixed prompt's ids, each text piece tokenized (BOS only for a leading one)."""
     if isinstance(prompt, str):
         return prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
@@ -235,7 +235,7 @@ def _described(request: Request) -> tuple[Any, Any, Any]:
 
 @endpoint(llamacpp_error)
 async def props(request: Request) -> Response:
-    """Rule 5."""
+    """Rule 5: the default settings, context, model, template and modalities, read-only."""
     state = request.app.state.frink
     gen, spec, stats = _described(request)
     template = ""

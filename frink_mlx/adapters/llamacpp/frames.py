@@ -76,7 +76,7 @@ def probability(lp: TokenLogprob) -> dict[str, Any]:
 
 
 def project(result: dict[str, Any], paths: list[str]) -> dict[str, Any]:
-    """Rule 5."""
+    """Rule 5: `body` cut to the `response_fields` paths, each keyed by the path itself."""
     out: dict[str, Any] = {}
     for path in paths:
         node: Any = result

@@ -58,7 +58,6 @@ from ...core.checks import check_batch, token_id_of
 from ...core.images import ImageRef, from_url, image_part
 from ...core.request import GenRequest, ResponseFormat, SamplingParams
 from ...errors import InvalidRequest, UnsupportedField
-from ..openai.wire import indent_limit, time_budget_ms
 from . import wire
 from .frames import CompletionBuilder, stop_type, timings  # noqa: F401 - re-exported
 
@@ -209,8 +208,8 @@ def to_gen_request(body: wire._Sampling, prompt: str | list[int | str],
                       stop=list(body.stop or []), sampling=sampling, sampling_sent=sent,
                       stream=body.stream, cache_prompt=body.cache_prompt,
                       speculative=body.speculative, ignore_eos=body.ignore_eos,
-                      max_predict_ms=time_budget_ms(body.t_max_predict_ms),  # rule 11
-                      min_indent=indent_limit(body.n_indent),
+                      max_predict_ms=wire.time_budget_ms(body.t_max_predict_ms),  # rule 11
+                      min_indent=wire.indent_limit(body.n_indent),
                       response_format=_response_format(body),
                       param_names=dict(PARAM_NAMES))
 

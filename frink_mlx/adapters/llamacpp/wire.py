@@ -125,3 +125,15 @@ class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=False):
 class DetokenizeRequest(msgspec.Struct, forbid_unknown_fields=False):
     tokens: list[int]
     model: str | None = None
+
+
+def time_budget_ms(t_max_predict_ms: int | None) -> float | None:
+    """llama-server's `t_max_predict_ms`: > 0 bounds a completion once it wrote a newline
+    (core/output.py rule 8); 0 or less is no budget."""
+    return t_max_predict_ms if t_max_predict_ms is not None and t_max_predict_ms > 0 else None
+
+
+def indent_limit(n_indent: int | None) -> int | None:
+    """llama-server's `n_indent`: > 0 ends the answer at the first later line indented
+    less (core/output.py rule 9); 0 or less is no limit."""
+    return n_indent if n_indent is not None and n_indent > 0 else None

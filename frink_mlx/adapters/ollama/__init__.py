@@ -23,7 +23,7 @@ translate.py holds the field table and the frames. Quirks kept on purpose:
    one-prompt form (`{"embedding": [...]}`; an empty prompt gets `[]`).
    Embedding `options` are checked like the others and change nothing.
 7. `keep_alive` (seconds or a Go duration) becomes the served model's
-   keep-alive in the resident set (serving/room.py): how long it stays loaded
+   keep-alive in the resident set (serving/residency.py): how long it stays loaded
    once idle, 0 = evicted as soon as it is idle, negative = pinned. With
    nothing to generate, `keep_alive: 0` unloads the model now (`done_reason:
    "unload"`), as Ollama's unload idiom does.
@@ -74,7 +74,7 @@ async def _collect(run: Any, builder: AnswerBuilder) -> dict[str, Any]:
 
 
 def _keep_alive(request: Request, name: str, seconds: float | None) -> None:
-    """Rule 7: the request's keep_alive becomes the resident model's (serving/room.py)."""
+    """Rule 7: the request's keep_alive becomes the resident model's (serving/residency.py)."""
     hub = request.app.state.frink.hub
     gen = hub.residency.find(name) if seconds is not None else None
     if gen is not None:
@@ -132,7 +132,7 @@ async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
 
 
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
-    """Rule 5."""
+    """Rule 5: `suffix` as fill-in-the-middle through the model's FIM tokens, else 400."""
     name = model_name(body.model)
     style = await fim_style(request.app.state.frink, name)
     if style is None:
@@ -174,7 +174,7 @@ def _inputs(raw: str | list[str]) -> list[str]:
 
 @endpoint(ollama_error)
 async def embed(request: Request) -> Response:
-    """Rule 6."""
+    """Rule 6: /api/embed (truncating by default) and the legacy /api/embeddings."""
     started = time.perf_counter_ns()
     body = await decode_body(request, wire.EmbedRequest)
     options_of(body.options)

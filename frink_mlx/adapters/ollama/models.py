@@ -17,7 +17,7 @@ Rules:
 3. /api/ps lists every resident generation (and retired ones still draining):
    `size` the weights' bytes, `size_vram` the same on Metal's unified memory
    and 0 on the CPU backend, `expires_at` when idle eviction would retire it
-   (its keep-alive, serving/room.py; null when it has none or is pinned),
+   (its keep-alive, serving/residency.py; null when it has none or is pinned),
    `context_length` the context ceiling.
 4. /api/pull downloads nothing (frink-mlx serves what models.toml names): a
    registry entry answers `{"status": "success"}` (one NDJSON line when
@@ -147,7 +147,7 @@ async def show(request: Request) -> Response:
 
 
 def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
-    """Rule 3."""
+    """Rule 3: one resident generation as /api/ps lists it (sizes, expiry, context)."""
     spec = gen.spec
     residency = state.model_states().get(spec.name) or {}
     keep_alive_s, last_used = residency.get("keep_alive_s"), residency.get("last_used")

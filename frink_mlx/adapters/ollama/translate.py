@@ -22,7 +22,7 @@ documented, cannot change the answer):
 |                           | returned apart, as `thinking`                                  |
 | keep_alive                | seconds or a Go duration ("5m", "1h30m"): how long the model   |
 |                           | stays resident once idle; 0 = unload when idle (with nothing to|
-|                           | generate: unload now), negative = pinned (serving/room.py);    |
+|                           | generate: unload now), negative = pinned (serving/residency);  |
 |                           | past 100 years (or infinite) it is 100 years; NaN refused      |
 | logprobs                  | false/absent only; true refused by name                        |
 | options.*                 | see OPTION_TREATMENT                                           |

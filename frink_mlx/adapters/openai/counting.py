@@ -64,7 +64,7 @@ async def responses_input_tokens(request: Request) -> Response:
 
 @endpoint(llamacpp_error)   # a llama-server path: its envelope (http/security.py)
 async def apply_template(request: Request) -> Response:
-    """Rule 2."""
+    """Rule 2: `{"prompt": ...}`, the text the model would be prompted with."""
     body = await decode_body(request, wire.ChatCompletionRequest)
     gen = await translated(request, to_gen_request, body)
     return JSONResponse({"prompt": await request.app.state.frink.render_text(gen)})

@@ -127,7 +127,7 @@ def _check_all(raw: Sequence[Any], kind: type, what: str) -> None:
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    """Rule 2."""
+    """Rule 2: a vector as JSON floats, or its little-endian float32 bytes in base64."""
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
     return np.asarray(vector, dtype=np.float32).tolist()  # type: ignore[no-any-return]

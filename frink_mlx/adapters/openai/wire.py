@@ -31,6 +31,10 @@ from ...core.checks import MAX_LOGIT_BIAS, MAX_STOP_SEQUENCES, token_id_of
 from ...core.request import ResponseFormat
 from ...errors import InvalidRequest, UnsupportedField
 
+# llama-server's extensions, honoured on /v1 too (re-exported: the OpenAI adapters call wire.*)
+from ..llamacpp.wire import indent_limit as indent_limit
+from ..llamacpp.wire import time_budget_ms as time_budget_ms
+
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
@@ -279,14 +283,3 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
                              f"{MAX_STOP_SEQUENCES} are accepted.", param="stop")
     return [s for s in stops if s]
 
-
-def time_budget_ms(t_max_predict_ms: int | None) -> float | None:
-    """llama-server's `t_max_predict_ms`: > 0 bounds a completion once it wrote a newline
-    (core/output.py rule 8); 0 or less is no budget."""
-    return t_max_predict_ms if t_max_predict_ms is not None and t_max_predict_ms > 0 else None
-
-
-def indent_limit(n_indent: int | None) -> int | None:
-    """llama-server's `n_indent`: > 0 ends the answer at the first later line indented
-    less (core/output.py rule 9); 0 or less is no limit."""
-    return n_indent if n_indent is not None and n_indent > 0 else None

@@ -48,20 +48,20 @@ class CpuBackend(Backend):
         return self._ram_bytes if self._ram_bytes is not None else physical_ram_bytes()
 
     def dequantize_by_default(self, float32_nbytes: int) -> bool:
-        """Rule 2."""
+        """Rule 2: dequantize when the float32 weights fit in DEQUANT_RAM_FRACTION of RAM."""
         ram = self.ram_bytes()
         return ram > 0 and float32_nbytes <= DEQUANT_RAM_FRACTION * ram
 
     def pipelines_steps(self) -> bool:
-        """Rule 4."""
+        """Rule 4: never (engine/engine.py says why the CPU backend does not pipeline)."""
         return False
 
     def device_token_masks(self) -> bool:
-        """Rule 4."""
+        """Rule 4: no; grammar masks are built on the host (llguidance's kernel is Metal-only)."""
         return False
 
     def memory_budget(self) -> MemoryBudget:
-        """Rule 4."""
+        """Rule 4: physical RAM."""
         return MemoryBudget(self.ram_bytes(), "ram")
 
     def prepare_decoder(self, model: Any) -> ForwardScope:

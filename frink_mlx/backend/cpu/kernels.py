@@ -21,7 +21,7 @@ Attention = one (group*L, D) x (D, T) matmul per KV head (GQA without
 Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
     most DIRECT_MAX_QUERIES queries a row (decode and verify rows) reads each
     row of at least DIRECT_MIN_TOKENS positions as slices of the pool (its
-    runs of adjacent blocks) instead of rule 2's gather, which copied the
+    runs of adjacent blocks) instead of kv/paged.py rule 2's gather, which copied the
     whole context every step: one score matmul per segment, the scores (D
     times smaller than the keys) concatenated so the softmax stays one exact
     pass, then each segment's weights times its values, summed, the products

@@ -83,7 +83,7 @@ def _local(settings: Settings, args: argparse.Namespace, say: Note) -> ChatModel
 
 
 def generate_command(settings: Settings, args: argparse.Namespace) -> int:
-    """Rule 4."""
+    """Rule 4: stream the answer to stdout and mlx_lm.generate's speed block to stderr."""
     target: ChatModel | None = find_daemon(settings, args, _to_stderr)
     if target is not None:
         _to_stderr(f"[using {target.label}]")

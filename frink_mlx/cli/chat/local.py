@@ -90,7 +90,7 @@ class LocalModel:
         return self
 
     def switch_model(self, name: str) -> str:
-        """Rule 3."""
+        """Rule 3: load the other entry first, then shut the old engine down."""
         started = time.perf_counter()
         self.note(f"[loading {name} in process]")
         new = _build(self.settings, self.device, name)
@@ -132,7 +132,7 @@ class LocalModel:
                           sampling_sent=frozenset(sent))  # the rest: the model's defaults
 
     def _run(self, req: GenRequest, emit: Emit) -> Stats:
-        """Rules 1 and 2."""
+        """Rules 1 and 2: one answer as a task on a private loop, streamed; Ctrl-C cancels it."""
         task = self.loop.create_task(self._generate(req, emit))
         handled = threading.current_thread() is threading.main_thread()
         if handled:

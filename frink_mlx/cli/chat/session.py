@@ -54,6 +54,6 @@ class Conversation:
         return len(self.turns) // 2
 
     def save(self, path: Path, model: str) -> None:
-        """Rule 3."""
+        """Rule 3: the session as JSON (model, system, OpenAI-form messages)."""
         data = {"model": model, "system": self.system, "messages": self.messages()}
         path.expanduser().write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -105,7 +105,8 @@ class StateStore:
         self._slots = {}
 
     def copy_slots(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Rule 5."""
+        """Rule 5: slot dst refers to slot src's state (nothing is copied: no state is
+    written in place)."""
         for src, dst in pairs:
             layers = self._slots.get(src)
             if layers is None:

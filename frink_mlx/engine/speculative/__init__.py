@@ -77,9 +77,10 @@ Rules:
    `draft_step_cost` (draft weights / target weights, set by the engine).
 """
 
+from ..plan import DraftJob
 from .cost import PRIOR_COST_RATIO, StepCostModel
 from .lookup import COLD_ALPHA, PROBE_EVERY, RowDrafter
-from .speculator import DraftJob, SpecConfig, Speculator
+from .speculator import SpecConfig, Speculator
 
 __all__ = ["COLD_ALPHA", "PRIOR_COST_RATIO", "PROBE_EVERY", "DraftJob", "RowDrafter",
            "SpecConfig", "Speculator", "StepCostModel"]

@@ -20,7 +20,7 @@ point-mass drafts sampling.py rule 4 verifies.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from ...backend import ForwardScope
 from ..heads import pick, split_head
 from ..kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
-from .speculator import DraftJob
+from ..plan import DraftJob
 
 
 class DraftModel:
@@ -75,7 +75,8 @@ class DraftModel:
         mx.eval(*(tokens for _, tokens in steps), *self.store.arrays())
         drafts: dict[int, list[int]] = {job.seq_id: [] for job in active}
         for rows, tokens in steps:
-            for i, token in zip(rows, tokens.tolist()):  # type: ignore[union-attr]
+            ids = cast(list[int], tokens.tolist())  # one token id per row
+            for i, token in zip(rows, ids):
                 drafts[active[i].seq_id].append(int(token))
         return drafts
 

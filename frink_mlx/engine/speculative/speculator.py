@@ -9,18 +9,17 @@ model runs in engine/speculative/model.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from ..kv.manager import KVCacheManager
+from ..plan import DecodeRow, DraftJob, SchedulerOutput, Seq
 from .cost import StepCostModel
 from .lookup import RowDrafter
 
 INITIAL_ALPHA = 0.6   # rule 2: a new row's acceptance average before any row has drafted
 PRIOR_DECAY = 0.1     # weight of one verify step in the population's average
 
-if TYPE_CHECKING:
-    from ..plan import DecodeRow, SchedulerOutput, Seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,22 +35,6 @@ class SpecConfig:
     draft_rows: int = 2            # full contexts the draft KV pool holds (when not given)
     draft_step_cost: float = 0.0   # one draft-model step / a target step's fixed part
     draft_chunk_tokens: int = 512  # most tokens a row's draft KV catches up per step
-
-
-@dataclass(slots=True)
-class DraftJob:
-    """One row's work for the draft model this step (rule 7).
-
-    Feed `token_ids` (the row's known tokens the draft KV lacks) at positions
-    `start`.., then draft `num_draft` tokens greedily, each fed back but the
-    last: the draft KV gains len(token_ids) + num_draft - 1 positions.
-    """
-
-    seq_id: int
-    start: int
-    token_ids: list[int]
-    num_draft: int
-    block_table: list[int] = field(default_factory=list)
 
 
 class Speculator:

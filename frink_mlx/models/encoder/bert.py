@@ -79,7 +79,7 @@ class BertArgs:
             )
         if str(config.get("hidden_act", "gelu")) not in _ACTIVATIONS:
             raise ModelFormatError(f"hidden_act '{config['hidden_act']}' is not supported")
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        fields = cls.__dataclass_fields__
         return cls(**{k: v for k, v in config.items() if k in fields and v is not None})
 
     @property

@@ -18,11 +18,8 @@ Rules (llama.cpp's `convert_hf_to_gguf.py` quirks, undone):
 4. phi3: fused `attn_qkv` / `ffn_up` map onto mlx-lm's fused `qkv_proj` /
    `gate_up_proj` as they are.
 5. No `output.weight` means tied embeddings.
-6. RoPE: linear scaling and YaRN map onto mlx-lm's `rope_scaling`. Llama-3.1's
-   `rope_freqs.weight` holds one divisor per rotary frequency, applied at every
-   position (llama.cpp); mlx-lm's "longrope" with long = short = those factors and
-   original = trained context is exactly that (its extra input scale is 1 when
-   the two lengths are equal). phi3's `rope_factors_long/short` are longrope itself.
+6. RoPE: linear scaling, YaRN, Llama-3.1's `rope_freqs` and phi3's
+   `rope_factors_long/short` map onto mlx-lm's `rope_scaling` (rope.py says how).
 7. gemma2/3 attention scale: llama.cpp uses 1/sqrt(head_dim), except the 27B
    models (46 / 62 layers) use 1/sqrt(hidden / heads); `query_pre_attn_scalar` says so.
    gemma3's local layers use base 10000 and every 6th layer is global, as in llama.cpp.
@@ -53,6 +50,7 @@ import numpy as np
 from ...errors import ModelFormatError
 from . import hybrid_delta, hybrid_ssm, mixed
 from .plan import ArchSpec, ModelLayout, Plan, inverse_permute_rows, model_layout, num
+from .rope import rope_scaling
 
 __all__ = ["ARCHS", "ArchSpec", "ModelLayout", "Plan", "arch_spec", "build_config", "end_of_generation_ids",
            "inverse_permute_rows", "map_names", "missing_params", "model_layout", "plans_for"]
@@ -128,37 +126,9 @@ def end_of_generation_ids(meta: dict[str, Any]) -> list[int]:
     return stops
 
 
-def rope_scaling(meta: dict[str, Any], p: str, rope: dict[str, np.ndarray],
-                  context: int) -> dict[str, Any] | None:
-    """Rule 6."""
-    kind = str(meta.get(p + "rope.scaling.type") or "none")
-    factor = float(num(meta, p + "rope.scaling.factor", 1.0))
-    original = int(num(meta, p + "rope.scaling.original_context_length", context))
-    if "rope_factors_long.weight" in rope:
-        long = rope["rope_factors_long.weight"].tolist()
-        short = rope.get("rope_factors_short.weight", rope["rope_factors_long.weight"]).tolist()
-        return {"type": "longrope", "long_factor": long, "short_factor": short,
-                "original_max_position_embeddings": original}
-    if "rope_freqs.weight" in rope:
-        factors = rope["rope_freqs.weight"].tolist()
-        return {"type": "longrope", "long_factor": factors, "short_factor": factors,
-                "original_max_position_embeddings": context}
-    if kind in ("none", "") or (kind == "linear" and factor == 1.0):
-        return None
-    if kind == "linear":
-        return {"type": "linear", "factor": factor}
-    if kind == "yarn":
-        scaling = {"type": "yarn", "factor": factor, "original_max_position_embeddings": original}
-        for key in ("beta_fast", "beta_slow"):
-            if meta.get(f"{p}rope.scaling.yarn_{key}") is not None:
-                scaling[key] = float(num(meta, f"{p}rope.scaling.yarn_{key}"))
-        return scaling
-    raise ModelFormatError(f"unsupported GGUF RoPE scaling {p}rope.scaling.type={kind!r} "
-                           "(supported: linear, yarn, llama3 rope_freqs, phi3 longrope)")
-
-
 def _gemma_attn_scalar(config: dict[str, Any], big_layers: int) -> int | float:
-    """Rule 7 (an int where whole: transformers' Gemma configs insist)."""
+    """Rule 7: head_dim, or hidden / heads for the 27B models (an int where whole:
+    transformers' Gemma configs insist)."""
     if config["num_hidden_layers"] == big_layers:
         scalar = config["hidden_size"] / config["num_attention_heads"]
         return int(scalar) if scalar == int(scalar) else scalar

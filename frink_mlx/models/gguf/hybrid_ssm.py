@@ -131,7 +131,8 @@ def _config_falcon(meta: dict[str, Any], p: str, config: dict[str, Any], names: 
 
 def _plan_recurrent(plans: dict[str, Plan], unplaced: list[str], config: dict[str, Any],
                     layout: ModelLayout) -> None:
-    """Rule 1 (and the short convolution's kernel)."""
+    """Rule 1: the Mamba2 mixers' A, D, gated norm, conv1d kernel and dt bias undone (and
+    the short convolution's kernel)."""
     for hf, plan in plans.items():
         if hf.endswith(".A_log"):
             plan.values, plan.reshape = _log_neg, True

@@ -28,8 +28,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ import numpy as np
 from ...errors import ModelFormatError
 from . import arch as archs
 from . import tensors as tx
-from .cache import checkpoint_dir_for
+from .cache import ImportProgress, ProgressFn, checkpoint_dir_for
 from .plan import Plan, move_col_blocks, take_rows
 from .reader import GGUFHeader, TensorInfo, read_header
 from .tokenizer import build_tokenizer_files
@@ -47,19 +45,6 @@ log = logging.getLogger("frink_mlx.gguf")
 
 CHUNK_ELEMENTS = 1 << 24  # weights dequantized at once (64 MiB as float32)
 SHARD_BYTES = 1 << 29  # 512 MiB: the bound on converted weights held at once
-
-
-@dataclass(slots=True)
-class ImportProgress:
-    """One progress report: `phase` is "hash" or "convert"; bytes of that phase so far."""
-
-    phase: str
-    done_bytes: int
-    total_bytes: int
-    tensor: str = ""
-
-
-ProgressFn = Callable[[ImportProgress], None]
 
 
 def import_gguf(path: str | Path, cache_dir: str | Path, *, as_float: bool = False,

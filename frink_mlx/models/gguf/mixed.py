@@ -34,12 +34,11 @@ import numpy as np
 
 from ...errors import ModelFormatError
 from .plan import ArchSpec, ModelLayout, Plan, claim, layer_of, num, per_layer, split_gate_up
+from .rope import rope_scaling
 
 
 def _config_gpt_oss(meta: dict[str, Any], p: str, config: dict[str, Any], names: set[str],
                     rope: dict[str, np.ndarray]) -> None:
-    from .arch import rope_scaling
-
     layers, heads = config["num_hidden_layers"], int(num(meta, p + "attention.head_count"))
     config.update(
         num_attention_heads=heads, num_key_value_heads=int(num(meta, p + "attention.head_count_kv", heads)),
@@ -105,7 +104,8 @@ _SHARED_KV = (".attn_k.weight", ".attn_v.weight", ".attn_k_norm.weight")
 
 def _plan_gemma4(plans: dict[str, Plan], unplaced: list[str], config: dict[str, Any],
                  layout: ModelLayout) -> None:
-    """Rule 4."""
+    """Rule 4: gemma4's layer and router scales, its fused experts split, KV-shared
+    layers' K/V skipped."""
     first_shared = config["num_hidden_layers"] - config["num_kv_shared_layers"]
     split_gate_up(plans, unplaced, layout, ".experts.switch_glu.gate_proj.weight")
     for name in list(unplaced):

@@ -163,7 +163,7 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _scale_dtype(*arrays: np.ndarray) -> Any:
-    """Rule 3."""
+    """Rule 3: float16 scales and biases, float32 where a value would overflow float16."""
     peak = max(float(np.abs(a).max(initial=0.0)) for a in arrays)
     return np.float16 if peak < _F16_MAX else np.float32
 

@@ -1,0 +1,118 @@
+"""The engine's config, decided once, before the engine is built.
+
+Why a module of its own: what an engine runs with depends on more than the
+settings -- on the backend (whether steps pipeline), the model (recurrent
+layers turn speculation off), the draft model (its KV pool and step cost) and
+on whether it leads a distributed group. `resolve_engine_config` decides all
+of it in one place, once per generation (serving/generation.py
+`build_generation`, serving/distributed.py for a group's rank 0); the engine
+reads the result as it is and refuses a config that was not resolved.
+
+Rules:
+1. Pipelining: never for a distributed group (leader.py rule 1); else the
+   setting, else `Backend.pipelines_steps()` (engine.py's docstring says why
+   the CPU backend does not).
+2. A model with recurrent layers (kv/specs.py) runs without speculation (a
+   rejected draft would leave its tokens in the state) and with
+   `num_state_slots` = max_batch unless given; logged once. Its prefix cache
+   is off too, which the engine decides from the same cache spec.
+3. A distributed group never speculates (the step plan the followers replay
+   carries no drafts) and keeps one uniform paged cache per layer: a model
+   with recurrent layers is refused there (UnsupportedModel).
+4. Speculation with a draft model (engine/speculative/ rule 7): its KV pool
+   holds `draft_rows` full contexts, never more blocks than the target's,
+   unless given; its step cost is its weights over the target's unless
+   given. Without a draft model there is no draft pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mlx.utils import tree_flatten
+
+from ..backend import Backend
+from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
+from .speculative import SpecConfig
+
+log = logging.getLogger("frink_mlx.engine.engine")
+
+
+class EngineModel(Protocol):
+    """What the engine needs of a loaded model (models/loader.py `LoadedModel`)."""
+
+    @property
+    def model(self) -> Any: ...  # an mlx-lm model (nn.Module)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int
+    num_blocks: int
+    max_batch: int
+    prefill_chunk_tokens: int
+    batching: bool
+    context_ceiling: int
+    max_queue: int
+    queue_timeout_s: float
+    generation: int = 0
+    idle_prefill_tokens: int | None = None   # scheduler rule 2; None = prefill_chunk_tokens
+    shared_prefill_tokens: int | None = None  # scheduler rule 2, while another engine runs
+    pipeline: bool | None = None             # rule 1; None: the backend decides
+    admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
+    spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
+    num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
+    resolved: bool = False                   # set by resolve_engine_config only
+
+
+def engine_cache_spec(loaded: EngineModel, distributed: bool) -> ModelCacheSpec | None:
+    """The model's cache entries (kv/specs.py); None for a distributed group (rule 3)."""
+    if not distributed:
+        return getattr(loaded, "cache_spec", None) or model_cache_spec(loaded.model)
+    if has_recurrent_layers(loaded.model):
+        raise UnsupportedModel(f"{model_family(loaded.model)}: distributed serving of "
+                               "recurrent layers is not supported")
+    return None
+
+
+def resolve_engine_config(config: EngineConfig, loaded: EngineModel, backend: Backend, *,
+                          distributed: bool = False,
+                          draft: EngineModel | None = None) -> EngineConfig:
+    """The config an engine for `loaded` runs with (rules 1-4), decided once."""
+    pipeline = False if distributed else (
+        backend.pipelines_steps() if config.pipeline is None else config.pipeline)
+    cache_spec = engine_cache_spec(loaded, distributed)
+    spec, num_state_slots = config.spec, config.num_state_slots
+    if cache_spec is not None and cache_spec.has_state:  # rule 2
+        log.info("model %s has recurrent layers: prefix cache off%s", cache_spec.family,
+                 ", speculation off" if spec is not None else "")
+        spec, num_state_slots = None, num_state_slots or config.max_batch
+    if distributed:  # rule 3
+        spec = None
+    return dataclasses.replace(config, pipeline=pipeline, num_state_slots=num_state_slots,
+                               spec=_with_draft(spec, config, loaded, draft), resolved=True)
+
+
+def _with_draft(spec: SpecConfig | None, config: EngineConfig, loaded: EngineModel,
+                draft: EngineModel | None) -> SpecConfig | None:
+    """Rule 4: the speculation settings with the draft model's pool and step cost."""
+    if spec is None or draft is None:
+        return dataclasses.replace(spec, draft_num_blocks=0) if spec is not None else None
+    num_blocks = spec.draft_num_blocks or draft_pool_blocks(
+        spec, config.num_blocks, config.block_size, config.context_ceiling)
+    cost = spec.draft_step_cost or _nbytes(draft.model) / max(1, _nbytes(loaded.model))
+    return dataclasses.replace(spec, draft_num_blocks=num_blocks, draft_step_cost=cost)
+
+
+def draft_pool_blocks(spec: SpecConfig, num_blocks: int, block_size: int,
+                      context_ceiling: int) -> int:
+    """The draft KV pool (rule 4): `draft_rows` full contexts, never more than the target's."""
+    return max(1, min(num_blocks, spec.draft_rows * -(-context_ceiling // block_size)))
+
+
+def _nbytes(model: Any) -> int:
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(v.nbytes for _, v in params)
