@@ -39,10 +39,12 @@ Failure rules:
 Cache kinds (kv/specs.py): the model's own `make_cache()` says which entries
 it needs; each attention entry gets its own paged pool (its geometry), each
 recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
-Until recurrent-state snapshots exist, a model with recurrent layers runs
-with the prefix cache off (a hit would skip the state of the tokens it
-covers) and without speculation (a rejected draft would leave its tokens in
-the state); both are logged once when the engine starts.
+A model with recurrent layers keeps its prefix cache through
+`num_snapshots` state snapshots every `snapshot_interval_blocks` blocks
+(kv/snapshots.py; 0 snapshots: prefix cache off, since a hit would skip the
+state of the tokens it covers), and runs without speculation (a rejected
+draft would leave its tokens in the state); both are logged once when the
+engine starts.
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools).
@@ -80,6 +82,7 @@ from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .kv.recurrent import StateStore
+from .kv.snapshots import interval_blocks
 from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
 from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
@@ -121,6 +124,8 @@ class EngineConfig:
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
     spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
     num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
+    num_snapshots: int | None = None         # state snapshots (kv/snapshots.py); None: 4 a slot
+    snapshot_interval_blocks: int = 0        # 0: kv/snapshots.py rule 6
 
 
 class Engine:
@@ -139,16 +144,20 @@ class Engine:
             config = dataclasses.replace(config, pipeline=backend.pipelines_steps())
         model = loaded.model
         self.cache_spec = self._cache_spec(loaded, channel)
+        self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         config = self._without_state_features(config)
         self._draft = draft if config.spec is not None and channel is None else None
         config = dataclasses.replace(config, spec=self._spec_config(config, loaded))
         self.config = config
         self.gate = gate
-        self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         self._stream: Any = workers.stream_for(mx.default_device())
         has_state = self.cache_spec is not None and self.cache_spec.has_state
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, enable_caching=not has_state,
-                                 num_state_slots=config.num_state_slots if has_state else 0)
+        num_snapshots = (config.num_snapshots or 0) if has_state else 0
+        self.kv = KVCacheManager(config.num_blocks, config.block_size,
+                                 enable_caching=not has_state or num_snapshots > 0,
+                                 num_state_slots=config.num_state_slots if has_state else 0,
+                                 num_snapshots=num_snapshots,
+                                 snapshot_interval_blocks=config.snapshot_interval_blocks)
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
@@ -187,13 +196,21 @@ class Engine:
         spec = self.cache_spec
         if spec is None or not spec.has_state:
             return config
-        log.info("model %s has recurrent layers: prefix cache off%s", spec.family,
+        slots = config.num_state_slots or config.max_batch
+        snaps = 4 * slots if config.num_snapshots is None else config.num_snapshots  # tests
+        chunk = max(config.prefill_chunk_tokens, config.idle_prefill_tokens or 0)
+        every = config.snapshot_interval_blocks or interval_blocks(  # kv/snapshots.py rule 6
+            config.num_blocks, snaps, spec.state_bytes_per_row,
+            spec.kv_bytes_per_token(self._dtype) * config.block_size, -(-chunk // config.block_size))
+        log.info("model %s has recurrent layers: %s%s", spec.family,
+                 f"{snaps} state snapshots every {every} blocks" if snaps else "prefix cache off",
                  ", speculation off" if config.spec is not None else "")
-        return dataclasses.replace(config, spec=None,
-                                   num_state_slots=config.num_state_slots or config.max_batch)
+        return dataclasses.replace(config, spec=None, num_state_slots=slots,
+                                   num_snapshots=snaps, snapshot_interval_blocks=every)
+
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
-        none for a model with recurrent layers (its prefix cache is off: module docstring)."""
+        none for a model with recurrent layers (its state snapshots stay in memory)."""
         if self.cache_spec is not None and self.cache_spec.has_state:
             return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
@@ -340,6 +357,10 @@ class Engine:
         if slots is not None and cache_spec is not None:  # priced full (kv/recurrent.py rule 6)
             s.state_slots_total, s.state_slots_used = slots.num_slots, slots.num_used
             s.extra["state_pool_bytes"] = float(slots.num_slots * cache_spec.state_bytes_per_row)
+        if (snaps := self.kv.snapshots) is not None and cache_spec is not None:  # kv/snapshots.py
+            s.extra["state_snapshots_total"] = float(snaps.num_snapshots)
+            s.extra["state_snapshots_used"] = float(snaps.num_used)
+            s.extra["state_snapshot_bytes"] = float(snaps.num_snapshots * cache_spec.state_bytes_per_row)
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:

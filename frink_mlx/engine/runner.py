@@ -8,7 +8,9 @@ One step, in order:
 0. Draft-model jobs (engine/speculative/ rule 7, speculative/model.py): their tokens fill
    the drafts of the rows the speculator gave to the draft model.
 1. Block copies (and recurrent-state copies) for freshly forked rows (n > 1),
-   see kv/paged.py and kv/recurrent.py.
+   see kv/paged.py and kv/recurrent.py; recurrent-state snapshots restored
+   for prefix hits (kv/recurrent.py rule 7), and, once both forwards are
+   built, taken at block boundaries (kv/snapshots.py rule 1).
 2. Decode forward: every decoding row, one token each, shape (B, 1). A row
    whose input token was sampled by the previous step takes it straight
    from that step's (possibly still lazy) token array, so the engine can
@@ -214,6 +216,7 @@ class Runner:
         self.store.copy_blocks(plan.copies)
         if self.states is not None:
             self.states.copy_slots(plan.state_copies)
+            self.states.restore(plan.state_restores)  # kv/recurrent.py rule 7
         parts: list[mx.array] = []
         if plan.decode:
             parts.append(self._decode(plan.decode, plan.width))
@@ -225,6 +228,8 @@ class Runner:
             final = self._prefill(plan.prefill)
             if final is not None:
                 parts.append(final)
+        if self.states is not None:
+            self.states.snapshot(plan.state_snapshots)
         return parts
 
     @staticmethod
@@ -254,6 +259,8 @@ class Runner:
     def pool_arrays(self) -> list[mx.array]:
         """Every KV and state pool, for `mx.eval` (do not keep the list)."""
         states = self.states.arrays() if self.states is not None else []
+        if self.states is not None:
+            self.states.settle()  # the caller evaluates them now (kv/recurrent.py rule 7)
         return [*self.store.arrays(), *states]
 
     def layer_arrays(self) -> list[list[mx.array]]:

@@ -50,7 +50,10 @@ Rules:
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
-   forward each layer writes all rows before any row reads.
+   forward each layer writes all rows before any row reads. With recurrent
+   layers a hit restores a state snapshot (kv/snapshots.py; `state_restores`
+   before the forward), prefill chunks stop at its interval, and a row whose
+   forward ends at a block boundary snapshots its state (`state_snapshots`).
 """
 
 from __future__ import annotations
@@ -203,6 +206,7 @@ class Scheduler:
         """
         out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies)
         self._pending_copies, self._pending_state_copies = [], []
+        self.kv.begin_step()
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
                   self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
@@ -246,6 +250,7 @@ class Scheduler:
                                         images=seq.group.request.images))
             seq.num_computed += 1
             seq.num_scheduled_outputs += 1
+            self._snapshot(seq, out)
         if self.speculator is not None:
             self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
@@ -265,6 +270,8 @@ class Scheduler:
         """Rule 3: free seq's blocks and put it back at the head of the queue."""
         self.running.remove(seq)
         out.preempted.append(seq.seq_id)
+        slot = self.kv.state_slot(seq.seq_id)  # its planned snapshot never runs (rule 6)
+        out.state_snapshots = [pair for pair in out.state_snapshots if pair[0] != slot]
         out.decode = [row for row in out.decode if row.seq_id != seq.seq_id]
         self.num_preemptions += 1
         if self.speculator is not None:
@@ -272,11 +279,11 @@ class Scheduler:
         group = seq.group
         if not group.activated:  # row 0 of a request still in its first prefill
             for member in group.seqs:
-                self.kv.free(member.seq_id)
+                self.kv.free(member.seq_id, preempted=True)
                 member.num_computed = member.prefill_target = 0
             self.waiting.appendleft(group)
             return
-        self.kv.free(seq.seq_id)
+        self.kv.free(seq.seq_id, preempted=True)
         seq.num_computed = seq.prefill_target = 0
         seq.num_scheduled_outputs = seq.num_outputs
         solo = Group(group.request, group.extra_key, group.arrival_s, [seq],
@@ -332,8 +339,8 @@ class Scheduler:
 
     def _plan_chunk(self, seq: Seq, budget: int, out: SchedulerOutput) -> int:
         """Schedule the next prefill chunk of seq within budget; returns tokens used."""
-        num = min(budget, seq.prefill_target - seq.num_computed)
         start = seq.num_computed
+        num = self.kv.snapshot_stop(start, min(budget, seq.prefill_target - start))
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
                              self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
                              seq.group.request.images)
@@ -341,6 +348,10 @@ class Scheduler:
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
+        restore = self.kv.take_restore(seq.seq_id)
+        if restore >= 0:
+            out.state_restores.append((restore, chunk.slot))
+        self._snapshot(seq, out)
         if not seq.in_prefill:
             chunk.sample_seq_ids = [seq.seq_id]
             seq.prefill_target = 0
@@ -349,6 +360,13 @@ class Scheduler:
                 chunk.sample_seq_ids += self._activate_children(seq)
         out.prefill.append(chunk)
         return num
+
+    def _snapshot(self, seq: Seq, out: SchedulerOutput) -> None:
+        """Rule 6: a forward leaving seq at a block boundary snapshots its state."""
+        snap = self.kv.plan_snapshot(seq.seq_id, seq.num_computed,
+                                     cache_prompt=seq.group.request.cache_prompt)
+        if snap is not None:
+            out.state_snapshots.append((self.kv.state_slot(seq.seq_id), snap))
 
     def _activate_children(self, parent: Seq) -> list[int]:
         """The parent's final chunk runs now: rows 1..n-1 join the batch next step."""

@@ -117,15 +117,69 @@ def test_abort_gives_back_blocks_and_state_slot(make_engine, family):
     assert (stats.state_slots_used, stats.num_blocks_used) == (0, 0)
 
 
-@pytest.mark.parametrize("family", RECURRENT)
-def test_recurrent_models_run_without_prefix_cache_and_speculation(make_engine, family):
-    """Until state snapshots exist (engine.py): turn 2 recomputes, and stays exact."""
+def test_recurrent_models_run_without_speculation(make_engine):
+    """Speculation stays off for recurrent layers (engine.py): a rejected draft would
+    leave its tokens in the state."""
     from frink_mlx.engine.speculative import SpecConfig
 
-    engine = engine_for(make_engine, family, spec=SpecConfig(max_draft=4))
-    assert engine.config.spec is None and not engine.kv.enable_caching
-    prompt = prompts(6, (17,))[0]
-    for turn in range(2):
-        outs = list(engine.submit(SeqRequest(f"t{turn}", prompt, GREEDY, 6)))
-        assert [o.token_id for o in outs] == reference(family, tuple(prompt), 6)
-        assert outs[0].num_cached_tokens == 0
+    engine = engine_for(make_engine, "qwen3_5", spec=SpecConfig(max_draft=4))
+    assert engine.config.spec is None and engine.kv.enable_caching
+
+
+def turn(engine, request_id: str, prompt: list[int], n_out: int, n: int = 1):
+    """One request's rows (token ids per row) and its cached_tokens."""
+    rows: dict[int, list[int]] = {}
+    cached = None
+    for out in engine.submit(SeqRequest(request_id, prompt, GREEDY, n_out, n=n)):
+        rows.setdefault(out.index, []).append(out.token_id)
+        cached = out.num_cached_tokens if cached is None else cached
+    return rows, cached
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_second_turn_restores_a_state_snapshot_and_stays_exact(make_engine, family):
+    """Turn 2 (turn 1's prompt, its output, a new message) hits: the attention blocks up to
+    the row's last snapshot (its tail, kv/snapshots.py rule 1) are reused, the recurrent
+    layers restore it; greedy equals mlx-lm's run of the whole turn-2 prompt."""
+    engine = engine_for(make_engine, family, snapshot_interval_blocks=4)  # kept: 16, 32, ...
+    first = prompts(6, (17,))[0]
+    rows, cached = turn(engine, "t1", first, 6)
+    assert rows[0] == reference(family, tuple(first), 6) and cached == 0
+    second = first + rows[0] + prompts(7, (5,))[0]
+    rows, cached = turn(engine, "t2", second, 6)
+    assert rows[0] == reference(family, tuple(second), 6)
+    assert cached == 20  # the tail: 17 + 5 fed tokens, last boundary at 20 (block_size 4)
+    # The same prompt again: a hit stops short of its last token (manager rule 1), at 24;
+    # the deepest snapshot before it is still turn 1's tail (turn 2's chunks ended at 25, 28)
+    again, cached = turn(engine, "t3", second, 6)
+    assert again == rows and cached == 20
+    assert engine.stats().extra["state_snapshots_used"] > 0
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_n2_after_a_hit_both_rows_exact(make_engine, family):
+    engine = engine_for(make_engine, family)
+    first = prompts(8, (13,))[0]
+    out, _ = turn(engine, "t1", first, 5)
+    second = first + out[0] + prompts(9, (6,))[0]
+    rows, cached = turn(engine, "t2", second, 6, n=2)
+    want = reference(family, tuple(second), 6)
+    assert rows == {0: want, 1: want} and cached > 0
+    assert engine.stats().state_slots_used == 0
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_batched_rows_of_different_lengths_hit_a_shared_prefix(make_engine, family):
+    """An agent's system prompt: once it ran, four rows on it with suffixes of different
+    lengths, batched, each restore the snapshot at its interval and stay exact."""
+    engine = engine_for(make_engine, family)
+    system = prompts(10, (21,))[0]
+    turn(engine, "warm", system, 2)
+    every = engine.kv.snapshots.interval_tokens
+    batch = [system + s for s in prompts(11, (3, 9, 1, 14))]
+    streams = [engine.submit(SeqRequest(f"r{i}", p, GREEDY, 8)) for i, p in enumerate(batch)]
+    for i, (p, stream) in enumerate(zip(batch, streams)):
+        outs = list(stream)
+        assert [o.token_id for o in outs] == reference(family, tuple(p), 8), f"row {i}"
+        cached = outs[0].num_cached_tokens  # at least its last interval; a tail may be later
+        assert len(system) >= cached >= (len(system) // every) * every and cached > 0
