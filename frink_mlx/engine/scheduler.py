@@ -250,7 +250,7 @@ class Scheduler:
                                         images=seq.group.request.images))
             seq.num_computed += 1
             seq.num_scheduled_outputs += 1
-            self._snapshot(seq, out)
+            self._snapshot(seq, out, tail=True)
         if self.speculator is not None:
             self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
@@ -340,7 +340,7 @@ class Scheduler:
     def _plan_chunk(self, seq: Seq, budget: int, out: SchedulerOutput) -> int:
         """Schedule the next prefill chunk of seq within budget; returns tokens used."""
         start = seq.num_computed
-        num = self.kv.snapshot_stop(start, min(budget, seq.prefill_target - start))
+        num = self.kv.snapshot_stop(start, min(budget, seq.prefill_target - start), seq.prefill_target)
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
                              self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
                              seq.group.request.images)
@@ -361,9 +361,9 @@ class Scheduler:
         out.prefill.append(chunk)
         return num
 
-    def _snapshot(self, seq: Seq, out: SchedulerOutput) -> None:
+    def _snapshot(self, seq: Seq, out: SchedulerOutput, tail: bool = False) -> None:
         """Rule 6: a forward leaving seq at a block boundary snapshots its state."""
-        snap = self.kv.plan_snapshot(seq.seq_id, seq.num_computed,
+        snap = self.kv.plan_snapshot(seq.seq_id, seq.num_computed, tail=tail,
                                      cache_prompt=seq.group.request.cache_prompt)
         if snap is not None:
             out.state_snapshots.append((self.kv.state_slot(seq.seq_id), snap))

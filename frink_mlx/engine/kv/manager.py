@@ -359,11 +359,12 @@ class KVCacheManager:
         if self.snapshots is not None:
             self.snapshots.new_step()
 
-    def snapshot_stop(self, start: int, num_tokens: int) -> int:
-        """A prefill chunk's length, cut at the next snapshot interval (snapshots rule 1)."""
-        return num_tokens if self.snapshots is None else self.snapshots.stop(start, num_tokens)
+    def snapshot_stop(self, start: int, num_tokens: int, target: int) -> int:
+        """A prefill chunk's length, cut where snapshots are taken (snapshots rule 1)."""
+        return num_tokens if self.snapshots is None else \
+            self.snapshots.stop(start, num_tokens, target)
 
-    def plan_snapshot(self, seq_id: SeqId, num_tokens: int, *,
+    def plan_snapshot(self, seq_id: SeqId, num_tokens: int, *, tail: bool = False,
                       cache_prompt: bool = True) -> int | None:
         """The snapshot id a forward leaving `seq_id` at `num_tokens` fills, or None."""
         if self.snapshots is None or not (self.enable_caching and cache_prompt) \
@@ -372,7 +373,7 @@ class KVCacheManager:
         hashes = self._seq(seq_id).block_hashes
         index = num_tokens // self._block_size - 1
         return self.snapshots.reserve(seq_id, num_tokens,
-                                      hashes[index] if index < len(hashes) else None)
+                                      hashes[index] if index < len(hashes) else None, tail=tail)
 
     def take_restore(self, seq_id: SeqId) -> int:
         """The snapshot `seq_id`'s state starts from (rule 10), once; -1 for none."""

@@ -12,18 +12,22 @@ which snapshot id holds what; kv/recurrent.py holds the arrays.
 Terms: a *boundary* ends a block (a multiple of block_size); the *interval*
 is `interval_blocks` K blocks, K * block_size tokens:
 
-    positions  0 ........ 15 | 16 ........ 31 | 32 ... 41     (block_size 4, K = 4)
-    snapshots              16^             32^         40^ (the row's tail)
-    prefill chunks stop at 16 and 32; a hit restarts at 40, 32 or 16
+    positions  0 ........ 15 | 16 ........ 31 | 32 .. 37 | 38 ... 45   (block_size 4, K = 4)
+    snapshots              16^             32^      36^          44^
+                       kept (interval)     kept  kept (prompt end)  the row's tail (decode)
+    a 38-token prompt's chunks stop at 16, 32 and 36; a later hit restarts at 44, 36, 32 or 16
 
 Rules:
 1. Taking. A row takes a snapshot whenever a forward leaves its state at a
    boundary b: a prefill chunk ending there (chunks stop at every multiple of
-   the interval: `stop`), or a decode step at position b - 1. One at a
-   multiple of the interval is kept; any other is the row's *tail*: a row
-   holds at most one, a new one releases the previous, so a decoding row
-   costs one snapshot, not one per block, and a finished row leaves its last
-   boundary behind (a chat's next turn restarts there).
+   the interval and at the prompt's last boundary: `stop`), or a decode step
+   at position b - 1. A prefill snapshot is kept; a decode one is the row's
+   *tail*: a row holds at most one, a new one releases the previous, so a
+   decoding row costs one snapshot, not one per block, and a finished row
+   leaves its last boundary behind. A chat's next turn restarts at that tail,
+   or at the prompt's end where the history re-tokenizes differently from
+   the tokens sampled (a detokenized reply rarely encodes back to the same
+   ids).
 2. Keys. A snapshot is bound to the hash of the block ending at b when the
    manager publishes that block: at once for prompt tokens, once its last
    token is read back for outputs. A row that is freed releases the
@@ -102,15 +106,18 @@ class SnapshotIndex:
         """The scheduler plans a new step (rule 3)."""
         self._step += 1
 
-    def stop(self, start: int, num_tokens: int) -> int:
-        """A prefill chunk [start, start + num_tokens) cut at the next multiple of the
-        interval (rule 1)."""
+    def stop(self, start: int, num_tokens: int, target: int) -> int:
+        """A prefill chunk [start, start + num_tokens) of a prompt of `target` tokens, cut
+        at the next multiple of the interval and at the prompt's last boundary (rule 1)."""
         edge = (start // self.interval_tokens + 1) * self.interval_tokens
-        return min(num_tokens, edge - start)
+        last = target // self._block_size * self._block_size
+        return min(num_tokens, edge - start, last - start if last > start else num_tokens)
 
-    def reserve(self, seq_id: SeqId, end: int, block_hash: int | None) -> int | None:
-        """An id for `seq_id`'s state at boundary `end` (rule 1), bound at once when the
-        block's hash is known; None when it is cached already or no id is free (rule 5)."""
+    def reserve(self, seq_id: SeqId, end: int, block_hash: int | None, *,
+                tail: bool = False) -> int | None:
+        """An id for `seq_id`'s state at boundary `end` (rule 1; `tail`: a decode step's),
+        bound at once when the block's hash is known; None when it is cached already or
+        no id is free (rule 5)."""
         if end <= 0 or end % self._block_size:
             return None
         if block_hash is not None and block_hash in self._by_hash:
@@ -119,7 +126,7 @@ class SnapshotIndex:
         if snap_id is None:
             return None
         snap = self._snaps[snap_id] = _Snapshot(end, seq_id, seq_id, self._step)
-        if end % self.interval_tokens:  # a tail: the previous one goes
+        if tail:  # the previous one goes
             previous = self._tails.get(seq_id)
             if previous is not None:
                 self._release(previous)

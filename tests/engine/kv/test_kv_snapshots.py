@@ -22,7 +22,7 @@ def run_prompt(kv: KVCacheManager, seq: str, tokens: list[int]) -> list[int]:
     assert kv.allocate_slots(seq, len(tokens) - hit, blocks) is not None
     taken, pos = [], hit
     while pos < len(tokens):
-        pos += kv.snapshot_stop(pos, len(tokens) - pos)
+        pos += kv.snapshot_stop(pos, len(tokens) - pos, len(tokens))
         kv.cache_blocks(seq, tokens[:pos], KEY)
         snap = kv.plan_snapshot(seq, pos)
         if snap is not None:
@@ -38,15 +38,18 @@ def test_the_interval_rule_takes_the_largest_of_its_bounds() -> None:
 
 def test_prefill_stops_at_the_interval_and_a_hit_is_cut_back_to_a_snapshot() -> None:
     kv = manager()
-    prompt = list(range(1, 23))  # 22 tokens: kept at 8 and 16, the tail at 20
-    assert kv.snapshot_stop(0, 22) == 8 and kv.snapshot_stop(9, 22) == 7
-    assert run_prompt(kv, "a", prompt) == [0, 1]  # 22 is no boundary: no tail
+    prompt = list(range(1, 23))  # 22 tokens: kept at 8, 16 and the last boundary, 20
+    assert kv.snapshot_stop(0, 22, 22) == 8 and kv.snapshot_stop(9, 22, 22) == 7
+    assert kv.snapshot_stop(16, 6, 22) == 4 and kv.snapshot_stop(20, 2, 22) == 2
+    assert run_prompt(kv, "a", prompt) == [0, 1, 2]
     kv.free("a")
     kv.begin_step()
-    blocks, hit = kv.get_computed_blocks(prompt + [99], KEY)  # 5 blocks cached, snapshot at 16
+    other = prompt[:18] + [99] * 8  # 4 blocks shared, the 5th differs: snapshot at 16
+    blocks, hit = kv.get_computed_blocks(other, KEY)
     assert hit == 16 and len(blocks) == 4
-    assert kv.allocate_slots("b", 7, blocks) is not None
+    assert kv.allocate_slots("b", len(other) - 16, blocks) is not None
     assert kv.take_restore("b") == 1 and kv.take_restore("b") == -1
+    assert kv.get_computed_blocks(prompt + [7], KEY)[1] == 20
 
 
 def test_a_snapshot_is_ready_only_from_the_next_step() -> None:
@@ -60,10 +63,10 @@ def test_a_snapshot_is_ready_only_from_the_next_step() -> None:
 
 def test_a_row_keeps_one_tail_and_leaves_it_behind_when_freed() -> None:
     index = SnapshotIndex(4, interval_blocks=4, block_size=4, is_cached=lambda h: True)
-    assert index.reserve("a", 4, block_hash=104) == 0   # a tail
-    assert index.reserve("a", 8, block_hash=None) == 1  # the next tail: 0 goes
+    assert index.reserve("a", 4, block_hash=104, tail=True) == 0
+    assert index.reserve("a", 8, block_hash=None, tail=True) == 1  # the next tail: 0 goes
     assert index.lookup([104]) == (0, -1)
-    assert index.reserve("a", 16, block_hash=116) == 0  # kept (a multiple of 16)
+    assert index.reserve("a", 16, block_hash=116) == 0  # kept (a prefill snapshot)
     index.bind("a", 8, block_hash=108)
     index.release_seq("a")
     index.new_step()
@@ -111,4 +114,4 @@ def test_running_out_is_a_value() -> None:
 def test_without_snapshots_a_recurrent_model_caches_nothing() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False, num_state_slots=1)
     assert kv.snapshots is None and kv.plan_snapshot("a", 4) is None
-    assert kv.snapshot_stop(0, 30) == 30
+    assert kv.snapshot_stop(0, 30, 30) == 30
