@@ -42,9 +42,8 @@ recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
 A model with recurrent layers keeps its prefix cache through
 `num_snapshots` state snapshots every `snapshot_interval_blocks` blocks
 (kv/snapshots.py; 0 snapshots: prefix cache off, since a hit would skip the
-state of the tokens it covers), and runs without speculation (a rejected
-draft would leave its tokens in the state); both are logged once when the
-engine starts.
+state of the tokens it covers), logged once when the engine starts; its
+speculation rolls a rejected draft's state back (engine/speculative/ rule 8).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools).
@@ -145,8 +144,9 @@ class Engine:
         model = loaded.model
         self.cache_spec = self._cache_spec(loaded, channel)
         self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
-        config = self._without_state_features(config)
-        self._draft = draft if config.spec is not None and channel is None else None
+        config = self._state_features(config)
+        self._draft = draft if config.spec is not None and channel is None and not (
+            draft is not None and has_recurrent_layers(draft.model)) else None  # spec. rule 8
         config = dataclasses.replace(config, spec=self._spec_config(config, loaded))
         self.config = config
         self.gate = gate
@@ -191,8 +191,8 @@ class Engine:
                                    "recurrent layers is not supported")
         return None
 
-    def _without_state_features(self, config: EngineConfig) -> EngineConfig:
-        """The module docstring's limits for a model with recurrent layers."""
+    def _state_features(self, config: EngineConfig) -> EngineConfig:
+        """The state slots and snapshots of a model with recurrent layers (module docstring)."""
         spec = self.cache_spec
         if spec is None or not spec.has_state:
             return config
@@ -202,10 +202,9 @@ class Engine:
         every = config.snapshot_interval_blocks or interval_blocks(  # kv/snapshots.py rule 6
             config.num_blocks, snaps, spec.state_bytes_per_row,
             spec.kv_bytes_per_token(self._dtype) * config.block_size, -(-chunk // config.block_size))
-        log.info("model %s has recurrent layers: %s%s", spec.family,
-                 f"{snaps} state snapshots every {every} blocks" if snaps else "prefix cache off",
-                 ", speculation off" if config.spec is not None else "")
-        return dataclasses.replace(config, spec=None, num_state_slots=slots,
+        log.info("model %s has recurrent layers: %s", spec.family,
+                 f"{snaps} state snapshots every {every} blocks" if snaps else "prefix cache off")
+        return dataclasses.replace(config, num_state_slots=slots,
                                    num_snapshots=snaps, snapshot_interval_blocks=every)
 
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
@@ -260,8 +259,9 @@ class Engine:
                              block_size=self.config.block_size, n_kv_heads=heads,
                              head_dim=head_dim,
                              dtype=getattr(self._draft, "dtype", None) or _param_dtype(model))
-        vocab = int(getattr(getattr(self.loaded.model, "args", None), "vocab_size", 0) or 0)
-        return DraftModel(model, store, backend.prepare_decoder(model), vocab or 1 << 31)
+        args = getattr(self.loaded.model, "args", None)  # qwen3_5's nests a text_config
+        vocab = getattr(args, "vocab_size", 0) or getattr(args, "text_config", {}).get("vocab_size")
+        return DraftModel(model, store, backend.prepare_decoder(model), int(vocab or 2**31 - 1))
 
     @property
     def store(self) -> PagedKVStore:

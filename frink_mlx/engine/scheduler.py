@@ -45,8 +45,9 @@ Rules:
 5b. Speculation (engine/speculative/, `spec` set): after step 1's reservations a decode
    row whose last token is on the host may draft k tokens and reserve k more
    slots (never preempting for them); `update_rows` takes the accepted drafts
-   plus one token, and rolls the row's positions and slots back to them (and
-   its draft-model KV, engine/speculative/ rule 7, which ends with the row).
+   plus one token, and rolls the row's positions and slots back to them (and its
+   draft-model KV, engine/speculative/ rule 7, which ends with the row; a recurrent
+   row's state: it replays its kept tokens as a chunk, engine/speculative/ rule 8).
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
@@ -250,12 +251,13 @@ class Scheduler:
                                         images=seq.group.request.images))
             seq.num_computed += 1
             seq.num_scheduled_outputs += 1
-            self._snapshot(seq, out, tail=True)
         if self.speculator is not None:
             self.speculator.plan(out, self.seqs)
         for row in out.decode:  # tables once every reservation is done
             row.block_table = self.kv.block_table(row.seq_id)
             row.slot = self.kv.state_slot(row.seq_id)
+            if not (row.draft or row.num_model_draft):  # a verify row's state waits (5b)
+                self._snapshot(self.seqs[row.seq_id], out, tail=True)
 
     def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
@@ -270,8 +272,6 @@ class Scheduler:
         """Rule 3: free seq's blocks and put it back at the head of the queue."""
         self.running.remove(seq)
         out.preempted.append(seq.seq_id)
-        slot = self.kv.state_slot(seq.seq_id)  # its planned snapshot never runs (rule 6)
-        out.state_snapshots = [pair for pair in out.state_snapshots if pair[0] != slot]
         out.decode = [row for row in out.decode if row.seq_id != seq.seq_id]
         self.num_preemptions += 1
         if self.speculator is not None:
@@ -348,8 +348,8 @@ class Scheduler:
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
-        restore = self.kv.take_restore(seq.seq_id)
-        if restore >= 0:
+        restore = self.kv.take_restore(seq.seq_id)  # a snapshot, or a verify's ROLLBACK (5b)
+        if restore != -1:
             out.state_restores.append((restore, chunk.slot))
         self._snapshot(seq, out)
         if not seq.in_prefill:

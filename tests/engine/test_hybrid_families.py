@@ -117,13 +117,42 @@ def test_abort_gives_back_blocks_and_state_slot(make_engine, family):
     assert (stats.state_slots_used, stats.num_blocks_used) == (0, 0)
 
 
-def test_recurrent_models_run_without_speculation(make_engine):
-    """Speculation stays off for recurrent layers (engine.py): a rejected draft would
-    leave its tokens in the state."""
-    from frink_mlx.engine.speculative import SpecConfig
+class Oracle:
+    """Drafts each prompt's reference continuation, one token wrong whenever the row's
+    length is a multiple of 3 (as test_speculative.py's), so verify rows keep all their
+    drafts in some steps and reject some in others."""
 
-    engine = engine_for(make_engine, "qwen3_5", spec=SpecConfig(max_draft=4))
-    assert engine.config.spec is None and engine.kv.enable_caching
+    def __init__(self, references: dict[tuple[int, ...], list[int]]) -> None:
+        self.references = references
+
+    def propose(self, tokens: list[int], max_draft: int) -> list[int]:
+        for prompt, ref in self.references.items():
+            if tuple(tokens[:len(prompt)]) == prompt:
+                draft = list(ref[len(tokens) - len(prompt):][:max_draft])
+                if draft and len(tokens) % 3 == 0:
+                    draft[len(tokens) % len(draft)] = (draft[len(tokens) % len(draft)] + 1) % 299 + 1
+                return draft
+        return []
+
+
+@pytest.mark.parametrize("family", RECURRENT)
+def test_speculation_rolls_a_rejected_drafts_state_back_and_stays_exact(make_engine, family,
+                                                                        monkeypatch):
+    """engine/speculative/ rule 8: rows of different lengths, batched, drafting; a row that
+    rejects drafts replays its kept tokens from its pre-verify state; greedy equals mlx-lm's."""
+    from frink_mlx.engine.speculative import RowDrafter, SpecConfig
+
+    engine = engine_for(make_engine, family, spec=SpecConfig(max_draft=4), pipeline=False)
+    assert engine.config.spec is not None and engine.kv.enable_caching
+    batch = prompts(12, (9, 14, 6))
+    oracle = Oracle({tuple(p): reference(family, tuple(p), 12) for p in batch})
+    monkeypatch.setattr(RowDrafter, "propose", lambda self, t, k: oracle.propose(t, k))
+    streams = [engine.submit(SeqRequest(f"s{i}", p, GREEDY, 12)) for i, p in enumerate(batch)]
+    for i, (p, stream) in enumerate(zip(batch, streams)):
+        assert tokens(stream)[0] == reference(family, tuple(p), 12), f"row {i}"
+    stats = engine.stats()
+    assert 0 < stats.draft_accepted_tokens_total < stats.draft_tokens_total
+    assert (stats.state_slots_used, stats.num_blocks_used) == (0, 0)
 
 
 def turn(engine, request_id: str, prompt: list[int], n_out: int, n: int = 1):
@@ -183,3 +212,33 @@ def test_batched_rows_of_different_lengths_hit_a_shared_prefix(make_engine, fami
         assert [o.token_id for o in outs] == reference(family, tuple(p), 8), f"row {i}"
         cached = outs[0].num_cached_tokens  # at least its last interval; a tail may be later
         assert len(system) >= cached >= (len(system) // every) * every and cached > 0
+
+
+@functools.cache
+def llama_draft():
+    """A one-layer llama on the hybrids' vocabulary: the draft model (its KV is paged)."""
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1,
+                           intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+                           rms_norm_eps=1e-5, vocab_size=300, tie_word_embeddings=True)
+    draft = llama.Model(args)
+    mx.eval(draft.parameters())
+    return types.SimpleNamespace(model=draft, dtype=mx.float32, context_length=512)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "lfm2"])
+def test_a_draft_model_speculates_on_a_hybrid_and_stays_exact(make_engine, family):
+    """engine/speculative/ rule 8 with the draft model's tokens (mostly rejected: the state
+    rolls back nearly every step); a draft model with recurrent layers is not used."""
+    from frink_mlx.engine.speculative import SpecConfig
+
+    spec = SpecConfig(max_draft=3, max_rows=8, draft_step_cost=0.01)
+    engine = engine_for(make_engine, family, draft=llama_draft(), spec=spec, pipeline=False)
+    batch = prompts(13, (7, 12))
+    streams = [engine.submit(SeqRequest(f"d{i}", p, GREEDY, 10)) for i, p in enumerate(batch)]
+    for i, (p, stream) in enumerate(zip(batch, streams)):
+        assert tokens(stream)[0] == reference(family, tuple(p), 10), f"row {i}"
+    assert engine.stats().extra["draft_model_tokens_total"] > 0
+    recurrent_draft = types.SimpleNamespace(model=model("lfm2"), dtype=mx.float32)
+    assert engine_for(make_engine, family, draft=recurrent_draft, spec=spec)._draft is None

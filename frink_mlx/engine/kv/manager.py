@@ -61,7 +61,7 @@ from ...errors import EngineFailure
 from .block_pool import BlockPool, KVBlock
 from .hashing import iter_block_hashes
 from .slots import SlotPool
-from .snapshots import SnapshotIndex
+from .snapshots import ROLLBACK, SnapshotIndex
 
 SeqId = Hashable
 
@@ -354,8 +354,7 @@ class KVCacheManager:
 
     # -- recurrent-state snapshots (rule 10, kv/snapshots.py) ------------------------
 
-    def begin_step(self) -> None:
-        """The scheduler plans a new step (kv/snapshots.py rule 3)."""
+    def begin_step(self) -> None:  # the scheduler plans a step (kv/snapshots.py rule 3)
         if self.snapshots is not None:
             self.snapshots.new_step()
 
@@ -375,8 +374,12 @@ class KVCacheManager:
         return self.snapshots.reserve(seq_id, num_tokens,
                                       hashes[index] if index < len(hashes) else None, tail=tail)
 
+    def roll_back_state(self, seq_id: SeqId) -> None:
+        """Its state restarts from before its last verify (engine/speculative/ rule 8)."""
+        self._seq(seq_id).restore = ROLLBACK
+
     def take_restore(self, seq_id: SeqId) -> int:
-        """The snapshot `seq_id`'s state starts from (rule 10), once; -1 for none."""
+        """The snapshot its state starts from (rule 10), or ROLLBACK, once; -1: none."""
         state = self._seq(seq_id)
         restore, state.restore = state.restore, -1
         return restore

@@ -59,6 +59,9 @@ Rules:
    `restore` makes a slot refer to a snapshot's arrays before a forward,
    as `copy_slots` does. Ids are kv/snapshots.py's; freed ones keep their
    arrays until taken again, priced full like slots.
+8. A verify step (engine/speculative/ rule 8) `checkpoint`s its rows' slots
+   (references, as rule 5) before its forward; the next step may restore a
+   slot from it (`restore` with ROLLBACK). Checkpoints last one step.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from .snapshots import ROLLBACK
 from .specs import StateSpec
 
 
@@ -89,6 +93,7 @@ class StateStore:
         self._slots: dict[int, list[list[_Ref | None]]] = {}
         self._snapshots: dict[int, list[list[mx.array]]] = {}  # rule 7
         self._unsettled: list[mx.array] = []
+        self._checkpoints: dict[int, list[list[_Ref | None]]] = {}  # rule 8
 
     @property
     def nbytes(self) -> int:
@@ -116,7 +121,7 @@ class StateStore:
         return list(seen.values())
 
     def release(self) -> None:
-        self._slots, self._snapshots, self._unsettled = {}, {}, []
+        self._slots, self._snapshots, self._unsettled, self._checkpoints = {}, {}, [], {}
 
     def snapshot(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Rule 7: snapshot id <- slot's row, for each (slot, snapshot id)."""
@@ -133,10 +138,21 @@ class StateStore:
     def restore(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Rule 7: slot -> snapshot id's arrays, for each (snapshot id, slot)."""
         for snap_id, slot in pairs:
+            if snap_id == ROLLBACK:  # rule 8
+                layers = self._checkpoints.get(slot)
+                if layers is None:
+                    raise RuntimeError(f"state slot {slot} has no pre-verify checkpoint")
+                self._slots[slot] = layers
+                continue
             rows = self._snapshots.get(snap_id)
             if rows is None:
                 raise RuntimeError(f"state snapshot {snap_id} was never taken")
             self._slots[slot] = [[_Ref(a, 0) for a in row] for row in rows]
+
+    def checkpoint(self, slots: Sequence[int]) -> None:
+        """Rule 8: this step's verify rows; the previous step's checkpoints go."""
+        self._checkpoints = {slot: [list(refs) for refs in self._slots[slot]]
+                             for slot in slots if slot in self._slots}
 
     def settle(self) -> None:
         """The step that took the snapshots is dispatched with them (rule 7)."""

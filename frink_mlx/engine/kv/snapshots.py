@@ -60,6 +60,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 SeqId = Hashable
+ROLLBACK = -2  # a restore from the slot's own pre-verify state (engine/speculative/ rule 8)
 
 
 def interval_blocks(num_blocks: int, num_snapshots: int, state_bytes: int,
