@@ -6,6 +6,11 @@ kinds of kv/specs.py). Every row must equal mlx-lm's `generate_step` run
 alone on its prompt: a row alone, four rows of different lengths batched,
 prompts chunked (chunks shorter than every prompt), n = 2, and rows preempted
 and recomputed; an aborted row gives back its blocks and its state slot.
+Recurrent families also keep a prefix cache through state snapshots
+(engine/kv/snapshots.py): a chat's second turn, n = 2 after a hit and four
+batched rows on a shared system prompt report cached tokens and stay exact,
+pipelined too; speculation (prompt lookup and a draft model) rolls a
+rejected draft's state back and stays exact (engine/speculative/ rule 8).
 Recurrent families (GatedDeltaNet, Mamba2, short convolutions) hold one
 state slot per row; windowed families (gemma3_text, gpt_oss, gemma4_text,
 with Gemma 4's KV-shared layers and per-layer head dims) have windows
@@ -242,3 +247,17 @@ def test_a_draft_model_speculates_on_a_hybrid_and_stays_exact(make_engine, famil
     assert engine.stats().extra["draft_model_tokens_total"] > 0
     recurrent_draft = types.SimpleNamespace(model=model("lfm2"), dtype=mx.float32)
     assert engine_for(make_engine, family, draft=recurrent_draft, spec=spec)._draft is None
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_pipelined_steps_bind_decode_snapshots_once_their_tokens_come_back(make_engine, family):
+    """Pipelined (Metal's loop.py order: step t+1 planned before step t is read back), a decode
+    snapshot is taken before its block's last token is on the host and bound when it is
+    (kv/snapshots.py rule 2); turn 2 still restarts at turn 1's tail and stays exact."""
+    engine = engine_for(make_engine, family, snapshot_interval_blocks=4, pipeline=True)
+    first = prompts(14, (17,))[0]
+    rows, _ = turn(engine, "t1", first, 9)
+    second = first + rows[0] + prompts(15, (4,))[0]
+    rows, cached = turn(engine, "t2", second, 6)
+    assert rows[0] == reference(family, tuple(second), 6)
+    assert cached == 24  # 17 + 8 fed tokens: the tail at the last boundary, 24
