@@ -69,8 +69,26 @@ def test_hybrid_served_with_mlx_lm_greedy_text(family: str, tiny_llama_dir: Path
         assert (health["kv"]["state_slots_total"], health["kv"]["state_slots_used"]) == (4, 0)
         plan = server.state.hub.current.plan
         assert plan.num_state_slots == 4 and plan.state_bytes > 0
+        assert health["kv"]["state_snapshots_total"] == plan.num_snapshots > 0
+        second_turn(server.url, PROMPTS[0] + want[0] + " and then", model, tokenizer)
     finally:
         server.stop()
+
+
+def second_turn(url: str, prompt: str, model, tokenizer) -> None:
+    """A chat's next turn on a hybrid: cached_tokens > 0 (the recurrent layers restore a
+    state snapshot, engine/kv/snapshots.py) and mlx-lm's greedy text all the same."""
+    import mlx_lm
+
+    want = tokenizer.decode([r.token for r in mlx_lm.stream_generate(
+        model, tokenizer, prompt, max_tokens=10)], skip_special_tokens=False,
+        clean_up_tokenization_spaces=False)
+    r = httpx.post(url + "/v1/completions", timeout=120, json={
+        "model": "h", "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["text"] == want
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
 def test_a_model_file_the_engine_cannot_run_is_refused_at_load(tiny_llama_dir: Path,

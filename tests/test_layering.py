@@ -39,7 +39,7 @@ def _modules(package: object) -> list[str]:
 
 ACCOUNTING = ["frink_mlx.engine.scheduler", "frink_mlx.engine.kv.block_pool",
               "frink_mlx.engine.kv.manager", "frink_mlx.engine.kv.hashing",
-              "frink_mlx.engine.kv.slots",
+              "frink_mlx.engine.kv.slots", "frink_mlx.engine.kv.snapshots",
               "frink_mlx.engine.admission", "frink_mlx.engine.plan"]
 
 

@@ -76,6 +76,10 @@ def _kv(stats: Any) -> dict[str, Any] | None:
     if getattr(stats, "state_slots_total", None) is not None:  # recurrent layers (engine/kv/slots.py)
         kv["state_slots_total"] = stats.state_slots_total
         kv["state_slots_used"] = stats.state_slots_used
+    extra = getattr(stats, "extra", None) or {}
+    if "state_snapshots_total" in extra:  # their snapshots (engine/kv/snapshots.py)
+        kv["state_snapshots_total"] = int(extra["state_snapshots_total"])
+        kv["state_snapshots_used"] = int(extra["state_snapshots_used"])
     return kv
 
 

@@ -12,10 +12,14 @@ Rules:
 1. Pipelining: never for a distributed group (leader.py rule 1); else the
    setting, else `Backend.pipelines_steps()` (engine.py's docstring says why
    the CPU backend does not).
-2. A model with recurrent layers (kv/specs.py) runs without speculation (a
-   rejected draft would leave its tokens in the state) and with
-   `num_state_slots` = max_batch unless given; logged once. Its prefix cache
-   is off too, which the engine decides from the same cache spec.
+2. A model with recurrent layers (kv/specs.py) runs with `num_state_slots` =
+   max_batch unless given, and keeps its prefix cache through state snapshots
+   (kv/snapshots.py): `num_snapshots` (4 a slot unless given; 0: the prefix
+   cache off, since a hit would skip the state of the tokens it covers) every
+   `snapshot_interval_blocks` (kv/snapshots.py rule 6 unless given); logged
+   once. It speculates (a rejected draft's state is rolled back:
+   engine/speculative/ rule 8), but never with a draft model that has
+   recurrent layers itself.
 3. A distributed group never speculates (the step plan the followers replay
    carries no drafts) and keeps one uniform paged cache per layer: a model
    with recurrent layers is refused there (UnsupportedModel).
@@ -35,6 +39,7 @@ from typing import Any, Protocol
 from mlx.utils import tree_flatten
 
 from ..backend import Backend
+from .kv.snapshots import interval_blocks
 from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
 from .speculative import SpecConfig
 
@@ -65,6 +70,8 @@ class EngineConfig:
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
     spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
     num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
+    num_snapshots: int | None = None         # state snapshots (rule 2); None: 4 a slot
+    snapshot_interval_blocks: int = 0        # rule 2; 0: kv/snapshots.py rule 6
     resolved: bool = False                   # set by resolve_engine_config only
 
 
@@ -85,15 +92,29 @@ def resolve_engine_config(config: EngineConfig, loaded: EngineModel, backend: Ba
     pipeline = False if distributed else (
         backend.pipelines_steps() if config.pipeline is None else config.pipeline)
     cache_spec = engine_cache_spec(loaded, distributed)
-    spec, num_state_slots = config.spec, config.num_state_slots
     if cache_spec is not None and cache_spec.has_state:  # rule 2
-        log.info("model %s has recurrent layers: prefix cache off%s", cache_spec.family,
-                 ", speculation off" if spec is not None else "")
-        spec, num_state_slots = None, num_state_slots or config.max_batch
+        config = _with_state(config, cache_spec, model_dtype(loaded))
+        if draft is not None and has_recurrent_layers(draft.model):
+            draft = None
+    spec = config.spec
     if distributed:  # rule 3
         spec = None
-    return dataclasses.replace(config, pipeline=pipeline, num_state_slots=num_state_slots,
+    return dataclasses.replace(config, pipeline=pipeline,
                                spec=_with_draft(spec, config, loaded, draft), resolved=True)
+
+
+def _with_state(config: EngineConfig, cache_spec: ModelCacheSpec, dtype: Any) -> EngineConfig:
+    """Rule 2: the state slots and snapshots of a model with recurrent layers."""
+    slots = config.num_state_slots or config.max_batch
+    snaps = 4 * slots if config.num_snapshots is None else config.num_snapshots
+    chunk = max(config.prefill_chunk_tokens, config.idle_prefill_tokens or 0)
+    every = config.snapshot_interval_blocks or interval_blocks(  # kv/snapshots.py rule 6
+        config.num_blocks, snaps, cache_spec.state_bytes_per_row,
+        cache_spec.kv_bytes_per_token(dtype) * config.block_size, -(-chunk // config.block_size))
+    log.info("model %s has recurrent layers: %s", cache_spec.family,
+             f"{snaps} state snapshots every {every} blocks" if snaps else "prefix cache off")
+    return dataclasses.replace(config, num_state_slots=slots, num_snapshots=snaps,
+                               snapshot_interval_blocks=every)
 
 
 def _with_draft(spec: SpecConfig | None, config: EngineConfig, loaded: EngineModel,
@@ -111,6 +132,17 @@ def draft_pool_blocks(spec: SpecConfig, num_blocks: int, block_size: int,
                       context_ceiling: int) -> int:
     """The draft KV pool (rule 4): `draft_rows` full contexts, never more than the target's."""
     return max(1, min(num_blocks, spec.draft_rows * -(-context_ceiling // block_size)))
+
+
+def model_dtype(loaded: EngineModel) -> Any:
+    """The float type of `loaded`'s KV: the loader's dtype, else its first parameter's."""
+    dtype = getattr(loaded, "dtype", None)
+    if dtype is not None:
+        return dtype
+    params: list[tuple[str, Any]] = tree_flatten(loaded.model.parameters())  # type: ignore[assignment]
+    for _, value in params:
+        return value.dtype
+    raise ValueError("model has no parameters")
 
 
 def _nbytes(model: Any) -> int:

@@ -44,9 +44,11 @@ Failure rules:
 Cache kinds (kv/specs.py): the model's own `make_cache()` says which entries
 it needs; each attention entry gets its own paged pool (its geometry), each
 recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
-Until recurrent-state snapshots exist, a model with recurrent layers runs
-with the prefix cache off (a hit would skip the state of the tokens it
-covers) and without speculation (config.py rule 2).
+A model with recurrent layers keeps its prefix cache through
+`num_snapshots` state snapshots every `snapshot_interval_blocks` blocks
+(kv/snapshots.py; 0 snapshots: prefix cache off, since a hit would skip the
+state of the tokens it covers), decided with the rest of the config (config.py rule 2); its
+speculation rolls a rejected draft's state back (engine/speculative/ rule 8).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools).
@@ -69,7 +71,6 @@ import time
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..backend import Backend
 from ..core.checks import check_sampling
@@ -77,7 +78,7 @@ from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded, Unavaila
 from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
-from .config import EngineConfig, EngineModel, engine_cache_spec
+from .config import EngineConfig, EngineModel, engine_cache_spec, model_dtype
 from .gate import DecodeGate
 from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
@@ -110,16 +111,20 @@ class Engine:
         self.loaded = loaded
         self._channel = channel
         model = loaded.model
+        self._dtype = model_dtype(loaded)
         self.cache_spec = engine_cache_spec(loaded, distributed=channel is not None)
         spec = config.spec
         self._draft = draft if spec is not None and spec.draft_num_blocks > 0 else None
         self.config = config
         self.gate = gate
-        self._dtype = getattr(loaded, "dtype", None) or _param_dtype(model)
         self._stream: Any = workers.stream_for(mx.default_device())
         has_state = self.cache_spec is not None and self.cache_spec.has_state
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, enable_caching=not has_state,
-                                 num_state_slots=config.num_state_slots if has_state else 0)
+        num_snapshots = (config.num_snapshots or 0) if has_state else 0
+        self.kv = KVCacheManager(config.num_blocks, config.block_size,
+                                 enable_caching=not has_state or num_snapshots > 0,
+                                 num_state_slots=config.num_state_slots if has_state else 0,
+                                 num_snapshots=num_snapshots,
+                                 snapshot_interval_blocks=config.snapshot_interval_blocks)
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
@@ -145,7 +150,7 @@ class Engine:
 
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
-        none for a model with recurrent layers (its prefix cache is off: module docstring)."""
+        none for a model with recurrent layers (its state snapshots stay in memory)."""
         if self.cache_spec is not None and self.cache_spec.has_state:
             return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
@@ -184,9 +189,10 @@ class Engine:
         store = PagedKVStore(num_layers=layers, num_blocks=spec.draft_num_blocks,
                              block_size=self.config.block_size, n_kv_heads=heads,
                              head_dim=head_dim,
-                             dtype=getattr(self._draft, "dtype", None) or _param_dtype(model))
-        vocab = int(getattr(getattr(self.loaded.model, "args", None), "vocab_size", 0) or 0)
-        return DraftModel(model, store, backend.prepare_decoder(model), vocab or 1 << 31)
+                             dtype=model_dtype(self._draft))
+        args = getattr(self.loaded.model, "args", None)  # qwen3_5's nests a text_config
+        vocab = getattr(args, "vocab_size", 0) or getattr(args, "text_config", {}).get("vocab_size")
+        return DraftModel(model, store, backend.prepare_decoder(model), int(vocab or 2**31 - 1))
 
     @property
     def store(self) -> PagedKVStore:
@@ -282,6 +288,10 @@ class Engine:
         if slots is not None and cache_spec is not None:  # priced full (kv/recurrent.py rule 6)
             s.state_slots_total, s.state_slots_used = slots.num_slots, slots.num_used
             s.extra["state_pool_bytes"] = float(slots.num_slots * cache_spec.state_bytes_per_row)
+        if (snaps := self.kv.snapshots) is not None and cache_spec is not None:  # kv/snapshots.py
+            s.extra["state_snapshots_total"] = float(snaps.num_snapshots)
+            s.extra["state_snapshots_used"] = float(snaps.num_used)
+            s.extra["state_snapshot_bytes"] = float(snaps.num_snapshots * cache_spec.state_bytes_per_row)
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:
@@ -321,10 +331,3 @@ class Engine:
         # streams outlive this generation and serve the next engine the thread runs.
         with mx.stream(self._stream):
             self._loop.run()
-
-
-def _param_dtype(model: Any) -> mx.Dtype:
-    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    for _, value in params:
-        return value.dtype
-    raise ValueError("model has no parameters")

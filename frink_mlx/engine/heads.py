@@ -5,11 +5,13 @@ of a forward; a prefill chunk samples one position, a verify row 1 + k, so
 for the model families we know how to split (head(body(x))) the head runs
 on the rows that are sampled and nothing else. The target's runner
 (runner.py) and the draft model's (engine/speculative/model.py) both use it.
+`in_groups` runs a recurrent model's rows in calls of one length each (never
+padded, kv/recurrent.py rule 4) and puts their logit rows back in order.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -44,3 +46,24 @@ def split_head(model: Any) -> tuple[Callable, Callable] | None:
     else:
         return None
     return (lambda x, caches: inner(x, caches)), head
+
+
+def in_groups(keys: Sequence[int], counts: Sequence[int],
+              run: Callable[[list[int]], mx.array | None]) -> mx.array | None:
+    """`run` once per distinct key over the indices with that key (in order); the logit
+    rows that come out, `counts[i]` for index i, put back in index order."""
+    groups: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    if len(groups) == 1:
+        return run(list(range(len(keys))))
+    parts, order = [], []
+    for members in groups.values():
+        logits = run(members)
+        if logits is not None:
+            parts.append(logits)
+            order += [(i, j) for i in members for j in range(counts[i])]
+    if not parts:
+        return None
+    back = sorted(range(len(order)), key=order.__getitem__)
+    return mx.concatenate(parts, axis=0)[mx.array(back, dtype=mx.int32)]

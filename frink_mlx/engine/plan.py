@@ -140,6 +140,8 @@ class SchedulerOutput:
     prefill: list[PrefillChunk] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_slots)
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots
+    state_restores: list[tuple[int, int]] = field(default_factory=list)  # (snapshot, slot) before
+    state_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot) after
     preempted: list[int] = field(default_factory=list)
     draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/speculative/ rule 7
 

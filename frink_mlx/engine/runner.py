@@ -8,7 +8,9 @@ One step, in order:
 0. Draft-model jobs (engine/speculative/ rule 7, speculative/model.py): their tokens fill
    the drafts of the rows the speculator gave to the draft model.
 1. Block copies (and recurrent-state copies) for freshly forked rows (n > 1),
-   see kv/paged.py and kv/recurrent.py.
+   see kv/paged.py and kv/recurrent.py; recurrent-state snapshots restored
+   for prefix hits (kv/recurrent.py rule 7), and, once both forwards are
+   built, taken at block boundaries (kv/snapshots.py rule 1).
 2. Decode forward: every decoding row, one token each, shape (B, 1). A row
    whose input token was sampled by the previous step takes it straight
    from that step's (possibly still lazy) token array, so the engine can
@@ -50,7 +52,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..backend import ForwardScope
-from .heads import pick, pick_all, split_head
+from .heads import in_groups, pick, pick_all, split_head
 from .kv.caches import make_model_caches
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
 from .kv.recurrent import RowSlots, StateStore
@@ -214,9 +216,12 @@ class Runner:
         self.store.copy_blocks(plan.copies)
         if self.states is not None:
             self.states.copy_slots(plan.state_copies)
+            self.states.restore(plan.state_restores)  # kv/recurrent.py rules 7 and 8
+            self.states.checkpoint([r.slot for r in plan.decode if r.draft])
         parts: list[mx.array] = []
         if plan.decode:
-            parts.append(self._decode(plan.decode, plan.width))
+            parts.append(self._decode_by_width(plan.decode) if self.states is not None
+                         else self._decode(plan.decode, plan.width))
             if plan.prefill:
                 # Dispatch decode first: its gathers must run before the prefill's
                 # scatters reach the same pools, or those scatters copy (paged.py rule 1).
@@ -225,6 +230,8 @@ class Runner:
             final = self._prefill(plan.prefill)
             if final is not None:
                 parts.append(final)
+        if self.states is not None:
+            self.states.snapshot(plan.state_snapshots)
         return parts
 
     @staticmethod
@@ -254,6 +261,8 @@ class Runner:
     def pool_arrays(self) -> list[mx.array]:
         """Every KV and state pool, for `mx.eval` (do not keep the list)."""
         states = self.states.arrays() if self.states is not None else []
+        if self.states is not None:
+            self.states.settle()  # the caller evaluates them now (kv/recurrent.py rule 7)
         return [*self.store.arrays(), *states]
 
     def layer_arrays(self) -> list[list[mx.array]]:
@@ -300,6 +309,14 @@ class Runner:
                 return head(pick_all(body(x, caches), finals))
             return pick_all(self.model(x, cache=caches), finals)
 
+    def _decode_by_width(self, rows: list[DecodeRow]) -> mx.array:
+        """A recurrent model's decode: one call per verify width, never padded
+        (engine/speculative/ rule 8); logits put back in row order."""
+        widths = [1 + len(r.draft) for r in rows]
+        logits = in_groups(widths, widths, lambda idx: self._decode([rows[i] for i in idx],
+                                                                     widths[idx[0]]))
+        return logits if logits is not None else mx.zeros((0,))  # every call returns logits
+
     def _decode_inputs(self, rows: list[DecodeRow]) -> mx.array:
         if all(r.token_id is not None for r in rows):
             return mx.array([r.token_id for r in rows], dtype=mx.int32)
@@ -324,21 +341,10 @@ class Runner:
     def _prefill(self, chunks: list[PrefillChunk]) -> mx.array | None:
         """Run the chunks; logits (one row per sampled row) of the final ones, or None.
         A recurrent model runs one call per chunk length (module docstring, step 3)."""
-        by_length: dict[int, list[int]] = {}
-        for i, c in enumerate(chunks):
-            by_length.setdefault(len(c.token_ids) if self.states is not None else 0, []).append(i)
-        if len(by_length) == 1:
+        if self.states is None:
             return self._prefill_call(chunks)
-        parts, order = [], []
-        for members in by_length.values():
-            logits = self._prefill_call([chunks[i] for i in members])
-            if logits is not None:
-                parts.append(logits)
-                order += [i for i in members for _ in chunks[i].sample_seq_ids]
-        if not parts:
-            return None
-        back = sorted(range(len(order)), key=order.__getitem__)  # stable: rows of one chunk
-        return mx.concatenate(parts, axis=0)[mx.array(back, dtype=mx.int32)]
+        return in_groups([len(c.token_ids) for c in chunks], [len(c.sample_seq_ids) for c in chunks],
+                         lambda idx: self._prefill_call([chunks[i] for i in idx]))
 
     def _prefill_call(self, chunks: list[PrefillChunk]) -> mx.array | None:
         length = max(len(c.token_ids) for c in chunks)

@@ -45,12 +45,16 @@ Rules:
 5b. Speculation (engine/speculative/, `spec` set): after step 1's reservations a decode
    row whose last token is on the host may draft k tokens and reserve k more
    slots (never preempting for them); `update_rows` takes the accepted drafts
-   plus one token, and rolls the row's positions and slots back to them (and
-   its draft-model KV, engine/speculative/ rule 7, which ends with the row).
+   plus one token, and rolls the row's positions and slots back to them (and its
+   draft-model KV, engine/speculative/ rule 7, which ends with the row; a recurrent
+   row's state: it replays its kept tokens as a chunk, engine/speculative/ rule 8).
 6. Full blocks enter the prefix cache as soon as the step that writes them
    is planned (prompt chunks) or their tokens are known (outputs): every
    step that could read them runs later on the device, and inside one
-   forward each layer writes all rows before any row reads.
+   forward each layer writes all rows before any row reads. With recurrent
+   layers a hit restores a state snapshot (kv/snapshots.py; `state_restores`
+   before the forward), prefill chunks stop at its interval, and a row whose
+   forward ends at a block boundary snapshots its state (`state_snapshots`).
 """
 
 from __future__ import annotations
@@ -203,6 +207,7 @@ class Scheduler:
         """
         out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies)
         self._pending_copies, self._pending_state_copies = [], []
+        self.kv.begin_step()
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
                   self.prefill_chunk_tokens if out.decode else self.idle_prefill_tokens)
@@ -251,6 +256,8 @@ class Scheduler:
         for row in out.decode:  # tables once every reservation is done
             row.block_table = self.kv.block_table(row.seq_id)
             row.slot = self.kv.state_slot(row.seq_id)
+            if not (row.draft or row.num_model_draft):  # a verify row's state waits (5b)
+                self._snapshot(self.seqs[row.seq_id], out, tail=True)
 
     def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
@@ -272,11 +279,11 @@ class Scheduler:
         group = seq.group
         if not group.activated:  # row 0 of a request still in its first prefill
             for member in group.seqs:
-                self.kv.free(member.seq_id)
+                self.kv.free(member.seq_id, preempted=True)
                 member.num_computed = member.prefill_target = 0
             self.waiting.appendleft(group)
             return
-        self.kv.free(seq.seq_id)
+        self.kv.free(seq.seq_id, preempted=True)
         seq.num_computed = seq.prefill_target = 0
         seq.num_scheduled_outputs = seq.num_outputs
         solo = Group(group.request, group.extra_key, group.arrival_s, [seq],
@@ -332,8 +339,8 @@ class Scheduler:
 
     def _plan_chunk(self, seq: Seq, budget: int, out: SchedulerOutput) -> int:
         """Schedule the next prefill chunk of seq within budget; returns tokens used."""
-        num = min(budget, seq.prefill_target - seq.num_computed)
         start = seq.num_computed
+        num = self.kv.snapshot_stop(start, min(budget, seq.prefill_target - start), seq.prefill_target)
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
                              self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
                              seq.group.request.images)
@@ -341,6 +348,10 @@ class Scheduler:
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
+        restore = self.kv.take_restore(seq.seq_id)  # a snapshot, or a verify's ROLLBACK (5b)
+        if restore != -1:
+            out.state_restores.append((restore, chunk.slot))
+        self._snapshot(seq, out)
         if not seq.in_prefill:
             chunk.sample_seq_ids = [seq.seq_id]
             seq.prefill_target = 0
@@ -349,6 +360,13 @@ class Scheduler:
                 chunk.sample_seq_ids += self._activate_children(seq)
         out.prefill.append(chunk)
         return num
+
+    def _snapshot(self, seq: Seq, out: SchedulerOutput, tail: bool = False) -> None:
+        """Rule 6: a forward leaving seq at a block boundary snapshots its state."""
+        snap = self.kv.plan_snapshot(seq.seq_id, seq.num_computed, tail=tail,
+                                     cache_prompt=seq.group.request.cache_prompt)
+        if snap is not None:
+            out.state_snapshots.append((self.kv.state_slot(seq.seq_id), snap))
 
     def _activate_children(self, parent: Seq) -> list[int]:
         """The parent's final chunk runs now: rows 1..n-1 join the batch next step."""

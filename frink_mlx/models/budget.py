@@ -30,6 +30,14 @@ The arithmetic, in order:
    batch (`max_batch`), each the spec's state bytes per row, comes off the
    KV budget and off the pool caps of rule 4 before blocks are counted; the
    plan's `num_state_slots` and `state_bytes` say so.
+8. Recurrent-state snapshots (the hybrid prefix cache, engine/kv/snapshots.py):
+   up to SNAPSHOT_SHARE of what rule 7 leaves (budget and caps alike) buys
+   `num_snapshots` snapshots of one row's state each, never more than could
+   be used: one per interval of a pool with no snapshots (snapshots rule 6's
+   bytes bound) plus one tail per row. They come off the budget and the caps
+   like the slots and `state_bytes` counts them (the engine spaces them by
+   snapshots rule 6).
+   A state too large for its share gets none: that model's prefix cache is off.
 """
 
 from __future__ import annotations
@@ -40,7 +48,10 @@ from typing import Any
 from ..backend import MemoryBudget
 from ..config import BudgetConfig
 from ..engine.kv.paged import model_kv_geometry
+from ..engine.kv.snapshots import interval_blocks
 from ..errors import ConfigError
+
+SNAPSHOT_SHARE = 0.25  # rule 8: of the KV budget left after the state slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,8 @@ class KVPlan:
     draft_num_blocks: int = 0    # rule 6: the draft model's pool (0: no draft)
     draft_bytes: int = 0         # rule 6: its weights + its pool
     num_state_slots: int = 0     # rule 7: recurrent-state slots (0: no recurrent layers)
-    state_bytes: int = 0         # rule 7: their bytes
+    state_bytes: int = 0         # rules 7 and 8: their bytes and the snapshots'
+    num_snapshots: int = 0       # rule 8: recurrent-state snapshots
 
     @property
     def pool_bytes(self) -> int:
@@ -105,6 +117,12 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
     per_block = per_token * block_size
     trained = int(loaded.context_length)
     blocks_per_context = -(-trained // block_size)
+    row_bytes = cache_spec.state_bytes_per_row if cache_spec is not None and num_slots else 0
+    num_snaps = snapshot_count(row_bytes, per_block, min(kv_budget, pool_cap),
+                               config.max_batch * blocks_per_context, config.max_batch)
+    snap_bytes = num_snaps * row_bytes
+    kv_budget, pool_cap, state_bytes = (kv_budget - snap_bytes, pool_cap - snap_bytes,
+                                        state_bytes + snap_bytes)
     caps = (max(1, config.max_batch) * blocks_per_context, pool_cap // per_block)
     draft_blocks = draft_bytes = 0
     if draft is not None:  # rule 6
@@ -127,4 +145,16 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
                   context_ceiling=min(trained, int(num_blocks) * block_size),
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
                   budget_source=source, draft_num_blocks=int(draft_blocks),
-                  draft_bytes=draft_bytes, num_state_slots=num_slots, state_bytes=state_bytes)
+                  draft_bytes=draft_bytes, num_state_slots=num_slots, state_bytes=state_bytes,
+                  num_snapshots=num_snaps)
+
+
+def snapshot_count(row_bytes: int, block_bytes: int, room_bytes: int, max_blocks: int,
+                   max_batch: int) -> int:
+    """Rule 8: how many state snapshots `room_bytes` (what rule 7 leaves) buys."""
+    if row_bytes <= 0 or room_bytes <= 0:
+        return 0
+    blocks = min(max_blocks, room_bytes // max(1, block_bytes))
+    useful = max(1, max_batch) + -(-blocks // interval_blocks(blocks, blocks, row_bytes,
+                                                               block_bytes))
+    return int(min(useful, SNAPSHOT_SHARE * room_bytes // row_bytes))

@@ -47,7 +47,8 @@ class _Model:
 
 
 def _loaded(recurrent: bool = False, nbytes: int = 400) -> types.SimpleNamespace:
-    spec = types.SimpleNamespace(has_state=recurrent, family="stub")
+    spec = types.SimpleNamespace(has_state=recurrent, family="stub", state_bytes_per_row=640,
+                                 kv_bytes_per_token=lambda dtype: 16)
     return types.SimpleNamespace(model=_Model(recurrent, nbytes), cache_spec=spec)
 
 
@@ -61,9 +62,22 @@ def test_pipelining_is_the_setting_else_the_backends(setting: bool | None, backe
     assert resolved.pipeline is expected and resolved.resolved
 
 
-def test_recurrent_layers_turn_speculation_off_and_give_state_slots() -> None:
+def test_recurrent_layers_get_state_slots_and_snapshots_and_keep_speculating() -> None:
+    """Rule 2: 8 slots, 32 snapshots; the interval is the largest of the state's bytes over
+    a block's K/V (640 / (16 x 4) = 10), the pool over the snapshots (100 / 32 -> 4) and a
+    prefill chunk's blocks (16 / 4 = 4)."""
     resolved = resolve_engine_config(BASE, _loaded(recurrent=True), _Backend(True))
-    assert resolved.spec is None and resolved.num_state_slots == BASE.max_batch
+    assert resolved.spec is not None and resolved.num_state_slots == BASE.max_batch
+    assert resolved.num_snapshots == 32 and resolved.snapshot_interval_blocks == 10
+    off = resolve_engine_config(dataclasses.replace(BASE, num_snapshots=0),
+                                _loaded(recurrent=True), _Backend(True))
+    assert off.num_snapshots == 0
+
+
+def test_a_draft_model_with_recurrent_layers_is_not_used() -> None:
+    resolved = resolve_engine_config(BASE, _loaded(recurrent=True), _Backend(False),
+                                     draft=_loaded(recurrent=True, nbytes=100))
+    assert resolved.spec is not None and resolved.spec.draft_num_blocks == 0
 
 
 def test_a_distributed_group_never_pipelines_nor_speculates() -> None:

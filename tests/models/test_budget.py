@@ -110,5 +110,18 @@ def test_recurrent_state_slots_are_priced_before_blocks():
     settings = Settings(kv_budget_bytes=1_004_000, memory_headroom_fraction=0.0, block_size=16,
                         max_batch=16)
     plan = plan_kv(loaded, settings.budget_config())
-    assert plan.bytes_per_token == 128 and (plan.num_state_slots, plan.state_bytes) == (16, 16000)
-    assert plan.num_blocks == (1_004_000 - 4000 - 16000) // 2048 == 480  # weights, state, blocks
+    assert plan.bytes_per_token == 128 and plan.num_state_slots == 16
+    # rule 8: a quarter of what the slots leave buys snapshots of 1000 bytes each
+    left = 1_004_000 - 4000 - 16 * 1000  # weights, state slots
+    assert plan.num_snapshots == left // 4 // 1000 == 246
+    assert plan.state_bytes == 16 * 1000 + 246 * 1000
+    assert plan.num_blocks == (left - 246 * 1000) // 2048 == 360
+
+
+def test_snapshots_are_no_more_than_can_be_used_and_none_when_the_state_is_too_large():
+    """Rule 8: at most one per interval of the pool plus a tail per row; a state larger
+    than a quarter of the room gets none (that model's prefix cache is off)."""
+    # 100 blocks of 2048 bytes; a 4096-byte state spans 2 blocks: 50 intervals + 4 tails
+    assert budget.snapshot_count(4096, 2048, 2048 * 100, 100, 4) == 2048 * 100 // 4 // 4096 == 12
+    assert budget.snapshot_count(64, 2048, 2048 * 100, 100, 4) == 100 + 4
+    assert budget.snapshot_count(2048 * 30, 2048, 2048 * 100, 100, 4) == 0

@@ -44,6 +44,12 @@ Rules, in order:
     allocation), all or nothing as rule 2 says, and `free` gives it back.
     `fork_copies` names what a child copies from its parent once the
     parent's prompt ran: the partial last block (rule 7) and the state slot.
+10. With `num_snapshots` as well, the prefix cache holds recurrent-state
+    snapshots (kv/snapshots.py): a hit is cut back to the deepest cached
+    block with a snapshot (its rule 3), and the sequence's first allocation
+    records that snapshot for `take_restore`; publishing a block binds the
+    snapshot taken at its end (its rule 2), `free` releases the row's own.
+    Without snapshots a model with recurrent layers caches nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from ...errors import EngineFailure
 from .block_pool import BlockPool, KVBlock
 from .hashing import iter_block_hashes
 from .slots import SlotPool
+from .snapshots import ROLLBACK, SnapshotIndex
 
 SeqId = Hashable
 
@@ -67,18 +74,24 @@ class SeqBlocks:
     num_tokens: int = 0  # token slots reserved: positions [0, num_tokens)
     block_hashes: list[int] = field(default_factory=list)  # published chain, blocks[:len]
     slot: int = -1  # recurrent-state slot (rule 9); -1: none held
+    restore: int = -1  # the snapshot its state starts from (rule 10); -1: none
 
 
 class KVCacheManager:
     """Block tables for every live sequence over `num_blocks` blocks of `block_size` tokens."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 num_state_slots: int = 0) -> None:
+                 num_state_slots: int = 0, num_snapshots: int = 0,
+                 snapshot_interval_blocks: int = 1) -> None:
         if block_size <= 0:
             raise EngineFailure(f"block_size must be positive, got {block_size}", param="block_size")
         self.pool = BlockPool(num_blocks)
         self.state_slots = SlotPool(num_state_slots) if num_state_slots else None  # rule 9
         self._block_size = block_size
+        self.snapshots = SnapshotIndex(  # rule 10
+            num_snapshots, snapshot_interval_blocks, block_size,
+            lambda block_hash: self.pool.get_cached_block(block_hash) is not None) \
+            if num_snapshots and self.state_slots is not None else None
         self.enable_caching = enable_caching
         self._seqs: dict[SeqId, SeqBlocks] = {}
 
@@ -154,6 +167,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.snapshots is not None:  # rule 10
+            del hits[self.snapshots.lookup([b.block_hash or 0 for b in hits])[0]:]
         return hits, len(hits) * self._block_size
 
     def blocks_needed(
@@ -211,6 +226,8 @@ class KVCacheManager:
                 block_hashes=computed_hashes,
             )
             self._seqs[seq_id] = state
+            if self.snapshots is not None and computed_hashes:  # rule 10
+                state.restore = self.snapshots.lookup(computed_hashes)[1]
         if wants_slot and slots is not None:
             taken = slots.take()  # counted above: never None here
             state.slot = -1 if taken is None else taken
@@ -256,10 +273,15 @@ class KVCacheManager:
         for index, block_hash in enumerate(hashes, start):
             self.pool.cache_full_block(state.blocks[index], block_hash)
             state.block_hashes.append(block_hash)
+            if self.snapshots is not None:  # rule 10
+                self.snapshots.bind(seq_id, (index + 1) * self._block_size, block_hash)
         return len(state.block_hashes) - start
 
-    def free(self, seq_id: SeqId) -> bool:
-        """Release every block of `seq_id`, tail first (rule 6). False if it held none."""
+    def free(self, seq_id: SeqId, *, preempted: bool = False) -> bool:
+        """Release every block of `seq_id`, tail first (rule 6). False if it held none.
+        `preempted`: freed while its step is planned (kv/snapshots.py rule 2)."""
+        if self.snapshots is not None:
+            self.snapshots.release_seq(seq_id, preempted=preempted)
         state = self._seqs.pop(seq_id, None)
         if state is None:
             return False
@@ -322,8 +344,45 @@ class KVCacheManager:
         return len(dropped)
 
     def reset_prefix_cache(self) -> int:
-        """Forget every free block's hash; returns how many were dropped."""
-        return self.pool.reset_prefix_cache()
+        """Forget every free block's hash, the snapshots bound to them and those the
+        step being planned took (it failed); returns how many blocks were dropped."""
+        dropped = self.pool.reset_prefix_cache()
+        if self.snapshots is not None:
+            self.snapshots.prune()
+            self.snapshots.prune(this_step=True)
+        return dropped
+
+    # -- recurrent-state snapshots (rule 10, kv/snapshots.py) ------------------------
+
+    def begin_step(self) -> None:  # the scheduler plans a step (kv/snapshots.py rule 3)
+        if self.snapshots is not None:
+            self.snapshots.new_step()
+
+    def snapshot_stop(self, start: int, num_tokens: int, target: int) -> int:
+        """A prefill chunk's length, cut where snapshots are taken (snapshots rule 1)."""
+        return num_tokens if self.snapshots is None else \
+            self.snapshots.stop(start, num_tokens, target)
+
+    def plan_snapshot(self, seq_id: SeqId, num_tokens: int, *, tail: bool = False,
+                      cache_prompt: bool = True) -> int | None:
+        """The snapshot id a forward leaving `seq_id` at `num_tokens` fills, or None."""
+        if self.snapshots is None or not (self.enable_caching and cache_prompt) \
+                or num_tokens % self._block_size:
+            return None
+        hashes = self._seq(seq_id).block_hashes
+        index = num_tokens // self._block_size - 1
+        return self.snapshots.reserve(seq_id, num_tokens,
+                                      hashes[index] if index < len(hashes) else None, tail=tail)
+
+    def roll_back_state(self, seq_id: SeqId) -> None:
+        """Its state restarts from before its last verify (engine/speculative/ rule 8)."""
+        self._seq(seq_id).restore = ROLLBACK
+
+    def take_restore(self, seq_id: SeqId) -> int:
+        """The snapshot its state starts from (rule 10), or ROLLBACK, once; -1: none."""
+        state = self._seq(seq_id)
+        restore, state.restore = state.restore, -1
+        return restore
 
     # -- slots for the runner ------------------------------------------------------
 

@@ -52,6 +52,16 @@ Rules:
    since no state is ever written in place.
 6. A freed slot keeps its references until its next owner's first forward
    replaces them; the budget prices every slot full (models/budget.py).
+7. Snapshots (the hybrid prefix cache, kv/snapshots.py): `snapshot` copies
+   a slot's row out of the arrays it refers to, once its step's forward is
+   built (a copy, so that a snapshot holds one row, not the batch it ran
+   in; evaluated with the step: `arrays` lists it until `settle`);
+   `restore` makes a slot refer to a snapshot's arrays before a forward,
+   as `copy_slots` does. Ids are kv/snapshots.py's; freed ones keep their
+   arrays until taken again, priced full like slots.
+8. A verify step (engine/speculative/ rule 8) `checkpoint`s its rows' slots
+   (references, as rule 5) before its forward; the next step may restore a
+   slot from it (`restore` with ROLLBACK). Checkpoints last one step.
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
+from .snapshots import ROLLBACK
 from .specs import StateSpec
 
 
@@ -80,14 +91,22 @@ class StateStore:
         self.specs = tuple(specs)
         self.num_slots = num_slots
         self._slots: dict[int, list[list[_Ref | None]]] = {}
+        self._snapshots: dict[int, list[list[mx.array]]] = {}  # rule 7
+        self._unsettled: list[mx.array] = []
+        self._checkpoints: dict[int, list[list[_Ref | None]]] = {}  # rule 8
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
 
+    @property
+    def snapshot_nbytes(self) -> int:
+        return sum(a.nbytes for layers in self._snapshots.values() for row in layers for a in row)
+
     def arrays(self) -> list[mx.array]:
-        """Every state array some slot refers to, for `mx.eval`/`mx.async_eval`."""
-        seen: dict[int, mx.array] = {}
+        """Every state array some slot refers to and the snapshots not yet settled, for
+        `mx.eval`/`mx.async_eval`."""
+        seen: dict[int, mx.array] = {id(a): a for a in self._unsettled}
         for layers in self._slots.values():
             for refs in layers:
                 for ref in refs:
@@ -102,7 +121,50 @@ class StateStore:
         return list(seen.values())
 
     def release(self) -> None:
-        self._slots = {}
+        self._slots, self._snapshots, self._unsettled, self._checkpoints = {}, {}, [], {}
+
+    def snapshot(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Rule 7: snapshot id <- slot's row, for each (slot, snapshot id)."""
+        for slot, snap_id in pairs:
+            layers = self._slots.get(slot)
+            if layers is None:
+                self._snapshots.pop(snap_id, None)
+                continue
+            rows = [[self._row_copy(k, i, ref) for i, ref in enumerate(refs)]
+                    for k, refs in enumerate(layers)]
+            self._snapshots[snap_id] = rows
+            self._unsettled += [a for row in rows for a in row]
+
+    def restore(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Rule 7: slot -> snapshot id's arrays, for each (snapshot id, slot)."""
+        for snap_id, slot in pairs:
+            if snap_id == ROLLBACK:  # rule 8
+                layers = self._checkpoints.get(slot)
+                if layers is None:
+                    raise RuntimeError(f"state slot {slot} has no pre-verify checkpoint")
+                self._slots[slot] = layers
+                continue
+            rows = self._snapshots.get(snap_id)
+            if rows is None:
+                raise RuntimeError(f"state snapshot {snap_id} was never taken")
+            self._slots[slot] = [[_Ref(a, 0) for a in row] for row in rows]
+
+    def checkpoint(self, slots: Sequence[int]) -> None:
+        """Rule 8: this step's verify rows; the previous step's checkpoints go."""
+        self._checkpoints = {slot: [list(refs) for refs in self._slots[slot]]
+                             for slot in slots if slot in self._slots}
+
+    def settle(self) -> None:
+        """The step that took the snapshots is dispatched with them (rule 7)."""
+        self._unsettled = []
+
+    def _row_copy(self, layer: int, index: int, ref: _Ref | None) -> mx.array:
+        if ref is None:
+            spec = self.specs[layer]
+            return mx.zeros((1, *spec.shapes[index]), spec.dtypes[index])
+        if ref.value.shape[0] == 1:
+            return ref.value
+        return mx.contiguous(ref.value[ref.index:ref.index + 1])
 
     def copy_slots(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Rule 5: slot dst refers to slot src's state (nothing is copied: no state is

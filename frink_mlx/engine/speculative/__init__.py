@@ -75,6 +75,18 @@ Rules:
    when the pool is short, rows not drafting this step give theirs back.
    The cost model adds the draft's L - 1 sequential steps, each priced at
    `draft_step_cost` (draft weights / target weights, set by the engine).
+8. Recurrent layers (kv/specs.py) fold every verified position into the
+   row's state, rejected drafts too, and no model file gives the state after
+   each position. So a verify row keeps its pre-verify state (the runner
+   checkpoints its slot; a reference, nothing is copied) and a recurrent
+   model's decode call runs one call per verify width (never padded,
+   kv/recurrent.py rule 4). A row that kept all its drafts goes on from the
+   verify's state; one that rejected some is rolled back: its slot returns
+   to the checkpoint and its kept tokens (the verify's input, the accepted
+   drafts and the token after them) run as one prefill chunk from there,
+   whose last position samples the next token, exactly as plain decoding
+   would have. Its K/V for those positions is written again, the same. A
+   draft model with recurrent layers is not used (its own KV is paged only).
 """
 
 from ..plan import DraftJob

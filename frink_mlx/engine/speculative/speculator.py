@@ -210,10 +210,16 @@ class Speculator:
         # Every kept token but the last has its K/V written; the last is the next input.
         seq.num_computed = len(seq.token_ids) - 1
         seq.num_scheduled_outputs = seq.num_outputs
+        replay = num_accepted < num_drafted and seq.seq_id in self.kv \
+            and self.kv.state_slot(seq.seq_id) >= 0  # rule 8: the next input is replayed too
         if seq.seq_id in self.kv:
-            self.kv.trim(seq.seq_id, seq.num_computed)
+            self.kv.trim(seq.seq_id, seq.num_computed + replay)
         # rule 7: the draft KV keeps the longest prefix its inputs share with the row
         self._trim_draft(seq, min(seq.draft_computed, seq.num_computed))
+        if replay:  # rule 8
+            self.kv.roll_back_state(seq.seq_id)
+            seq.prefill_target = len(seq.token_ids)
+            seq.num_computed -= num_accepted + 1
 
     def forget(self, seq: Seq) -> None:
         """The row ended or was preempted: its draft KV goes back (rule 7)."""
