@@ -76,6 +76,11 @@ def _kv(stats: Any) -> dict[str, Any] | None:
     if getattr(stats, "state_slots_total", None) is not None:  # recurrent layers (engine/kv/slots.py)
         kv["state_slots_total"] = stats.state_slots_total
         kv["state_slots_used"] = stats.state_slots_used
+    if getattr(stats, "window_tokens", None) is not None:  # per kind (engine/kv/window.py)
+        kv["kinds"] = {"full": {"blocks_used": stats.num_blocks_used},
+                       "sliding": {"window": stats.window_tokens,
+                                   "blocks_total": stats.window_blocks_total,
+                                   "blocks_used": stats.window_blocks_used}}
     return kv
 
 

@@ -42,10 +42,13 @@ recurrent entry a pool of `num_state_slots` row states (kv/recurrent.py).
 Until recurrent-state snapshots exist, a model with recurrent layers runs
 with the prefix cache off (a hit would skip the state of the tokens it
 covers) and without speculation (a rejected draft would leave its tokens in
-the state); both are logged once when the engine starts.
+the state); both are logged once when the engine starts. Sliding-window
+entries get window tables (kv/window.py): blocks outside the window go back
+to their own pool (not on a distributed group, whose ranks keep one table).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
-distributed group (each rank holds its own shard of the pools).
+distributed group (each rank holds its own shard of the pools), nor with
+window tables (a block file holds every layer's K/V under one block id).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -148,7 +151,8 @@ class Engine:
         self._stream: Any = workers.stream_for(mx.default_device())
         has_state = self.cache_spec is not None and self.cache_spec.has_state
         self.kv = KVCacheManager(config.num_blocks, config.block_size, enable_caching=not has_state,
-                                 num_state_slots=config.num_state_slots if has_state else 0)
+                                 num_state_slots=config.num_state_slots if has_state else 0,
+                                 window=self._window())
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
@@ -156,6 +160,9 @@ class Engine:
             idle_prefill_tokens=config.idle_prefill_tokens, spec=config.spec,
             shared_prefill_tokens=config.shared_prefill_tokens)
         self.runner = self._new_runner(model, backend)
+        if self.kv.windows is not None and self.cache_spec is not None:
+            self.runner.windowed_layers = [j for j, a in enumerate(self.cache_spec.attention)
+                                           if a.window]
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._depth = QueueDepth()
         self._stats = EngineStats(num_blocks_total=config.num_blocks, block_size=config.block_size,
@@ -182,6 +189,12 @@ class Engine:
                                    "recurrent layers is not supported")
         return None
 
+    def _window(self) -> int | None:
+        """The largest sliding window of a mixed model's entries (kv/window.py rule 4)."""
+        windows = [a.window for a in self.cache_spec.attention if a.window] \
+            if self.cache_spec is not None else []
+        return max(windows) if windows else None
+
     def _without_state_features(self, config: EngineConfig) -> EngineConfig:
         """The module docstring's limits for a model with recurrent layers."""
         spec = self.cache_spec
@@ -194,7 +207,7 @@ class Engine:
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
         none for a model with recurrent layers (its prefix cache is off: module docstring)."""
-        if self.cache_spec is not None and self.cache_spec.has_state:
+        if self.cache_spec is not None and self.cache_spec.has_state or self.kv.windows:
             return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
         if layout is None:
@@ -340,6 +353,9 @@ class Engine:
         if slots is not None and cache_spec is not None:  # priced full (kv/recurrent.py rule 6)
             s.state_slots_total, s.state_slots_used = slots.num_slots, slots.num_used
             s.extra["state_pool_bytes"] = float(slots.num_slots * cache_spec.state_bytes_per_row)
+        if (windows := self.kv.windows) is not None:  # kv/window.py
+            s.window_tokens, s.window_blocks_total = windows.window, windows.pool.num_blocks
+            s.window_blocks_used = windows.pool.num_used_blocks
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:

@@ -44,6 +44,10 @@ Rules, in order:
     allocation), all or nothing as rule 2 says, and `free` gives it back.
     `fork_copies` names what a child copies from its parent once the
     parent's prompt ran: the partial last block (rule 7) and the state slot.
+10. With `window` (a model with sliding-window layers) every sequence also
+    has a window table over a second pool (kv/window.py, its rules): allocated
+    with the full table, published with it, shortened by `free_outside_window`,
+    shared by `fork` and `trim`med alike; a prefix hit must hold in both.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from ...errors import EngineFailure
 from .block_pool import BlockPool, KVBlock
 from .hashing import iter_block_hashes
 from .slots import SlotPool
+from .window import WindowTables, window_ids
 
 SeqId = Hashable
 
@@ -67,17 +72,19 @@ class SeqBlocks:
     num_tokens: int = 0  # token slots reserved: positions [0, num_tokens)
     block_hashes: list[int] = field(default_factory=list)  # published chain, blocks[:len]
     slot: int = -1  # recurrent-state slot (rule 9); -1: none held
+    window_blocks: list[KVBlock | None] = field(default_factory=list)  # rule 10; None: freed
 
 
 class KVCacheManager:
     """Block tables for every live sequence over `num_blocks` blocks of `block_size` tokens."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 num_state_slots: int = 0) -> None:
+                 num_state_slots: int = 0, window: int | None = None) -> None:
         if block_size <= 0:
             raise EngineFailure(f"block_size must be positive, got {block_size}", param="block_size")
         self.pool = BlockPool(num_blocks)
         self.state_slots = SlotPool(num_state_slots) if num_state_slots else None  # rule 9
+        self.windows = WindowTables(num_blocks, block_size, window) if window else None  # rule 10
         self._block_size = block_size
         self.enable_caching = enable_caching
         self._seqs: dict[SeqId, SeqBlocks] = {}
@@ -154,6 +161,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.windows is not None:  # rule 10 (kv/window.py rule 3)
+            hits = hits[:self.windows.longest_hit(hits)]
         return hits, len(hits) * self._block_size
 
     def blocks_needed(
@@ -194,6 +203,10 @@ class KVCacheManager:
         num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
+        windows = self.windows
+        if windows is not None and num_new_blocks + windows.num_revived(computed_blocks) > \
+                windows.pool.num_free_blocks:  # rule 10: all or nothing in both pools
+            return None
         slots = self.state_slots
         wants_slot = slots is not None and (state is None or state.slot < 0)
         if wants_slot and slots is not None and slots.num_free == 0:  # rule 9: all or nothing
@@ -209,8 +222,14 @@ class KVCacheManager:
                 blocks=list(computed_blocks),
                 num_tokens=len(computed_blocks) * self._block_size,
                 block_hashes=computed_hashes,
+                window_blocks=windows.opened(computed_blocks) if windows is not None else [],
             )
             self._seqs[seq_id] = state
+        if windows is not None:
+            new_window = windows.pool.get_new_blocks(num_new_blocks)
+            if new_window is None:  # unreachable: counted above
+                raise EngineFailure("window block pool shrank during allocation")
+            state.window_blocks.extend(new_window)
         if wants_slot and slots is not None:
             taken = slots.take()  # counted above: never None here
             state.slot = -1 if taken is None else taken
@@ -256,6 +275,9 @@ class KVCacheManager:
         for index, block_hash in enumerate(hashes, start):
             self.pool.cache_full_block(state.blocks[index], block_hash)
             state.block_hashes.append(block_hash)
+            window = state.window_blocks[index] if self.windows is not None else None
+            if window is not None and self.windows is not None:  # rule 10
+                self.windows.pool.cache_full_block(window, block_hash)
         return len(state.block_hashes) - start
 
     def free(self, seq_id: SeqId) -> bool:
@@ -264,6 +286,8 @@ class KVCacheManager:
         if state is None:
             return False
         self.pool.free_blocks(reversed(state.blocks))
+        if self.windows is not None:
+            self.windows.release(state.window_blocks)
         if state.slot >= 0 and self.state_slots is not None:
             self.state_slots.give(state.slot)
         return True
@@ -298,10 +322,14 @@ class KVCacheManager:
         num_full = limit // self._block_size
         shared = parent.blocks[:num_full]
         self.pool.touch(shared)
+        window = parent.window_blocks[:num_full]
+        if self.windows is not None:
+            self.windows.pool.touch(b for b in window if b is not None)
         self._seqs[child_seq_id] = SeqBlocks(
             blocks=list(shared),
             num_tokens=num_full * self._block_size,
             block_hashes=parent.block_hashes[:num_full],
+            window_blocks=window,
         )
         return num_full * self._block_size
 
@@ -319,11 +347,42 @@ class KVCacheManager:
         del state.blocks[keep:]
         state.num_tokens = num_tokens
         self.pool.free_blocks(reversed(dropped))
+        if self.windows is not None:
+            self.windows.release(state.window_blocks[keep:])
+            del state.window_blocks[keep:]
         return len(dropped)
 
     def reset_prefix_cache(self) -> int:
         """Forget every free block's hash; returns how many were dropped."""
+        if self.windows is not None:
+            self.windows.pool.reset_prefix_cache()
         return self.pool.reset_prefix_cache()
+
+    # -- sliding windows (rule 10) ---------------------------------------------------
+
+    def free_outside_window(self, seq_id: SeqId, position: int) -> int:
+        """kv/window.py rule 1: the next query of `seq_id` sits at `position`."""
+        if self.windows is None:
+            return 0
+        return self.windows.free_outside(self._seq(seq_id).window_blocks, position)
+
+    def window_table(self, seq_id: SeqId) -> list[int] | None:
+        """The windowed layers' block ids (-1: freed); None without windowed layers."""
+        if self.windows is None:
+            return None
+        return window_ids(self._seq(seq_id).window_blocks)
+
+    def window_fork_copy(self, parent_seq_id: SeqId, child_seq_id: SeqId, num_shared: int,
+                         num_tokens: int) -> list[tuple[int, int, int]]:
+        """`fork_copies`' partial block in the windowed layers' pool (rules 7, 10)."""
+        parent, child = self._seq(parent_seq_id), self._seq(child_seq_id)
+        if self.windows is None or num_tokens <= num_shared:
+            return []
+        index = num_shared // self._block_size
+        src, dst = parent.window_blocks[index], child.window_blocks[index]
+        if src is None or dst is None:
+            raise EngineFailure("a forked row's last block is outside its window")
+        return [(src.block_id, dst.block_id, num_tokens - num_shared)]
 
     # -- slots for the runner ------------------------------------------------------
 
