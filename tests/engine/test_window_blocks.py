@@ -110,3 +110,29 @@ def test_n2_rows_past_the_window_both_match(make_engine, family):
     want = reference(family, tuple(prompt), 8)
     assert rows == {0: want, 1: want}
     assert engine.stats().window_blocks_used == 0
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_speculation_past_the_window_stays_exact(make_engine, family, monkeypatch):
+    """Drafts are mlx-lm's own continuation with every third token wrong (as
+    test_speculative.py's oracle), so verify rows accept some and reject some; rejected
+    drafts' window blocks are trimmed with the full ones (kv/manager.py rule 8)."""
+    from frink_mlx.engine.speculative import SpecConfig
+    from frink_mlx.engine.speculative.lookup import RowDrafter
+
+    prompt = prompts(6, (4 * WINDOW + 3,))[0]
+    want = reference(family, tuple(prompt), 16)
+
+    def propose(self, tokens_so_far, k):
+        done = len(tokens_so_far) - len(prompt)
+        draft = list(want[done:done + k])
+        if len(draft) > 2 and len(tokens_so_far) % 3 == 0:
+            draft[2] = (draft[2] + 1) % 300
+        return draft
+
+    monkeypatch.setattr(RowDrafter, "propose", propose)
+    engine = engine_for(make_engine, family, spec=SpecConfig(max_draft=4))
+    assert tokens(engine.submit(SeqRequest("spec", prompt, GREEDY, 16)))[0] == want
+    stats = engine.stats()
+    assert stats.draft_tokens_total > stats.draft_accepted_tokens_total > 0
+    assert (stats.num_blocks_used, stats.window_blocks_used) == (0, 0)
