@@ -193,7 +193,7 @@ class Engine:
         """The largest sliding window of a mixed model's entries (kv/window.py rule 4)."""
         windows = [a.window for a in self.cache_spec.attention if a.window] \
             if self.cache_spec is not None else []
-        return max(windows) if windows else None
+        return max(windows) + 1 if windows else None  # kv/window.py rule 4: one more
 
     def _without_state_features(self, config: EngineConfig) -> EngineConfig:
         """The module docstring's limits for a model with recurrent layers."""

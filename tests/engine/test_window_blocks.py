@@ -5,7 +5,7 @@ tokens; block_size 4. Prompts are 4x the window and longer: greedy ids must
 equal mlx-lm's `generate_step` alone (one row, four rows batched, prefill in
 chunks of 5, shorter than every prompt; a second turn over the first's
 prefix, with a prefix hit; n = 2), while a decoding row holds at most
-ceil(6 / 4) + 1 = 3 blocks of the windowed layers' pool, seen in
+ceil((6 + 1) / 4) + 1 = 3 blocks (window.py rule 4) of the windowed layers' pool, seen in
 `Engine.stats()` and /health's kv.kinds.
 """
 
@@ -27,7 +27,7 @@ from frink_mlx.engine.types import SeqRequest
 
 GREEDY = SamplingParams(temperature=0)
 WINDOW, BLOCK = 6, 4
-HELD = -(-WINDOW // BLOCK) + 1
+HELD = -(-(WINDOW + 1) // BLOCK) + 1  # window.py rule 4: one position more than the window
 
 
 @functools.cache
@@ -59,7 +59,7 @@ def engine_for(make_engine, family: str, **overrides):
 @pytest.mark.parametrize("family", WINDOWED)
 def test_a_row_at_four_windows_holds_the_window_and_matches_mlx_lm(make_engine, family):
     engine = engine_for(make_engine, family)
-    assert engine.kv.windows is not None and engine.kv.windows.window == WINDOW
+    assert engine.kv.windows is not None and engine.kv.windows.window == WINDOW + 1  # rule 4
     prompt = prompts(1, (4 * WINDOW,))[0]
     stream = engine.submit(SeqRequest("long", prompt, GREEDY, 16))
     got, seen = [], []
@@ -74,7 +74,7 @@ def test_a_row_at_four_windows_holds_the_window_and_matches_mlx_lm(make_engine, 
         assert window_used is not None and window_used <= HELD
         assert full_used >= (4 * WINDOW + 4) // BLOCK  # the full layers keep the history
     kv = _kv(engine.stats())
-    assert kv is not None and kv["kinds"]["sliding"]["window"] == WINDOW
+    assert kv is not None and kv["kinds"]["sliding"]["window"] == WINDOW + 1
     assert kv["kinds"]["sliding"]["blocks_used"] == 0 and kv["blocks_used"] == 0
 
 

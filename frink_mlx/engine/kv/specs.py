@@ -47,6 +47,8 @@ from ...errors import ModelFormatError
 REFUSED_FAMILIES = {
     "afm7": "its KV-reuse layers take RoPE positions from the length of the keys they read, "
             "which rows of different lengths in one batch do not share",
+    "gpt_bigcode": "its learned position embeddings read the cache offset as one integer "
+                   "(np.arange), where each row of a batch has its own",
 }
 
 

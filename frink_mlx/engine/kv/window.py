@@ -37,8 +37,11 @@ Rules:
    before lo(n) open the row's window table as None. A freed block no longer
    findable (handed out again) can therefore never be a hit: only what the
    pool still maps is.
-4. `w` is the largest window among the model's windowed layers: a layer
-   with a smaller window reads a subset, and its mask hides the rest.
+4. `w` is the largest window among the model's windowed layers plus one: a
+   layer with a smaller window reads a subset, and its mask hides the rest;
+   the one more position is for model files that ask their mask for one
+   more key than their rotating cache keeps (plamo3: `window_size + 1`), so
+   that no mask ever sees a freed block.
 """
 
 from __future__ import annotations

@@ -60,3 +60,13 @@ def test_afm7_kv_reuse_layers_are_refused_naming_why():
         num_heads=4, num_kv_heads=2)))
     with pytest.raises(UnsupportedModel, match="afm7: its KV-reuse layers take RoPE positions"):
         model_cache_spec(model)
+
+
+def test_gpt_bigcode_integer_offset_is_refused_naming_why():
+    from mlx_lm.models import gpt_bigcode
+
+    model = gpt_bigcode.Model(gpt_bigcode.ModelArgs.from_dict(dict(
+        model_type="gpt_bigcode", n_embd=64, n_layer=2, n_inner=96, n_head=4, n_positions=512,
+        layer_norm_epsilon=1e-5, vocab_size=300)))
+    with pytest.raises(UnsupportedModel, match="gpt_bigcode: its learned position embeddings"):
+        model_cache_spec(model)
