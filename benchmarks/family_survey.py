@@ -16,8 +16,9 @@ which for every `mlx_lm/models/*.py` that defines `Model` and `ModelArgs`:
    checkpoint (config.json + model.safetensors) and loaded back with
    `mlx_lm.utils.load_model` (sanitize included); where that round trip fails
    the row says so and the in-memory model is used.
-3. Load check, as the loader does it: a warm-up forward, then
-   `model_cache_spec` (UnsupportedModel = "refused at load").
+3. Load check, as the loader does it: a warm-up forward (one that raises is
+   refused, loader rule 10), then `model_cache_spec` (UnsupportedModel):
+   "refused at load".
 4. Engine: one 13-token prompt alone, then 4 rows of 9/4/17/23 tokens
    batched with prefill chunks of 5 tokens; greedy ids of every row against
    `mlx_lm.generate.generate_step` run alone on that prompt.
@@ -230,8 +231,13 @@ def survey_one(family: str) -> dict[str, str]:
     try:
         mx.eval(model(mx.array([[1, 2]])))  # the loader's warm-up
     except Exception as exc:  # noqa: BLE001
-        return {"status": "not made", "detail": note + f"mlx-lm's own forward fails "
-                f"({type(exc).__name__}: {_short(exc)})"}
+        # A device limit is the loader's refusal (rule 10); a shape error is this script's
+        # small config not fitting the file (a "not made" row, named as such).
+        device = "Metal" in str(exc)
+        return {"status": "refused at load" if device else "not made",
+                "detail": note + f"mlx-lm's own forward of model file {family} fails here "
+                f"({type(exc).__name__}: {_short(exc)})" + (" (loader rule 10)" if device else
+                                                             " with this config")}
     from frink_mlx.engine.kv.specs import UnsupportedModel, model_cache_spec
 
     try:
