@@ -23,8 +23,14 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 # Files allowed past MAX_FILE_LINES, each with its own cap and the reason it stays one
 # piece (split by concern, never by line count): a newcomer reads the exception here.
 LONG_FILES = {
-    "engine/scheduler.py": (440, "one admission and step policy whose numbered rules cite "
+    "engine/scheduler.py": (450, "one admission and step policy whose numbered rules cite "
                                  "each other; a split would scatter them over files"),
+    "engine/kv/manager.py": (480, "every sequence's block table, whose allocate/publish/free/fork "
+                                  "each touch the full table, the state slot, its snapshot "
+                                  "(rule 10) and its window table (rule 11) in one step"),
+    "engine/runner.py": (425, "one step's order (its docstring's steps 0-6) over the forwards, "
+                              "copies, restores and snapshots; the forwards themselves live in "
+                              "heads.py and kv/caches.py"),
     "serving/hub.py": (490, "the Hub's own methods: leases, loads, making room and reaping share "
                             "its lease counts, lock and resident set; split off as free functions "
                             "they reached into its private parts and closed an import circle"),

@@ -80,6 +80,11 @@ def _kv(stats: Any) -> dict[str, Any] | None:
     if "state_snapshots_total" in extra:  # their snapshots (engine/kv/snapshots.py)
         kv["state_snapshots_total"] = int(extra["state_snapshots_total"])
         kv["state_snapshots_used"] = int(extra["state_snapshots_used"])
+    if getattr(stats, "window_tokens", None) is not None:  # per kind (engine/kv/window.py)
+        kv["kinds"] = {"full": {"blocks_used": stats.num_blocks_used},
+                       "sliding": {"window": stats.window_tokens,
+                                   "blocks_total": stats.window_blocks_total,
+                                   "blocks_used": stats.window_blocks_used}}
     return kv
 
 

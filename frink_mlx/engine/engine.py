@@ -49,9 +49,13 @@ A model with recurrent layers keeps its prefix cache through
 (kv/snapshots.py; 0 snapshots: prefix cache off, since a hit would skip the
 state of the tokens it covers), decided with the rest of the config (config.py rule 2); its
 speculation rolls a rejected draft's state back (engine/speculative/ rule 8).
+Sliding-window entries get window tables (kv/window.py): blocks outside the
+window go back to their own pool (not on a distributed group, whose ranks
+keep one table).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
-distributed group (each rank holds its own shard of the pools).
+distributed group (each rank holds its own shard of the pools), nor with
+window tables (a block file holds every layer's K/V under one block id).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -124,7 +128,8 @@ class Engine:
                                  enable_caching=not has_state or num_snapshots > 0,
                                  num_state_slots=config.num_state_slots if has_state else 0,
                                  num_snapshots=num_snapshots,
-                                 snapshot_interval_blocks=config.snapshot_interval_blocks)
+                                 snapshot_interval_blocks=config.snapshot_interval_blocks,
+                                 window=self._window())
         self.scheduler = Scheduler(
             self.kv, max_batch=config.max_batch,
             prefill_chunk_tokens=config.prefill_chunk_tokens, generation=config.generation,
@@ -132,6 +137,9 @@ class Engine:
             idle_prefill_tokens=config.idle_prefill_tokens, spec=config.spec,
             shared_prefill_tokens=config.shared_prefill_tokens)
         self.runner = self._new_runner(model, backend)
+        if self.kv.windows is not None and self.cache_spec is not None:
+            self.runner.windowed_layers = [j for j, a in enumerate(self.cache_spec.attention)
+                                           if a.window]
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._depth = QueueDepth()
         self._stats = EngineStats(num_blocks_total=config.num_blocks, block_size=config.block_size,
@@ -148,10 +156,17 @@ class Engine:
         self._thread: workers.Job | None = None
         self._stopping = False
 
+    def _window(self) -> int | None:
+        """The largest sliding window of a mixed model's entries (kv/window.py rule 4)."""
+        windows = [a.window for a in self.cache_spec.attention if a.window] \
+            if self.cache_spec is not None else []
+        return max(windows) + 1 if windows else None  # kv/window.py rule 4: one more
+
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
-        none for a model with recurrent layers (its state snapshots stay in memory)."""
-        if self.cache_spec is not None and self.cache_spec.has_state:
+        none for a model with recurrent layers (its state snapshots stay in memory) or
+        with window tables (module docstring)."""
+        if self.cache_spec is not None and self.cache_spec.has_state or self.kv.windows:
             return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
         if layout is None:
@@ -292,6 +307,9 @@ class Engine:
             s.extra["state_snapshots_total"] = float(snaps.num_snapshots)
             s.extra["state_snapshots_used"] = float(snaps.num_used)
             s.extra["state_snapshot_bytes"] = float(snaps.num_snapshots * cache_spec.state_bytes_per_row)
+        if (windows := self.kv.windows) is not None:  # kv/window.py
+            s.window_tokens, s.window_blocks_total = windows.window, windows.pool.num_blocks
+            s.window_blocks_used = windows.pool.num_used_blocks
         return dataclasses.replace(s, extra=dict(s.extra))
 
     def shutdown(self, timeout_s: float) -> None:

@@ -104,6 +104,7 @@ class PrefillChunk:
     sample_seq_ids: list[int]  # rows sampled from this chunk's last logits (empty: not final)
     slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: features at their positions)
+    window_table: list[int] | None = None  # windowed layers' blocks (kv/window.py); -1: freed
 
 
 @dataclass(slots=True)
@@ -116,6 +117,7 @@ class DecodeRow:
     num_model_draft: int = 0  # the draft model fills `draft` with this many (engine/speculative/ rule 7)
     slot: int = -1  # recurrent-state slot (kv/manager.py rule 9); -1: none
     images: ImageInputs | None = None  # the request's images (runner: M-RoPE positions)
+    window_table: list[int] | None = None  # windowed layers' blocks (kv/window.py); -1: freed
 
 
 @dataclass(slots=True)
@@ -142,6 +144,7 @@ class SchedulerOutput:
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) state slots
     state_restores: list[tuple[int, int]] = field(default_factory=list)  # (snapshot, slot) before
     state_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (slot, snapshot) after
+    window_copies: list[tuple[int, int, int]] = field(default_factory=list)  # kv/window.py's pool
     preempted: list[int] = field(default_factory=list)
     draft_jobs: list[DraftJob] = field(default_factory=list)  # engine/speculative/ rule 7
 

@@ -10,7 +10,8 @@ One step, in order:
 1. Block copies (and recurrent-state copies) for freshly forked rows (n > 1),
    see kv/paged.py and kv/recurrent.py; recurrent-state snapshots restored
    for prefix hits (kv/recurrent.py rule 7), and, once both forwards are
-   built, taken at block boundaries (kv/snapshots.py rule 1).
+   built, taken at block boundaries (kv/snapshots.py rule 1);
+   windowed layers: kv/caches.py rule 3.
 2. Decode forward: every decoding row, one token each, shape (B, 1). A row
    whose input token was sampled by the previous step takes it straight
    from that step's (possibly still lazy) token array, so the engine can
@@ -53,7 +54,7 @@ import numpy as np
 
 from ..backend import ForwardScope
 from .heads import in_groups, pick, pick_all, split_head
-from .kv.caches import make_model_caches
+from .kv.caches import copy_blocks, make_model_caches, window_layout
 from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
 from .kv.recurrent import RowSlots, StateStore
 from .kv.specs import ModelCacheSpec
@@ -168,6 +169,8 @@ class Runner:
         self._grouped_mask = groups_queries_per_kv_head(model)  # kv/paged.py rule 5
         self._prev_tokens: mx.array | None = None
         self._prev_index: dict[int, int] = {}
+        # step 1: the windowed layers' pools, set by the engine when rows carry window tables
+        self.windowed_layers: list[int] | None = None
 
     def run(self, plan: SchedulerOutput, samplers: dict[int, RowSampler],
             sliced: PrefillSlicer | None = None) -> StepResult:
@@ -213,7 +216,7 @@ class Runner:
 
         A distributed follower (follower.py) runs this alone: the same forwards,
         hence the same all-reduces in the same order as rank 0, without sampling."""
-        self.store.copy_blocks(plan.copies)
+        copy_blocks(self.store, plan.copies, plan.window_copies, self.windowed_layers)
         if self.states is not None:
             self.states.copy_slots(plan.state_copies)
             self.states.restore(plan.state_restores)  # kv/recurrent.py rules 7 and 8
@@ -251,12 +254,13 @@ class Runner:
                 rows.append(samplers[seq_id])
         return rows, index
 
-    def _caches(self, layout: BatchLayout, slots: list[int], starts: list[int]) -> list[Any]:
+    def _caches(self, layout: BatchLayout, slots: list[int], starts: list[int],
+                window: BatchLayout | None = None) -> list[Any]:
         if self.cache_spec is None:
             return make_layer_caches(self.store, layout, self._grouped_mask)
         rows = RowSlots(slots, [s == 0 for s in starts]) if self.states is not None else None
         return make_model_caches(self.cache_spec, self.store, self.states, layout, rows,
-                                 self._grouped_mask)
+                                 self._grouped_mask, window)
 
     def pool_arrays(self) -> list[mx.array]:
         """Every KV and state pool, for `mx.eval` (do not keep the list)."""
@@ -293,7 +297,9 @@ class Runner:
         layout.rope_positions = rope_positions(
             [(r.images, r.position, 1 + len(r.draft)) for r in rows], width)
         inputs = self._decode_inputs(rows)[:, None]
-        caches = self._caches(layout, [r.slot for r in rows], [r.position for r in rows])
+        window = window_layout(self.store, layout, self.windowed_layers, [
+            RowSpan(r.position, 1 + len(r.draft), r.window_table or []) for r in rows])
+        caches = self._caches(layout, [r.slot for r in rows], [r.position for r in rows], window)
         if width == 1:
             with self._forward():
                 logits = self.model(inputs, cache=caches)
@@ -353,13 +359,15 @@ class Runner:
             inputs[i, :len(c.token_ids)] = c.token_ids
         layout = BatchLayout([RowSpan(c.start, len(c.token_ids), c.block_table) for c in chunks],
                              block_size=self.store.block_size, trash_slot=self.store.trash_slot)
-        caches = self._caches(layout, [c.slot for c in chunks], [c.start for c in chunks])
-        finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
-                  for i, c in enumerate(chunks) if c.sample_seq_ids]
         x = mx.array(inputs)
         embedded = image_embeddings(x, chunks)
         layout.rope_positions = rope_positions(
             [(c.images, c.start, len(c.token_ids)) for c in chunks], length)
+        window = window_layout(self.store, layout, self.windowed_layers, [
+            RowSpan(c.start, len(c.token_ids), c.window_table or []) for c in chunks])
+        caches = self._caches(layout, [c.slot for c in chunks], [c.start for c in chunks], window)
+        finals = [(i, len(c.token_ids) - 1, len(c.sample_seq_ids))
+                  for i, c in enumerate(chunks) if c.sample_seq_ids]
         with self._forward():
             if embedded is not None:   # a vision prompt's chunk (types.py ImageInputs)
                 logits = self.model(x, cache=caches, input_embeddings=embedded)

@@ -105,6 +105,7 @@ class Scheduler:
         self._next_seq_id = 0
         self._pending_copies: list[tuple[int, int, int]] = []
         self._pending_state_copies: list[tuple[int, int]] = []
+        self._pending_window_copies: list[tuple[int, int, int]] = []
         self.prefix_hit_tokens_total = self.disk_hit_tokens_total = 0  # rule 1: of it, from disk
         self.prompt_tokens_total = 0
         self.num_preemptions = 0
@@ -205,8 +206,9 @@ class Scheduler:
           3. admit from the head of the waiting queue while the budget, the batch
              and the block pool allow (strict FIFO), each starting its first chunk.
         """
-        out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies)
-        self._pending_copies, self._pending_state_copies = [], []
+        out = SchedulerOutput(copies=self._pending_copies, state_copies=self._pending_state_copies,
+                              window_copies=self._pending_window_copies)
+        self._pending_copies, self._pending_state_copies, self._pending_window_copies = [], [], []
         self.kv.begin_step()
         self._plan_decode(out)
         budget = (self.shared_prefill_tokens if self.contended else
@@ -243,6 +245,7 @@ class Scheduler:
                 continue
             if seq.num_scheduled_outputs >= seq.max_tokens:
                 continue
+            self.kv.free_outside_window(seq.seq_id, seq.num_computed)  # kv/window.py rule 1
             if not self._reserve(seq, 1, out):
                 continue  # seq itself was preempted
             position = seq.num_computed
@@ -258,6 +261,7 @@ class Scheduler:
             row.slot = self.kv.state_slot(row.seq_id)
             if not (row.draft or row.num_model_draft):  # a verify row's state waits (5b)
                 self._snapshot(self.seqs[row.seq_id], out, tail=True)
+            row.window_table = self.kv.window_table(row.seq_id)
 
     def _reserve(self, seq: Seq, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow seq's table by num_tokens, preempting the newest others; False if seq went."""
@@ -341,9 +345,10 @@ class Scheduler:
         """Schedule the next prefill chunk of seq within budget; returns tokens used."""
         start = seq.num_computed
         num = self.kv.snapshot_stop(start, min(budget, seq.prefill_target - start), seq.prefill_target)
+        self.kv.free_outside_window(seq.seq_id, start)  # kv/window.py rule 1
         chunk = PrefillChunk(seq.seq_id, seq.token_ids[start:start + num], start,
                              self.kv.block_table(seq.seq_id), [], self.kv.state_slot(seq.seq_id),
-                             seq.group.request.images)
+                             seq.group.request.images, self.kv.window_table(seq.seq_id))
         seq.num_computed += num
         # Publish now: any later reader runs after this chunk's writes (rule 6).
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(seq.num_computed), seq.group.extra_key,
@@ -378,6 +383,8 @@ class Scheduler:
                                                  child.num_computed, length)
             self._pending_copies += blocks
             self._pending_state_copies += states
+            self._pending_window_copies += self.kv.window_fork_copy(
+                parent.seq_id, child.seq_id, child.num_computed, length)
             child.num_computed = length
             child.num_scheduled_outputs = 1
             self.running.append(child)

@@ -138,4 +138,7 @@ class EngineStats:
     draft_accepted_tokens_total: int = 0  # ... and accepted by verification
     state_slots_total: int | None = None  # recurrent-state slots (kv/slots.py); None: no such layers
     state_slots_used: int | None = None
+    window_tokens: int | None = None        # sliding-window tables (kv/window.py); None: none
+    window_blocks_total: int | None = None  # the windowed layers' pool
+    window_blocks_used: int | None = None
     extra: dict[str, float] = field(default_factory=dict)

@@ -56,7 +56,8 @@ Rules:
    model file the engine cannot run is refused there as one line naming the
    entry, the family and why (`UnsupportedModel`). A split model (rule 9)
    is not probed (its forward would issue collectives); the engine checks
-   it (engine.py).
+   it (engine.py). A warm-up that raises (mlx-lm's own forward cannot run
+   here, e.g. bitnet's Metal-only kernel on the CPU) is refused the same way.
 11. A vision checkpoint (models/vision.py rule 1) loads its whole model with
    mlx-vlm; the engine runs its language model (`VisionLM`) and
    `LoadedModel.vision` holds the processor and tower. It cannot be split over
@@ -80,7 +81,7 @@ import msgspec
 
 from ..backend import Backend
 from ..config import LoadConfig
-from ..engine.kv.specs import ModelCacheSpec, UnsupportedModel, model_cache_spec
+from ..engine.kv.specs import ModelCacheSpec, UnsupportedModel, model_cache_spec, model_family
 from ..errors import ModelFormatError
 from ..registry import ModelSpec, SamplingDefaults
 from . import progress as progress_mod
@@ -200,12 +201,16 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
     cache_spec = None
     if shard is None:
         progress.phase("warm-up")
-        _warm_up(model, tokenizer)
         try:
-            cache_spec = model_cache_spec(model)  # rule 10
+            _warm_up(model, tokenizer)  # rule 10: a forward that cannot run is a refusal
+            cache_spec = model_cache_spec(model)
         except UnsupportedModel as exc:
             raise UnsupportedModel(f"model {spec.name!r}: the engine cannot run model file "
                                    f"{exc}") from None
+        except Exception as exc:  # noqa: BLE001 - rule 10: one line naming the family and why
+            raise UnsupportedModel(f"model {spec.name!r}: mlx-lm's own forward of model file "
+                                   f"{model_family(model)} fails here ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),

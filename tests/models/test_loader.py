@@ -164,3 +164,20 @@ def test_default_model_answers_paris(tmp_path: Path, smollm2_gguf_path: Path) ->
     answer = mlx_lm.generate(loaded.model, loaded.tokenizer, prompt, max_tokens=24)
     assert "Paris" in answer, answer
     assert time.perf_counter() - started < 120
+
+
+def test_a_warm_up_that_raises_is_refused_at_load_in_one_line(tiny_llama_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 10: mlx-lm's own forward failing here (bitnet's Metal-only kernel on the CPU, as
+    the family survey found) is a refusal naming the model file, not a 500 later."""
+    from frink_mlx.engine.kv.specs import UnsupportedModel
+
+    def fail(model: object, tokenizer: object) -> None:
+        raise RuntimeError("[metal_kernel] No Metal back-end.\nmore")
+
+    monkeypatch.setattr(loader, "_warm_up", fail)
+    with pytest.raises(UnsupportedModel) as err:
+        load_model(ModelSpec(name="b", source=str(tiny_llama_dir)), load_config(tmp_path))
+    message = str(err.value)
+    assert "\n" not in message and "'b'" in message and "llama" in message
+    assert "RuntimeError: [metal_kernel] No Metal back-end." in message

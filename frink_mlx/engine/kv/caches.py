@@ -15,6 +15,11 @@ Rules:
    the source layer's pool as this forward read it; nothing is stored twice.
 2. A sliding-window entry is a paged cache like any other: the model asks
    `make_mask(..., window_size=w)` and gets the windowed mask (paged.py rule 4).
+   With `window_layout` (the rows' window tables, kv/window.py) it reads and
+   writes through that layout instead: its blocks outside the window are freed.
+3. With windowed tables on (`windowed`: the windowed entries' pools, set by
+   the engine), a forked row's block copies go to the other pools, its
+   `window_copies` to the windowed ones (their block ids are another pool's).
 """
 
 from __future__ import annotations
@@ -23,23 +28,47 @@ from typing import Any
 
 from mlx_lm.models.cache import CacheList
 
-from .paged import BatchLayout, PagedKVStore, PagedLayerCache
+from .paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
 from .recurrent import RecurrentLayerCache, RowSlots, StateStore
 from .specs import CacheEntry, ModelCacheSpec
 
 
 def make_model_caches(spec: ModelCacheSpec, store: PagedKVStore, states: StateStore | None,
                       layout: BatchLayout, rows: RowSlots | None,
-                      grouped_mask: bool = False) -> list[Any]:
-    """The model's cache list for one forward over `layout` (and `rows`' state slots)."""
+                      grouped_mask: bool = False,
+                      window_layout: BatchLayout | None = None) -> list[Any]:
+    """The model's cache list for one forward over `layout` (and `rows`' state slots);
+    windowed entries over `window_layout` where given (rule 2)."""
 
     def build(entry: CacheEntry) -> Any:
         if entry.kind == "list":
             return CacheList(*(build(part) for part in entry.parts))
         if entry.kind == "attention":
-            return PagedLayerCache(store, entry.index, layout, grouped_mask)
+            windowed = window_layout is not None and spec.attention[entry.index].window
+            return PagedLayerCache(store, entry.index, window_layout if windowed and
+                                   window_layout is not None else layout, grouped_mask)
         if states is None or rows is None:
             raise RuntimeError("a recurrent cache entry needs the state store and row slots")
         return RecurrentLayerCache(states, entry.index, rows)
 
     return [build(entry) for entry in spec.entries]
+
+
+def window_layout(store: PagedKVStore, layout: BatchLayout, windowed: list[int] | None,
+                  spans: list[RowSpan]) -> BatchLayout | None:
+    """The layout of the rows' window tables (rule 2), or None when windows are off."""
+    if windowed is None:
+        return None
+    window = BatchLayout(spans, block_size=store.block_size, trash_slot=store.trash_slot)
+    window.rope_positions = layout.rope_positions
+    return window
+
+
+def copy_blocks(store: PagedKVStore, copies: list[tuple[int, int, int]],
+                window_copies: list[tuple[int, int, int]], windowed: list[int] | None) -> None:
+    """Rule 3: a forked row's partial blocks, each pool from its own table."""
+    if windowed is None:
+        store.copy_blocks(copies)
+        return
+    store.copy_blocks(copies, [i for i in range(store.num_layers) if i not in windowed])
+    store.copy_blocks(window_copies, windowed)

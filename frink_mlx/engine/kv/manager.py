@@ -50,6 +50,10 @@ Rules, in order:
     records that snapshot for `take_restore`; publishing a block binds the
     snapshot taken at its end (its rule 2), `free` releases the row's own.
     Without snapshots a model with recurrent layers caches nothing.
+11. With `window` (a model with sliding-window layers) every sequence also
+    has a window table over a second pool (kv/window.py, its rules): allocated
+    with the full table, published with it, shortened by `free_outside_window`,
+    shared by `fork` and `trim`med alike; a prefix hit must hold in both.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from .block_pool import BlockPool, KVBlock
 from .hashing import iter_block_hashes
 from .slots import SlotPool
 from .snapshots import ROLLBACK, SnapshotIndex
+from .window import WindowTables, window_ids
 
 SeqId = Hashable
 
@@ -75,6 +80,7 @@ class SeqBlocks:
     block_hashes: list[int] = field(default_factory=list)  # published chain, blocks[:len]
     slot: int = -1  # recurrent-state slot (rule 9); -1: none held
     restore: int = -1  # the snapshot its state starts from (rule 10); -1: none
+    window_blocks: list[KVBlock | None] = field(default_factory=list)  # rule 11; None: freed
 
 
 class KVCacheManager:
@@ -82,11 +88,12 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  num_state_slots: int = 0, num_snapshots: int = 0,
-                 snapshot_interval_blocks: int = 1) -> None:
+                 snapshot_interval_blocks: int = 1, window: int | None = None) -> None:
         if block_size <= 0:
             raise EngineFailure(f"block_size must be positive, got {block_size}", param="block_size")
         self.pool = BlockPool(num_blocks)
         self.state_slots = SlotPool(num_state_slots) if num_state_slots else None  # rule 9
+        self.windows = WindowTables(num_blocks, block_size, window) if window else None  # rule 11
         self._block_size = block_size
         self.snapshots = SnapshotIndex(  # rule 10
             num_snapshots, snapshot_interval_blocks, block_size,
@@ -167,6 +174,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.windows is not None:  # rule 11 (kv/window.py rule 3)
+            hits = hits[:self.windows.longest_hit(hits)]
         if self.snapshots is not None:  # rule 10
             del hits[self.snapshots.lookup([b.block_hash or 0 for b in hits])[0]:]
         return hits, len(hits) * self._block_size
@@ -209,6 +218,10 @@ class KVCacheManager:
         num_new_blocks, num_revived = self._count_blocks(seq_id, num_new_tokens, computed_blocks)
         if num_new_blocks + num_revived > self.pool.num_free_blocks:
             return None
+        windows = self.windows
+        if windows is not None and num_new_blocks + windows.num_revived(computed_blocks) > \
+                windows.pool.num_free_blocks:  # rule 11: all or nothing in both pools
+            return None
         slots = self.state_slots
         wants_slot = slots is not None and (state is None or state.slot < 0)
         if wants_slot and slots is not None and slots.num_free == 0:  # rule 9: all or nothing
@@ -224,10 +237,16 @@ class KVCacheManager:
                 blocks=list(computed_blocks),
                 num_tokens=len(computed_blocks) * self._block_size,
                 block_hashes=computed_hashes,
+                window_blocks=windows.opened(computed_blocks) if windows is not None else [],
             )
             self._seqs[seq_id] = state
             if self.snapshots is not None and computed_hashes:  # rule 10
                 state.restore = self.snapshots.lookup(computed_hashes)[1]
+        if windows is not None:
+            new_window = windows.pool.get_new_blocks(num_new_blocks)
+            if new_window is None:  # unreachable: counted above
+                raise EngineFailure("window block pool shrank during allocation")
+            state.window_blocks.extend(new_window)
         if wants_slot and slots is not None:
             taken = slots.take()  # counted above: never None here
             state.slot = -1 if taken is None else taken
@@ -275,6 +294,9 @@ class KVCacheManager:
             state.block_hashes.append(block_hash)
             if self.snapshots is not None:  # rule 10
                 self.snapshots.bind(seq_id, (index + 1) * self._block_size, block_hash)
+            window = state.window_blocks[index] if self.windows is not None else None
+            if window is not None and self.windows is not None:  # rule 11
+                self.windows.pool.cache_full_block(window, block_hash)
         return len(state.block_hashes) - start
 
     def free(self, seq_id: SeqId, *, preempted: bool = False) -> bool:
@@ -286,6 +308,8 @@ class KVCacheManager:
         if state is None:
             return False
         self.pool.free_blocks(reversed(state.blocks))
+        if self.windows is not None:
+            self.windows.release(state.window_blocks)
         if state.slot >= 0 and self.state_slots is not None:
             self.state_slots.give(state.slot)
         return True
@@ -320,10 +344,14 @@ class KVCacheManager:
         num_full = limit // self._block_size
         shared = parent.blocks[:num_full]
         self.pool.touch(shared)
+        window = parent.window_blocks[:num_full]
+        if self.windows is not None:
+            self.windows.pool.touch(b for b in window if b is not None)
         self._seqs[child_seq_id] = SeqBlocks(
             blocks=list(shared),
             num_tokens=num_full * self._block_size,
             block_hashes=parent.block_hashes[:num_full],
+            window_blocks=window,
         )
         return num_full * self._block_size
 
@@ -341,11 +369,16 @@ class KVCacheManager:
         del state.blocks[keep:]
         state.num_tokens = num_tokens
         self.pool.free_blocks(reversed(dropped))
+        if self.windows is not None:
+            self.windows.release(state.window_blocks[keep:])
+            del state.window_blocks[keep:]
         return len(dropped)
 
     def reset_prefix_cache(self) -> int:
         """Forget every free block's hash, the snapshots bound to them and those the
         step being planned took (it failed); returns how many blocks were dropped."""
+        if self.windows is not None:
+            self.windows.pool.reset_prefix_cache()
         dropped = self.pool.reset_prefix_cache()
         if self.snapshots is not None:
             self.snapshots.prune()
@@ -383,6 +416,32 @@ class KVCacheManager:
         state = self._seq(seq_id)
         restore, state.restore = state.restore, -1
         return restore
+
+    # -- sliding windows (rule 11) ---------------------------------------------------
+
+    def free_outside_window(self, seq_id: SeqId, position: int) -> int:
+        """kv/window.py rule 1: the next query of `seq_id` sits at `position`."""
+        if self.windows is None:
+            return 0
+        return self.windows.free_outside(self._seq(seq_id).window_blocks, position)
+
+    def window_table(self, seq_id: SeqId) -> list[int] | None:
+        """The windowed layers' block ids (-1: freed); None without windowed layers."""
+        if self.windows is None:
+            return None
+        return window_ids(self._seq(seq_id).window_blocks)
+
+    def window_fork_copy(self, parent_seq_id: SeqId, child_seq_id: SeqId, num_shared: int,
+                         num_tokens: int) -> list[tuple[int, int, int]]:
+        """`fork_copies`' partial block in the windowed layers' pool (rules 7, 11)."""
+        parent, child = self._seq(parent_seq_id), self._seq(child_seq_id)
+        if self.windows is None or num_tokens <= num_shared:
+            return []
+        index = num_shared // self._block_size
+        src, dst = parent.window_blocks[index], child.window_blocks[index]
+        if src is None or dst is None:
+            raise EngineFailure("a forked row's last block is outside its window")
+        return [(src.block_id, dst.block_id, num_tokens - num_shared)]
 
     # -- slots for the runner ------------------------------------------------------
 

@@ -83,7 +83,7 @@ Rules:
    made (its window is read back from the memo); otherwise, or when no row is
    long enough, None. The gathers `update_and_fetch` returned are lazy and
    nothing else reads them, so MLX never runs them. Metal and the stock path
-   never ask, and read as rule 2 says.
+   never ask, and read as rule 2 says, as do tables with freed blocks (-1: window.py).
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ class PagedKVStore:
         """The pools, for `mx.eval`/`mx.async_eval` (do not keep the list)."""
         return [*self.keys, *self.values]
 
-    def copy_blocks(self, pairs: Sequence[tuple[int, int, int]]) -> None:
-        """Copy the first `num` slots of block `src` into block `dst`, every layer.
+    def copy_blocks(self, pairs: Sequence[tuple[int, int, int]], layers: Sequence[int] | None = None) -> None:
+        """Copy the first `num` slots of block `src` into block `dst`, every layer (or `layers`).
 
         Used when forking n > 1 rows: children share full blocks but need
         their own copy of the partially filled last block. The gather is
@@ -171,7 +171,7 @@ class PagedKVStore:
         src = mx.array(np.concatenate([np.arange(s * bs, s * bs + n) for s, _, n in pairs]), mx.int32)
         dst = mx.array(np.concatenate([np.arange(d * bs, d * bs + n) for _, d, n in pairs]), mx.int32)
         for pools in (self.keys, self.values):
-            for i in range(self.num_layers):
+            for i in range(self.num_layers) if layers is None else layers:
                 rows = pools[i][:, src]
                 mx.eval(rows)
                 pools[i][:, dst] = rows
@@ -232,7 +232,8 @@ class BatchLayout:
         key = ("plan", window, shape, min_tokens, max_runs, min_run_blocks, masked)
         if key not in self._memo:
             tables = [np.asarray(r.block_table, dtype=np.int64) for r in self._rows]
-            self._memo[key] = plan_reads(
+            windowed = any(t.size and t.min() < 0 for t in tables)  # freed blocks: gather
+            self._memo[key] = None if windowed else plan_reads(
                 self._starts, self._num_new, tables, self._slot_of, shape, window=window,
                 min_tokens=min_tokens, max_runs=max_runs, min_run_blocks=min_run_blocks,
                 masked=masked)
@@ -278,7 +279,8 @@ def _slot_matrix(rows: Sequence[RowSpan], block_size: int, trash_slot: int, widt
             )
         tables[r, :needed] = row.block_table[:needed]
     pos = np.arange(width)
-    slots = tables[:, pos // block_size] * block_size + (pos % block_size)[None, :]
+    blocks = tables[:, pos // block_size]  # -1: a block freed outside its window (window.py)
+    slots = np.where(blocks < 0, trash_slot, blocks * block_size + (pos % block_size)[None, :])
     ends = np.array([row.start + row.num_new for row in rows])[:, None]
     return np.where(pos[None, :] < ends, slots, trash_slot)
 

@@ -26,6 +26,9 @@ Rules:
    (`ChunkedKVCache`, `QuantizedKVCache`, custom classes), a sink-keeping
    rotating cache (`keep` > 0), a recurrent entry the probe left unset, or a
    probe that raised.
+4. A model file whose forward assumes what a paged batch does not give it,
+   found by the family survey (benchmarks/family_survey.py), is refused by
+   name (`REFUSED_FAMILIES`), before the probe: its reason is the line.
 
 No state lives here; `ModelCacheSpec` is a frozen description the engine,
 the budget (models/budget.py) and the loader share.
@@ -39,6 +42,14 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from ...errors import ModelFormatError
+
+# Rule 4: model file -> why the paged engine cannot run it.
+REFUSED_FAMILIES = {
+    "afm7": "its KV-reuse layers take RoPE positions from the length of the keys they read, "
+            "which rows of different lengths in one batch do not share",
+    "gpt_bigcode": "its learned position embeddings read the cache offset as one integer "
+                   "(np.arange), where each row of a batch has its own",
+}
 
 
 class UnsupportedModel(ModelFormatError):
@@ -151,6 +162,8 @@ def model_cache_spec(model: Any, *, evaluate: bool = True) -> ModelCacheSpec:
     from mlx_lm.models.cache import make_prompt_cache
 
     family = model_family(model)
+    if family in REFUSED_FAMILIES:  # rule 4
+        raise UnsupportedModel(f"{family}: {REFUSED_FAMILIES[family]}")
     try:
         caches = make_prompt_cache(model)
     except Exception as exc:  # noqa: BLE001 - any failure is a refusal naming it

@@ -47,3 +47,26 @@ def test_cache_kinds_without_a_paged_equivalent_are_refused_naming_them(cache, w
 def test_llama4_chunked_attention_is_refused():
     with pytest.raises(UnsupportedModel, match="llama4: its ChunkedKVCache layers"):
         model_cache_spec(build("llama4"))
+
+
+def test_afm7_kv_reuse_layers_are_refused_naming_why():
+    """Its reuse layers' RoPE offset is the key length minus the query length: a ragged
+    batch's padded keys give short rows the wrong positions (the family survey found its
+    batched rows differ from generate_step), so it is refused at load (specs.py rule 4)."""
+    from mlx_lm.models import afm7
+
+    model = afm7.Model(afm7.ModelArgs.from_dict(dict(
+        model_type="afm7", vocab_size=300, hidden_dim=64, num_layers=2, num_kv_reuse_layers=1,
+        num_heads=4, num_kv_heads=2)))
+    with pytest.raises(UnsupportedModel, match="afm7: its KV-reuse layers take RoPE positions"):
+        model_cache_spec(model)
+
+
+def test_gpt_bigcode_integer_offset_is_refused_naming_why():
+    from mlx_lm.models import gpt_bigcode
+
+    model = gpt_bigcode.Model(gpt_bigcode.ModelArgs.from_dict(dict(
+        model_type="gpt_bigcode", n_embd=64, n_layer=2, n_inner=96, n_head=4, n_positions=512,
+        layer_norm_epsilon=1e-5, vocab_size=300)))
+    with pytest.raises(UnsupportedModel, match="gpt_bigcode: its learned position embeddings"):
+        model_cache_spec(model)
