@@ -148,6 +148,23 @@ def test_cost_model_fits_its_context_term_from_timed_steps():
         assert abs(c1 + c2 * context / 1000 - truth) < 0.25 * truth
 
 
+def test_a_stalled_step_on_a_loaded_machine_does_not_switch_speculation_off():
+    """One row decoding plainly (one width, a context that barely moves) says nothing
+    about what a position costs; one step stalled 5x among them once fitted as "no
+    fixed part" and no step drafted again (tests/serving/test_draft_generation.py on
+    the loaded 2-core machine). Nor does one stalled verify step switch it off."""
+    cost = StepCostModel()
+    for i in range(14):
+        cost.observe(1, 0.012, 44 + i)
+    cost.observe(1, 0.060, 58)  # the OS took the core for one step
+    c1, c2 = cost.ratios
+    assert abs(c1 - 0.02) < 0.01 and abs(c2 - 0.125) < 0.05  # the prior's: nothing measured
+    drafter = RowDrafter(3, alpha=0.6, model_alpha=0.6)
+    assert cost.choose_width(1, [], 8, [(drafter, 8)], draft_step_cost=0.19, context=44) > 1
+    cost.observe(2, 0.060, 46)  # and the first verify step stalled too
+    assert cost.choose_width(1, [], 8, [(drafter, 8)], draft_step_cost=0.19, context=46) > 1
+
+
 def test_rejected_positions_are_rolled_back_and_never_cached(monkeypatch):
     """Block tables shrink to the accepted tokens; blocks of rejected positions go back
     to the pool unhashed; the published chain covers accepted tokens only."""

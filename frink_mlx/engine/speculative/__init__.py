@@ -37,11 +37,14 @@ Rules:
    c0 + c1 * B * L + c2 * B * L * T / 1000. The ratios c1 / c0 and c2 / c0
    start from a prior (the 2-core CPU backend's engine steps,
    benchmarks/results/spec_cost_bench-*.txt) and are refitted from the steps
-   the engine times (decayed least squares, ridge-regressed toward the
-   prior; cost.py). The step's L is the one that maximises expected tokens per unit
-   of cost, sum_i E_i(min(L - 1, draft_i)) / cost(L) [+ draft cost, rule 7],
-   with E(k) = 1 + alpha + ... + alpha^k the expected tokens of a row
-   drafting k. L = 1 (plain decode) is always a candidate, so speculation
+   the engine times (decayed least squares with the prior as pseudo-steps
+   over the widths and contexts planned, cost.py: wall-clock noise, a
+   stalled step on a loaded machine, moves a slope the steps do not span
+   little, so it never switches speculation off by itself). The step's L
+   is the one that maximises expected tokens per unit of cost,
+   sum_i E_i(min(L - 1, draft_i)) / cost(L) [+ draft cost, rule 7], with
+   E(k) = 1 + alpha + ... + alpha^k the expected tokens of a row drafting k.
+   L = 1 (plain decode) is always a candidate, so speculation
    is chosen only when it is expected to pay for itself.
 4. Pipelined engines (Metal, loop.py) plan step t+1 before step t's tokens
    are on the host, and a row can only draft from tokens the host knows. So

@@ -10,10 +10,16 @@ backend a position at 1,000 tokens of context costs several times one at
     step time = c0 + c1 * P + c2 * P * T / 1000     (P = rows x width, T = context)
 
 and the ratios c1 / c0, c2 / c0 start from a prior measured on the 2-core
-CPU backend, refined by the steps the engine times: decayed least squares,
-ridge-regressed toward the prior (a batch that never changes width says
-nothing about what width costs, and one row at a steady context cannot tell
-the two terms apart: there the prior decides).
+CPU backend, refined by the steps the engine times: decayed least squares
+over the timed steps and the prior's pseudo-steps, which span the widths and
+contexts the engine plans (`PRIOR_POINTS`). A slope the timed steps cannot
+measure stays the prior's: a batch that never changes width says nothing
+about what width costs, one row at a steady context cannot tell the two
+terms apart, and on a loaded machine one stalled step (5x its peers) among
+steps of one width and a context that barely moves would otherwise fit as
+"positions cost everything" and switch speculation off for good (no wider
+step is then timed to say otherwise). The pseudo-steps never decay, so a fit
+that stopped wide steps drifts back to the prior and tries them again.
 Floats only: nothing here imports MLX.
 """
 
@@ -27,7 +33,8 @@ if TYPE_CHECKING:
 
 PRIOR_COST_RATIO = 0.02      # c1 / c0 before any step is timed
 PRIOR_CONTEXT_RATIO = 0.125  # c2 / c0: per position, per 1,000 tokens of context
-PRIOR_WEIGHT = 1.0           # the prior counts as this many observed steps
+PRIOR_POINTS = ((1, 0), (8, 0), (1, 2000), (8, 2000))  # (P, T) the prior is "timed" at
+PRIOR_WEIGHT = 0.25          # per point: the prior counts as one observed step in all
 COST_DECAY = 0.98            # older timed steps fade
 MAX_RATIO = 10.0             # a fit with no fixed part: extra positions never pay
 
@@ -67,22 +74,24 @@ class StepCostModel:
         return self._ratios
 
     def _fit(self) -> tuple[float, float]:
-        """Ridge regression toward the prior: least squares for (c0, c1, c2), then again
-        with each c_j pulled toward r_j * c0 (r_j its prior ratio, c0 the first
-        pass's) with the weight of `PRIOR_WEIGHT` steps at the regressor's mean square.
-        Where the steps leave a direction undetermined (one row, a context that barely
-        moves: P and P * T nearly proportional), the prior decides it."""
-        n, a = self.num_steps, list(self.ff)
-        tiny = 1e-9 * (a[0] + a[4] + a[8])
-        first = _solve3([v + (tiny if i in (0, 4, 8) else 0.0) for i, v in enumerate(a)],
-                        self.fy)
-        c0 = first[0] if first is not None and first[0] > 0 else self.fy[0] / max(a[0], 1e-12)
+        """Least squares for (c0, c1, c2) over the timed steps plus the prior's pseudo-steps:
+        `PRIOR_WEIGHT` steps at each of `PRIOR_POINTS`, timed as the prior says, its c0
+        the one that explains the timed steps' mean. The pseudo-steps span the widths
+        and contexts the engine plans, so a slope the timed steps cannot measure (one
+        row, a context that barely moves, a width never tried) stays the prior's, and a
+        stalled step on a loaded machine moves it little; a slope the steps do span
+        (many of them, over far more than noise) is theirs. The timed steps decay, the
+        pseudo-steps do not: a fit that stopped wide steps drifts back to the prior."""
         priors = (PRIOR_COST_RATIO, PRIOR_CONTEXT_RATIO)
-        b = list(self.fy)
-        for j, prior in zip((1, 2), priors):
-            weight = PRIOR_WEIGHT * max(a[4 * j] / n, 1e-6)
-            a[4 * j] += weight
-            b[j] += weight * prior * c0
+        a, b = list(self.ff), list(self.fy)
+        c0 = b[0] / max(a[0] + priors[0] * a[1] + priors[1] * a[2], 1e-12)
+        for num_positions, context in PRIOR_POINTS:
+            f = (1.0, float(num_positions), num_positions * context / 1000)
+            y = c0 * (1 + priors[0] * f[1] + priors[1] * f[2])
+            for i in range(9):
+                a[i] += PRIOR_WEIGHT * f[i // 3] * f[i % 3]
+            for i in range(3):
+                b[i] += PRIOR_WEIGHT * f[i] * y
         solved = _solve3(a, b)
         if solved is None:
             return priors
