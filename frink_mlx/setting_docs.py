@@ -147,6 +147,12 @@ SETTING_DOCS: dict[str, SettingDoc] = {
                                         "group lost"),
     "distributed_load_timeout_s": SettingDoc("how long every rank may take to load a model"),
     "distributed_ping_s": SettingDoc("rank 0 checks an idle group this often"),
+    "distributed_secret_file": SettingDoc("the group's shared secret, the same file (mode 0600) on "
+                                          "every rank; unset: <config_dir>/group_secret, which "
+                                          "`service install --distributed` writes"),
+    "distributed_join_timeout_s": SettingDoc("a rank whose group has not formed and proven the "
+                                             "secret within this exits 1 (a missing rank, or a "
+                                             "stray connection in a ring slot)"),
     "distributed_exit_after_lost_s": SettingDoc("rank 0 exits 1 this long after losing the group, "
                                                 "so the service manager restarts it; unset: stay "
                                                 "up answering 503"),

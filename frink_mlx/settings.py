@@ -32,6 +32,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .backend.distributed import SPLIT_CHOICES, GroupConfig
+from .backend.trust import SECRET_FILE_NAME
 from .config import (
     BackendConfig,
     BudgetConfig,
@@ -158,6 +159,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     distributed_timeout_s: float = 60.0          # a step's collectives past this: group lost
     distributed_load_timeout_s: float = 900.0    # ... a load's commit round (every rank loads)
     distributed_ping_s: float = 1.0              # rank 0 checks an idle group this often
+    distributed_secret_file: str | None = None   # shared secret (0600); unset: <config_dir>/group_secret
+    distributed_join_timeout_s: float = 60.0     # formed and proven within this, or the rank exits
     distributed_exit_after_lost_s: float | None = 10.0  # rank 0 exits 1 this long after the group
                                                  # is lost, so its supervisor restarts the group
                                                  # (None: stay up answering 503)
@@ -242,7 +245,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                               " is none of auto, tensor, pipeline")
         return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
                            backend=self.distributed_backend,  # type: ignore[arg-type]
-                           split=self.distributed_split)
+                           split=self.distributed_split,
+                           secret_file=self.group_secret_file(),
+                           join_timeout_s=self.distributed_join_timeout_s)
+
+    def group_secret_file(self) -> str:
+        """The group's shared secret (backend/trust.py rule 1)."""
+        return self.distributed_secret_file or str(Path(self.config_dir) / SECRET_FILE_NAME)
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,
