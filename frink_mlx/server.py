@@ -84,8 +84,10 @@ from .settings import Settings, environ_snapshot, started_by_mlx_launch
 log = logging.getLogger("frink_mlx.server")
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (rule 2); ConfigError with a hint if refused."""
+def bind_socket(host: str, port: int, send_buffer_bytes: int | None = None) -> socket.socket:
+    """A listening TCP socket on host:port (rule 2); ConfigError with a hint if refused.
+    `send_buffer_bytes` caps the kernel send buffer every accepted connection inherits
+    (http/timeouts.py rule 6: how much a stalled reader is sent before it is noticed)."""
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -95,6 +97,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         sock.bind(addr)
         sock.listen(2048)
     except OSError as exc:
@@ -297,7 +301,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     check_default_model(registry)
     launched = started_by_mlx_launch()  # read before _join_group exports MLX_RANK itself
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port, settings.send_buffer_bytes)
     warn_unavailable(registry)
     from .app import create_app
 

@@ -37,6 +37,9 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "body_timeout_s": SettingDoc("the whole request body must arrive within this many seconds, "
                                  "else 408"),
     "idle_timeout_s": SettingDoc("a keep-alive connection idle this many seconds is closed"),
+    "send_buffer_bytes": SettingDoc("the kernel send buffer of each connection: how much a "
+                                    "client that stops reading is sent before send_timeout_s "
+                                    "starts counting (the OS would grow it to megabytes)"),
     "send_timeout_s": SettingDoc("a response the client reads nothing of for this many seconds "
                                  "is aborted (its generation stopped; logged 499); a slow but "
                                  "steady reader is never cut"),

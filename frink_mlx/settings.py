@@ -91,6 +91,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     idle_timeout_s: float = 15.0                 # a keep-alive connection idle this long is closed
     send_timeout_s: float = 60.0                 # a response the client reads none of this long
                                                  # is aborted (http/timeouts.py rule 6)
+    send_buffer_bytes: AtLeast1 = 256 * 1024     # kernel send buffer per connection (a cap)
     max_connections: AtLeast1 = 512              # open connections beyond this get 503 at once
     ssl_certfile: str | None = None              # serve HTTPS with this certificate (PEM) ...
     ssl_keyfile: str | None = None               # ... and its private key (PEM)
