@@ -353,7 +353,7 @@ def report(soak: Soak, rss_start: int, rss_end: int, health: dict[str, Any], log
     print(f"streams without a terminal frame: {unterminated}")
     print(f"hostile requests answered otherwise than they must: "
           f"{sum(n for (k, s), n in soak.counts.items() if s.endswith('!'))}")
-    print(f"stalled readers cut (499 in the access log): {access.get('499', 0)}")
+    print(f"499s in the access log (deliberate cuts and stalled readers): {access.get('499', 0)}")
     print(f"KV blocks used at the end, all models: "
           f"{sum(m.get('kv_blocks_used') or 0 for m in models.values())}; leases: "
           f"{sum(m.get('leases') or 0 for m in models.values())}")
