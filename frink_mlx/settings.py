@@ -32,6 +32,7 @@ from typing import Annotated, Any, NamedTuple
 import msgspec
 
 from .backend.distributed import SPLIT_CHOICES, GroupConfig
+from .backend.trust import SECRET_FILE_NAME
 from .config import (
     BackendConfig,
     BudgetConfig,
@@ -124,6 +125,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     send_timeout_s: Annotated[float, doc(
         "a response the client reads nothing of for this many seconds is aborted (its generation stopped; "
         "logged 499); a slow but steady reader is never cut")] = 60.0
+    send_buffer_bytes: Annotated[AtLeast1, doc(
+        "the kernel send buffer of each connection: how much a client that stops reading is sent before "
+        "send_timeout_s starts counting (the OS would grow it to megabytes)")] = 256 * 1024
     max_connections: Annotated[AtLeast1, doc(
         "open connections at most; a new one past it is answered 503 before anything of it is read (the "
         "open-files limit is raised to fit)")] = 512
@@ -250,6 +254,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     distributed_load_timeout_s: Annotated[float, doc(
         "how long every rank may take to load a model")] = 900.0
     distributed_ping_s: Annotated[float, doc("rank 0 checks an idle group this often")] = 1.0
+    distributed_secret_file: Annotated[str | None, doc(
+        "the group's shared secret, the same file (mode 0600) on every rank; unset: "
+        "<config_dir>/group_secret, which `service install --distributed` writes")] = None
+    distributed_join_timeout_s: Annotated[float, doc(
+        "a rank whose group has not formed and proven the secret within this exits 1 (a missing rank, or "
+        "a stray connection in a ring slot)")] = 60.0
     distributed_exit_after_lost_s: Annotated[float | None, doc(
         "rank 0 exits 1 this long after losing the group, so the service manager restarts it; unset: stay "
         "up answering 503")] = 10.0
@@ -334,7 +344,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                               " is none of auto, tensor, pipeline")
         return GroupConfig(hostfile=self.distributed_hostfile, rank=self.distributed_rank,
                            backend=self.distributed_backend,  # type: ignore[arg-type]
-                           split=self.distributed_split)
+                           split=self.distributed_split,
+                           secret_file=self.group_secret_file(),
+                           join_timeout_s=self.distributed_join_timeout_s)
+
+    def group_secret_file(self) -> str:
+        """The group's shared secret (backend/trust.py rule 1)."""
+        return self.distributed_secret_file or str(Path(self.config_dir) / SECRET_FILE_NAME)
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,

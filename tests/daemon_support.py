@@ -207,7 +207,7 @@ def start_guarded_server(app: Any, settings: Any, *, sndbuf: int | None = None) 
 
     from frink_mlx.cli.serve import bind_socket, uvicorn_config
 
-    sock = bind_socket("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", 0, getattr(settings, "send_buffer_bytes", None))
     if sndbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     server = uvicorn.Server(uvicorn_config(settings, app))

@@ -196,11 +196,14 @@ def test_a_rank_of_a_group_of_macs_is_installed_with_its_hostfile_and_rank(tmp_p
     s = Settings(config_dir=str(tmp_path), distributed_hostfile=str(hostfile), distributed_rank=1,
                  distributed_backend="jaccl", distributed_split="pipeline")
     plan = plan_service(s, key_file=None, log_dir=tmp_path)
-    assert list(plan.program_args[-8:]) == ["--distributed", str(hostfile), "--rank", "1",
-                                            "--distributed-backend", "jaccl",
-                                            "--distributed-split", "pipeline"]
+    assert list(plan.program_args[-10:]) == ["--distributed", str(hostfile), "--rank", "1",
+                                             "--distributed-backend", "jaccl",
+                                             "--distributed-split", "pipeline",
+                                             "--distributed-secret-file",
+                                             str(tmp_path / "group_secret")]
     one = plan_service(Settings(config_dir=str(tmp_path)), key_file=None, log_dir=tmp_path)
     assert "--distributed" not in one.program_args
+    assert "--distributed-secret-file" not in one.program_args
 
 
 def test_non_loopback_install_needs_key_file(tmp_path: Path) -> None:
@@ -210,6 +213,27 @@ def test_non_loopback_install_needs_key_file(tmp_path: Path) -> None:
 
 
 # --- command sequences ------------------------------------------------------------
+
+def test_installing_a_rank_writes_the_group_secret_once_and_passes_its_path(
+        tmp_path: Path, fakes: Fakes) -> None:
+    """Rule 8: a 0600 secret beside the key, kept on re-install; its path, not its
+    content, in the plist (LaunchAgents are world-readable)."""
+    settings = settings_for(tmp_path, distributed_hostfile=str(tmp_path / "ring.json"),
+                            distributed_rank=0)
+    plist = tmp_path / "home" / "Library" / "LaunchAgents" / "dev.frink.mlx.plist"
+    secret = tmp_path / "home" / "cfg" / "group_secret"
+    assert service_command(settings, verb("install", "launchd")) == 0
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_text().strip()) == 64
+    first = secret.read_text()
+    args = plistlib.loads(plist.read_bytes())["ProgramArguments"]
+    assert args[args.index("--distributed-secret-file") + 1] == str(secret)
+    assert first.strip() not in plist.read_text()
+    assert service_command(settings, verb("install", "launchd")) == 0
+    assert secret.read_text() == first
+    secret.chmod(0o644)   # a copied file left readable is refused, not silently used
+    with pytest.raises(ConfigError, match="chmod 600"):
+        service_command(settings, verb("install", "launchd"))
+
 
 def test_launchd_verbs(tmp_path: Path, fakes: Fakes) -> None:
     settings = settings_for(tmp_path)

@@ -40,15 +40,21 @@ Rules:
    Every rank decides for itself, so a load's commit round compares the
    kinds (`split_code`; serving/distributed.py rule 2): ranks configured
    differently load nothing rather than run mismatched forwards.
+5. Trust (backend/trust.py): the secret is read before `init` listens, and
+   the group is proven (HMAC challenge-response over the group itself)
+   before `init_group` returns, all under the join deadline; a group that
+   fails the proof, or does not form in time, is never handed to anyone.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError, ModelFormatError
+from . import trust
 
 DistBackendName = Literal["ring", "jaccl", "mpi", "any"]
 ShardKind = Literal["tensor", "pipeline"]
@@ -65,6 +71,8 @@ class GroupConfig:
     rank: int | None           # None: already in MLX's environment (mlx.launch)
     backend: DistBackendName
     split: SplitChoice = "auto"  # rule 4
+    secret_file: str = "group_secret"   # rule 5: the shared secret (mode 0600)
+    join_timeout_s: float = 60.0        # rule 5: formed and proven within this, or exit
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,7 @@ class DistributedGroup:
     size: int
     backend: str
     split: SplitChoice = "auto"  # rule 4
+    plan_key: bytes = b""       # rule 5: the session key of the plan channel's MACs
 
     @property
     def is_leader(self) -> bool:
@@ -84,7 +93,10 @@ class DistributedGroup:
 
 
 def init_group(config: GroupConfig) -> DistributedGroup:
-    """Join the group (blocking until every rank has connected); rules 1-2."""
+    """Join the group (blocking until every rank has connected and proven the secret,
+    at most `join_timeout_s`); rules 1-2 and 5."""
+    secret_path = Path(config.secret_file).expanduser()
+    secret = trust.read_secret(secret_path)
     if config.hostfile is not None:
         if not os.path.isfile(config.hostfile):
             raise ConfigError(f"--distributed: no hostfile at {config.hostfile}")
@@ -93,13 +105,22 @@ def init_group(config: GroupConfig) -> DistributedGroup:
         os.environ["MLX_RANK"] = str(config.rank)
     import mlx.core as mx
 
-    try:
-        group = mx.distributed.init(strict=True, backend=config.backend)
-    except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"cannot join the distributed group ({config.backend}): {exc}") from None
-    if group.size() < 2:
-        raise ConfigError("the distributed group has a single rank; the hostfile must list two or more")
-    return DistributedGroup(group, group.rank(), group.size(), config.backend, config.split)
+    with trust.join_deadline(config.join_timeout_s, config.rank):
+        try:
+            group = mx.distributed.init(strict=True, backend=config.backend)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError(f"cannot join the distributed group ({config.backend}): "
+                              f"{exc}") from None
+        if group.size() < 2:
+            raise ConfigError("the distributed group has a single rank; the hostfile must "
+                              "list two or more")
+        try:
+            key = trust.prove(group, secret, source=str(secret_path))
+        except (RuntimeError, ValueError) as exc:  # a peer left during the proof
+            raise ConfigError(f"rank {group.rank()}: the distributed group broke while its "
+                              f"ranks proved the secret: {exc}") from None
+    return DistributedGroup(group, group.rank(), group.size(), config.backend, config.split,
+                            plan_key=key)
 
 
 def choose_split(model: Any, size: int, choice: SplitChoice = "auto") -> ShardKind:

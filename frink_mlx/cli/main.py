@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc = sub.add_parser("service", help="manage the launchd agent / systemd user unit")
     add_setting_flags(svc, COMMON + ("host", "port", "api_key_file", "distributed_hostfile",
                                      "distributed_rank", "distributed_backend",
-                                     "distributed_split"))
+                                     "distributed_split", "distributed_secret_file"))
     svc.add_argument("action", choices=["install", "uninstall", "start", "stop", "status", "logs"])
     svc.add_argument("--generate-key", action="store_true", help="create an API key file (0600)")
     svc.add_argument("--backend", choices=["auto", "launchd", "systemd"], default="auto",

@@ -94,8 +94,10 @@ if TYPE_CHECKING:  # types only: serving/ and engine/ are imported once the back
 log = logging.getLogger("frink_mlx.server")  # the name log lines have always carried
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (rule 2); ConfigError with a hint if refused."""
+def bind_socket(host: str, port: int, send_buffer_bytes: int | None = None) -> socket.socket:
+    """A listening TCP socket on host:port (rule 2); ConfigError with a hint if refused.
+    `send_buffer_bytes` caps the kernel send buffer every accepted connection inherits
+    (http/timeouts.py rule 6: how much a stalled reader is sent before it is noticed)."""
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -105,6 +107,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
         sock.bind(addr)
         sock.listen(2048)
     except OSError as exc:
@@ -264,7 +268,7 @@ def serve_command(settings: Settings, args: argparse.Namespace | None = None) ->
     check_default_model(registry)
     launched = started_by_mlx_launch()  # read before _join_group exports MLX_RANK itself
     factory, channel = _join_group(settings, registry, backend) if settings.distributed else (None, None)
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port, settings.send_buffer_bytes)
     warn_unavailable(registry)
     from ..app import create_app
 

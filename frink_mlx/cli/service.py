@@ -32,6 +32,11 @@ Rules:
    log, rotated by size (serve.py rule 10), so the log launchd appends to
    without rotating holds the daemon's own lines only; systemd's journal
    rotates itself (an `access_log_file` given at install is kept either way).
+8. A rank of a group (`--distributed`): `install` writes the group's shared
+   secret (`distributed_secret_file`, default `<config_dir>/group_secret`,
+   mode 0600) unless one is there, and passes its path, never its content,
+   to the service (backend/trust.py). Every rank needs the same file: copy
+   the one written on the first Mac to the others before installing them.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from xml.sax.saxutils import escape
 
 import frink_mlx
 
+from ..backend.trust import ensure_secret
 from ..errors import ConfigError
 from ..http.binding import default_key_file, is_loopback_host, read_key_file
 from ..settings import Settings, user_config_home
@@ -129,6 +135,9 @@ def _distributed_args(settings: Settings) -> list[str]:
         args += ["--distributed-backend", settings.distributed_backend]
     if settings.distributed and settings.distributed_split != "auto":
         args += ["--distributed-split", settings.distributed_split]
+    if settings.distributed:  # rule 8: the path only
+        args += ["--distributed-secret-file",
+                 str(Path(settings.group_secret_file()).expanduser().absolute())]
     return args
 
 
@@ -362,6 +371,11 @@ def service_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "install" and getattr(args, "generate_key", False):
         created = ensure_key_file(key_path)
         print(f"api key file: {key_path} ({'created' if created else 'kept existing'}, mode 0600)")
+    if args.action == "install" and settings.distributed:
+        secret = Path(settings.group_secret_file()).expanduser()
+        created = ensure_secret(secret)
+        print(f"group secret: {secret} ({'created' if created else 'kept existing'}, mode 0600); "
+              "every rank needs this same file")
     key_file = key_path if key_path.exists() else None
     home = Path.home()
     log_dir = (home / "Library" / "Logs" / "frink-mlx" if backend == "launchd"

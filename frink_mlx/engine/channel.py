@@ -9,10 +9,11 @@ only while holding `exclusive()`, and followers run messages one at a time.
 
 Wire layout of one message (int32 words, summed across ranks):
 
-    round 1: [ nbytes | payload words 0 .. FIRST_WORDS-2 ]      FIRST_WORDS words
-    round 2: [ payload words FIRST_WORDS-1 .. ]                 only if it did not fit
+    round 1: [ nbytes | tag (4 words) | payload words 0 .. FIRST_WORDS-6 ]   FIRST_WORDS words
+    round 2: [ payload words FIRST_WORDS-5 .. ]                 only if it did not fit
 
-The payload is msgpack (msgspec) of one `Message`, zero-padded to whole words.
+The payload is msgpack (msgspec) of one `Message`, zero-padded to whole words;
+the tag is rule 6's MAC.
 A step's plan (token ids, positions, block tables, copies) fits round 1 for
 typical batches; long block tables take the second round.
 
@@ -32,11 +33,18 @@ Failure rules (the group has no timeouts of its own):
    its sockets) exits; its supervisor restarts it.
 5. Once lost, the channel stays lost: every later `exclusive()` raises
    `Unavailable` naming the reason, so requests get 503 in their envelope.
+6. Every message carries the first 16 bytes of HMAC-SHA256(plan key, its
+   sequence number | payload), the key derived when the group proved its
+   secret (backend/trust.py rule 4). A follower that receives a message whose
+   tag does not verify (a plan injected or replayed on the link) raises and
+   leaves the group. Cost: one HMAC of a few hundred bytes per step (~2 us).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import threading
 import time
@@ -53,6 +61,9 @@ from .plan import SchedulerOutput
 log = logging.getLogger("frink_mlx.engine.channel")
 
 FIRST_WORDS = 1024
+TAG_WORDS = 4     # rule 6: 16 bytes of HMAC-SHA256
+HEAD_WORDS = 1 + TAG_WORDS
+MAX_MESSAGE_BYTES = 1 << 28   # a length past this is a corrupt head, not a plan
 
 
 class Step(msgspec.Struct, tag="step", frozen=True):
@@ -89,17 +100,33 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Message)
 
 
-def encode(message: Message) -> np.ndarray:
-    """The payload as int32 words, prefixed by its byte length (module docstring)."""
+def _tag(key: bytes, sequence: int, payload: bytes) -> bytes:
+    """Rule 6; no key (a test's channel): zeros."""
+    if not key:
+        return bytes(4 * TAG_WORDS)
+    mac = hmac.new(key, sequence.to_bytes(8, "big") + payload, hashlib.sha256)
+    return mac.digest()[:4 * TAG_WORDS]
+
+
+def encode(message: Message, key: bytes = b"", sequence: int = 0) -> np.ndarray:
+    """The payload as int32 words, prefixed by its byte length and tag (module docstring)."""
     payload = _ENCODER.encode(message)
-    padded = payload + b"\0" * (-len(payload) % 4)
+    padded = _tag(key, sequence, payload) + payload + b"\0" * (-len(payload) % 4)
     words = np.frombuffer(padded, dtype=np.int32)
     return np.concatenate([np.array([len(payload)], dtype=np.int32), words])
 
 
-def decode(words: np.ndarray) -> Message:
+def decode(words: np.ndarray, key: bytes = b"", sequence: int = 0) -> Message:
+    """The message in `words`; a tag that does not verify under `key` raises (rule 6)."""
     nbytes = int(words[0])
-    return _DECODER.decode(words[1:].astype(np.int32).tobytes()[:nbytes])
+    if not 0 <= nbytes <= 4 * (len(words) - HEAD_WORDS):
+        raise RuntimeError(f"a plan message claims {nbytes} bytes in {len(words)} words")
+    data = words[1:].astype(np.int32).tobytes()
+    tag, payload = data[:4 * TAG_WORDS], data[4 * TAG_WORDS:4 * TAG_WORDS + nbytes]
+    if key and not hmac.compare_digest(tag, _tag(key, sequence, payload)):
+        raise RuntimeError(f"plan message {sequence} failed its MAC (altered or injected on "
+                           "the link); leaving the group")
+    return _DECODER.decode(payload)
 
 
 class PlanChannel:
@@ -108,6 +135,8 @@ class PlanChannel:
     def __init__(self, group: Any, *, timeout_s: float, load_timeout_s: float,
                  ping_s: float) -> None:
         self.group = group
+        self.key: bytes = getattr(group, "plan_key", b"")  # rule 6
+        self.sequence = 0                                   # messages posted / received
         self.timeout_s, self.load_timeout_s, self.ping_s = timeout_s, load_timeout_s, ping_s
         self.lost: str | None = None
         self.on_lost: list[Callable[[str], None]] = []
@@ -158,7 +187,8 @@ class PlanChannel:
     def post(self, message: Message) -> None:
         """Broadcast `message` (inside `exclusive()`)."""
         started = time.perf_counter()
-        words = encode(message)
+        words = encode(message, self.key, self.sequence)
+        self.sequence += 1
         first = np.zeros(FIRST_WORDS, dtype=np.int32)
         head = words[:FIRST_WORDS]
         first[:len(head)] = head
@@ -222,11 +252,16 @@ class PlanChannel:
             first = self._sum(np.zeros(FIRST_WORDS, dtype=np.int32))
         finally:
             self._waiting_since = None
-        nwords = 1 + -(-int(first[0]) // 4)
+        nbytes = int(first[0])
+        if not 0 <= nbytes <= MAX_MESSAGE_BYTES:
+            raise RuntimeError(f"a plan message claims {nbytes} bytes; leaving the group")
+        nwords = HEAD_WORDS + -(-nbytes // 4)
         if nwords > FIRST_WORDS:
             rest = self._sum(np.zeros(nwords - FIRST_WORDS, dtype=np.int32))
             first = np.concatenate([first, rest])
-        return decode(first[:nwords])
+        message = decode(first[:nwords], self.key, self.sequence)
+        self.sequence += 1
+        return message
 
     def waiting_for_s(self) -> float:
         """How long this follower has been waiting for rank 0's next message (0: busy)."""

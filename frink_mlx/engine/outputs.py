@@ -103,7 +103,7 @@ class OutputRouter:
         if results[0].num_drafted:
             sampler.step += len(results)  # draw number = output position (sampling.py rule 4)
         for j, result in enumerate(results):
-            sampler.history.append(result.token_id)
+            sampler.record(result.token_id)
             reason = _constraint_verdict(sampler, result.token_id)
             if reason is not None:
                 stop[seq_id] = reason

@@ -10,7 +10,8 @@ mlx-lm's filters are per row (top-k/top-p/min-p, categorical draw).
 Rules, in the order they apply (mlx-lm's order):
 1. logit_bias (additive), then repetition penalty (multiplicative, sign
    aware), presence and frequency penalties over the row's last
-   `penalty_context_size` tokens (prompt + output), then the RowConstraint's
+   `penalty_context_size` tokens (prompt + output; a window kept as tokens
+   arrive, engine/penalties.py), then the RowConstraint's
    allowed mask (disallowed tokens get -inf). A request's logit_bias becomes
    one dense row of the vocabulary once (`LogitBias`), shared by its rows and
    their verify positions: a step stacks the rows' bias rows and adds them in
@@ -48,6 +49,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from ..core.request import SamplingParams
 from .constraints import apply_constraints
+from .penalties import PenaltyWindow, apply_penalties, is_penalised
 from .types import RowConstraint
 
 _MASK64 = (1 << 64) - 1
@@ -81,7 +83,8 @@ class LogitBias:
 @dataclass(slots=True)
 class RowSampler:
     """The sampling state of one row, owned by the engine thread. `bias` is derived
-    from `params` when not given; rows of one request pass theirs along (rule 1)."""
+    from `params` when not given; rows of one request pass theirs along (rule 1).
+    `history` grows through `record`, which also moves the penalty window."""
 
     params: SamplingParams
     seed: int
@@ -90,21 +93,25 @@ class RowSampler:
     step: int = 0
     bias: LogitBias | None = None
     drafted: list[int] = field(default_factory=list)  # a verify position's drafts before it
+    window: PenaltyWindow | None = None                # penalties.py rule 1
 
     def __post_init__(self) -> None:
         if self.bias is None and self.params.logit_bias:
             self.bias = LogitBias.of(self.params.logit_bias)
+        if self.window is None and is_penalised(self.params):
+            self.window = PenaltyWindow.of(self.history, self.params.penalty_context_size)
+
+    def record(self, token_id: int) -> None:
+        """The row's next output token: into the history and the penalty window."""
+        self.history.append(token_id)
+        if self.window is not None:
+            self.window.push(token_id)
 
     @property
     def needs_host_tokens(self) -> bool:
         """True when the next draw depends on the previous token's value on the host."""
         p = self.params
-        return (
-            self.constraint is not None
-            or p.repetition_penalty != 1.0
-            or p.presence_penalty != 0.0
-            or p.frequency_penalty != 0.0
-        )
+        return self.constraint is not None or is_penalised(p)
 
     @property
     def is_plain_greedy(self) -> bool:
@@ -161,12 +168,12 @@ def draft_samplers(row: RowSampler, draft: list[int]) -> list[RowSampler]:
     along = getattr(c, "masks_along", None)
     masks = along(draft) if along is not None else [None] * (len(draft) + 1)
     p = row.params
-    penalised = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 \
-        or p.frequency_penalty != 0.0
-    # the row's history is shared, not copied per position: it grows only after the step
+    penalised = is_penalised(p)
+    # the row's history and window are shared, not copied per position: they move only
+    # after the step
     return [RowSampler(p, row.seed, FixedMask(masks[j]) if c is not None else None,
                        row.history if penalised else [], row.step + j, row.bias,
-                       draft[:j] if penalised else [])
+                       draft[:j] if penalised else [], row.window if penalised else None)
             for j in range(len(draft) + 1)]
 
 
@@ -199,25 +206,11 @@ def sample(logits: mx.array, rows: Sequence[RowSampler], *,
 
 def _process(logits: mx.array, rows: Sequence[RowSampler], device_masks: bool) -> mx.array:
     """Rule 1: bias, penalties and constraint masks, batched on the host where cheap."""
-    num_rows, vocab = logits.shape
+    vocab = logits.shape[1]
     if any(r.bias is not None for r in rows):
         logits = _add_bias(logits, rows, vocab)
-    if any(r.params.repetition_penalty != 1.0 for r in rows):
-        factor = np.ones((num_rows, vocab), np.float32)
-        for i, r in enumerate(rows):
-            if r.params.repetition_penalty != 1.0:
-                factor[i, _recent(r, vocab)] = r.params.repetition_penalty
-        f = mx.array(factor)
-        logits = mx.where(logits < 0, logits * f, logits / f)
-    if any(r.params.presence_penalty or r.params.frequency_penalty for r in rows):
-        adjust = np.zeros((num_rows, vocab), np.float32)
-        for i, r in enumerate(rows):
-            recent = _recent(r, vocab)
-            if r.params.frequency_penalty:
-                np.add.at(adjust[i], recent, -r.params.frequency_penalty)
-            if r.params.presence_penalty:
-                adjust[i, np.unique(recent)] -= r.params.presence_penalty
-        logits = logits + mx.array(adjust)
+    if any(is_penalised(r.params) for r in rows):
+        logits = apply_penalties(logits, rows)
     if any(r.constraint is not None for r in rows):
         # llguidance's Metal kernel on Metal; bool masks + mx.where elsewhere. Ids past
         # the tokenizer's vocabulary (a short mask) are never allowed.
@@ -236,18 +229,6 @@ def _add_bias(logits: mx.array, rows: Sequence[RowSampler], vocab: int) -> mx.ar
             zeros = mx.zeros((vocab,), mx.float32) if zeros is None else zeros
             parts.append(zeros)
     return logits + mx.stack(parts)
-
-
-def _recent(r: RowSampler, vocab: int) -> np.ndarray:
-    """The last `penalty_context_size` tokens of the row (a verify position's drafts last)."""
-    ctx = max(0, r.params.penalty_context_size)
-    if not ctx:
-        return np.zeros(0, np.int64)
-    drafted = r.drafted[-ctx:]
-    room = ctx - len(drafted)
-    tail = (r.history[-room:] if room > 0 else []) + drafted
-    recent = np.asarray(tail, dtype=np.int64)
-    return recent[(recent >= 0) & (recent < vocab)]
 
 
 def _draw(logprobs: mx.array, rows: Sequence[RowSampler]) -> mx.array:

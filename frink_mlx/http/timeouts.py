@@ -39,6 +39,12 @@ Rules:
    engine step (http/sse.py rule 2), and the access line says 499
    (http/access.py rule 6). A client that reads slowly but steadily drains
    the buffer and is never cut; nothing runs while writing is not paused.
+   Writing pauses only once the kernel's send buffer is full, and the OS
+   grows that buffer to megabytes (Linux autotunes to 4 MiB): a stalled n=8
+   stream fit whole in it on a slow model, kept generating and its lease,
+   and ended 200 to a client that read nothing. So the listening socket caps
+   it at `send_buffer_bytes` (256 KiB; accepted connections inherit it,
+   server.py `bind_socket`): a stalled reader is noticed after that much.
 7. Connections: past `max_connections` open at once, a new one is answered
    as soon as it is accepted -- before a byte of it is read -- with a bare
    `503 Service Unavailable` (`retry-after: 1`, `connection: close`); what it

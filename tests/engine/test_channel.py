@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from frink_mlx.engine.channel import FIRST_WORDS, Commit, Load, Ping, PlanChannel, Step, decode, encode
+from frink_mlx.engine.channel import (
+    FIRST_WORDS,
+    HEAD_WORDS,
+    Commit,
+    Load,
+    Ping,
+    PlanChannel,
+    Step,
+    decode,
+    encode,
+)
 from frink_mlx.engine.plan import DecodeRow, PrefillChunk, SchedulerOutput
 from frink_mlx.errors import Unavailable
 
@@ -16,10 +26,27 @@ def test_a_step_plan_round_trips_through_int32_words():
         prefill=[PrefillChunk(11, [1, 2, 3, 4, 5], 4, [6, 7], [11, 12])],
         copies=[(6, 13, 2)])
     words = encode(Step(5, plan))
-    assert words.dtype == np.int32 and 0 < words[0] <= (len(words) - 1) * 4 < words[0] + 4
+    assert words.dtype == np.int32 and 0 < words[0] <= (len(words) - HEAD_WORDS) * 4 < words[0] + 4
     assert decode(words) == Step(5, plan)
     # summing with followers' zeros changes nothing (the broadcast is an all_sum)
     assert decode(words + np.zeros_like(words)) == Step(5, plan)
+
+
+def test_a_keyed_message_verifies_only_under_its_key_and_sequence_number():
+    """Rule 6: a plan altered, injected or replayed on the link is refused."""
+    key = bytes(range(32))
+    words = encode(Load(2, "tiny-b"), key, 7)
+    assert decode(words, key, 7) == Load(2, "tiny-b")
+    for other_key, sequence in ((bytes(32), 7), (key, 8)):   # a guessed key; a replay
+        with pytest.raises(RuntimeError, match="failed its MAC"):
+            decode(words, other_key, sequence)
+    forged = words.copy()
+    forged[-1] ^= 1
+    with pytest.raises(RuntimeError, match="failed its MAC"):
+        decode(forged, key, 7)
+    unkeyed = encode(Load(2, "tiny-b"))       # a stray that does not know the key
+    with pytest.raises(RuntimeError, match="failed its MAC"):
+        decode(unkeyed, key, 0)
 
 
 def test_every_control_message_round_trips():

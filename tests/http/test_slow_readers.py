@@ -12,6 +12,7 @@ every few milliseconds gets its whole stream, however long it takes.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import socket
@@ -158,3 +159,87 @@ def test_a_slow_but_steady_reader_gets_its_whole_stream(daemon: LiveServer, line
 
 def test_slow_readers_log_nothing_at_error(lines: Lines) -> None:
     assert lines.messages(at_least=logging.ERROR) == []
+
+
+def _health_max_s(daemon: LiveServer, seconds: float) -> float:
+    """The slowest /health of a poll every 5 ms for `seconds` (connection made first)."""
+    worst = 0.0
+    with httpx.Client(base_url=daemon.url, timeout=10) as client:
+        client.get("/health")
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            started = time.monotonic()
+            assert client.get("/health").status_code == 200
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(0.005)
+    return worst
+
+
+def test_while_a_stalled_stream_waits_to_be_cut_health_answers_and_a_neighbour_decodes(
+        daemon: LiveServer, lines: Lines) -> None:
+    """Issue 32, what must hold: during the stall (up to send_timeout_s), /health answers
+    within 100 ms and a second client's request completes with the tokens it asked for.
+    On a machine so loaded that /health alone is slower than that, the bound is three
+    times what it took alone, and a full collection of Python's cyclic GC (which pauses
+    every thread for as long as this process's heap, pytest's included, takes to walk) is
+    run before each window (as in tests/adapters/test_bounds_http.py)."""
+    gc.collect()
+    alone = _health_max_s(daemon, 0.5)
+    bound = max(0.1, 3 * alone)
+    request_id = f"stall-{uuid.uuid4().hex[:12]}"
+    sock = open_stream(daemon, {**STREAM, "max_tokens": 1500}, request_id, rcvbuf=4096)
+    answers: list[httpx.Response] = []
+    try:
+        started = time.monotonic()
+        while leases(daemon) == 0:
+            assert time.monotonic() - started < 30
+            time.sleep(0.02)
+        neighbour = threading.Thread(target=lambda: answers.append(httpx.post(
+            daemon.url + "/v1/chat/completions", timeout=30, json={
+                "model": "tiny-a", "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 8, "ignore_eos": True, "temperature": 0})))
+        gc.collect()
+        neighbour.start()
+        worst = _health_max_s(daemon, SEND_S)
+        neighbour.join(30)
+        while leases(daemon) > 0:
+            assert time.monotonic() - started < SEND_S + 5, "the stalled stream kept its lease"
+            time.sleep(0.05)
+    finally:
+        sock.close()
+    assert worst < bound, (worst, alone)
+    assert answers and answers[0].status_code == 200, answers
+    assert answers[0].json()["usage"]["completion_tokens"] == 8
+    assert access_line(lines, request_id)["status"] == 499
+
+
+@pytest.fixture(scope="module")
+def default_daemon(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path,
+                   lines: Lines) -> Iterator[LiveServer]:
+    """As `frink-mlx serve` binds it: the listening socket with the default
+    send_buffer_bytes, nothing shrunk by the test."""
+    root = tmp_path_factory.mktemp("slow_readers_default")
+    settings = Settings.load(models_path=str(write_registry(root, tiny_llama_dir, tiny_llama_dir)),
+                             send_timeout_s=SEND_S, min_generation_s=0.0,
+                             cache_dir=str(root / "cache"))
+    app = create_app(settings, registry=load_registry(settings), factory=generation_factory())
+    live = start_guarded_server(app, settings)
+    yield live
+    live.stop()
+
+
+def test_with_the_default_send_buffer_a_stalled_stream_is_cut_before_it_fits_in_it(
+        default_daemon: LiveServer, lines: Lines) -> None:
+    """The soak found it (benchmarks/results/soak-2026-12-03-30min.txt): with the kernel's
+    own autotuned buffer (megabytes) a never-read n=8 stream of 300 tokens with 20 top
+    logprobs (~3 MiB) fit whole in it, so nothing ever paused and it ran to its end.
+    Capped at send_buffer_bytes, it is cut (499) with most of its tokens never made."""
+    request_id = f"stall-default-{uuid.uuid4().hex[:12]}"
+    sock = open_stream(default_daemon, {**STREAM, "max_tokens": 300, "logprobs": True,
+                                        "top_logprobs": 20}, request_id, rcvbuf=4096)
+    try:
+        line = access_line(lines, request_id, timeout_s=60)
+    finally:
+        sock.close()
+    assert line["status"] == 499, line
+    assert line["completion_tokens"] < 8 * 300 // 2, line

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +42,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def group_secret(name: str = "shared", text: str = "a group secret for these tests 0123") -> str:
+    """A secret file (mode 0600) for this test session (backend/trust.py rule 1)."""
+    path = Path(tempfile.gettempdir()) / f"frink-test-secret-{os.getpid()}-{name}"
+    if not path.exists():
+        path.write_text(text)
+        path.chmod(0o600)
+    return str(path)
+
+
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "FRINK_MLX_LOG_LEVEL": "warning",
+            "FRINK_MLX_DISTRIBUTED_SECRET_FILE": group_secret(),
             "FRINK_MLX_DISTRIBUTED_PING_S": "0.5", "FRINK_MLX_DISTRIBUTED_TIMEOUT_S": "20",
             "FRINK_MLX_DISTRIBUTED_EXIT_AFTER_LOST_S": "3600",
             **extra}
