@@ -127,3 +127,45 @@ def test_nothing_imports_the_entry_points_or_the_root() -> None:
     bad = [line for line in _offenders("frink_mlx", roots)
            if line.split(" -> ")[0] not in roots + ("frink_mlx.registry_cli",)]
     assert bad == []
+
+
+# --- the typed request boundary (serving/frontend.py, http/frontend.py) -------------
+
+def _reads_app_state(path: Path) -> list[int]:
+    """Lines where `path` reads `<x>.app.state` or `app.state` (Starlette's untyped bag)."""
+    def is_app(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "app") or \
+            (isinstance(node, ast.Attribute) and node.attr == "app")
+
+    return sorted(node.lineno for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Attribute) and node.attr == "state"
+                  and is_app(node.value))
+
+
+@pytest.mark.parametrize("layer", ["adapters", "http"])
+def test_routes_reach_serving_only_through_the_typed_accessor(layer: str) -> None:
+    """adapters/ and http/ get the Frontend from `frontend(request)` (http/frontend.py
+    rule 1), never from `app.state`; only the accessor's own module touches it."""
+    own = PACKAGE / "http" / "frontend.py"
+    bad = {str(p.relative_to(PACKAGE)): lines for p in sorted((PACKAGE / layer).rglob("*.py"))
+           if p != own and (lines := _reads_app_state(p))}
+    assert bad == {}
+
+
+def test_adapters_import_serving_for_types_only() -> None:
+    """At run time an adapter imports no serving module but the stored-responses store
+    (plain data); the Frontend, Run and Generation are types under TYPE_CHECKING."""
+    allowed = {"frink_mlx.serving.responses_store"}
+    bad = []
+    for path in sorted((PACKAGE / "adapters").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        guarded = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and id(node) not in guarded \
+                    and "serving" in (node.module or "").split("."):
+                module = "frink_mlx.serving." + (node.module or "").split("serving.")[-1]
+                if module not in allowed:
+                    bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {module}")
+    assert bad == []

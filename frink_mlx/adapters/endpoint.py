@@ -25,7 +25,7 @@ collected body -- and gets, identically:
    the engine reports before anything was sent is a real status in the envelope.
 5. Errors: a `FrinkError` leaves in the protocol's envelope with its status;
    anything else is logged once at ERROR and answered 500 (http/errors.py).
-6. Accounting: `AppState.generate` tracks every run for the access line and
+6. Accounting: `Frontend.generate` tracks every run for the access line and
    the metrics (http/access.py rule 3), which the access middleware writes
    once per request, with 499 for any answer the client did not wait for
    (rule 6 there). Protocols note nothing themselves.
@@ -47,6 +47,7 @@ from ..core.images import OMITTED_HEADER
 from ..core.request import GenRequest
 from ..http.body import decode_body
 from ..http.errors import Envelope, endpoint
+from ..http.frontend import frontend
 from ..http.sse import StreamResponse, run_until_disconnect
 
 log = logging.getLogger("frink_mlx.adapters")
@@ -102,11 +103,11 @@ Start = Callable[[Request, W], Awaitable[Answer]]
 
 async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     """Submit every request (rule 2); if one is refused, abort those already started."""
-    state = request.app.state.frink
+    front = frontend(request)
     runs: list[Run] = []
     try:
         for req in reqs:
-            runs.append(await state.generate(req))
+            runs.append(await front.generate(req))
     except BaseException:
         for run in runs:
             await run.abort()
@@ -120,7 +121,7 @@ async def translated(request: Request, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)`, a protocol's translation of its decoded body, in a worker thread when
     the body was large (core/offload.py rule 2): 70,000 messages take a second to walk."""
     size = getattr(request.state, "body_bytes", 0)
-    return await request.app.state.frink.offload.run(size, fn, *args)
+    return await frontend(request).offload.run(size, fn, *args)
 
 
 def note_omitted_images(request: Request, req: GenRequest) -> None:

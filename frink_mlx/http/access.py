@@ -16,7 +16,7 @@ Rules:
        prompt_tokens: int      completion_tokens: int      cached_tokens: int
        ttft_s: float           seconds from arrival to the first token
    (`note_generation(request, ...)` sets them.) Every Run that
-   `AppState.generate` starts while serving the request is also tracked
+   `Frontend.generate` starts while serving the request is also tracked
    (`track_run`, through a context variable the middleware sets per request),
    so every generating route -- OpenAI, Responses, Anthropic, llama.cpp --
    reports model, generation, tokens and TTFT without saying so itself; several
@@ -30,7 +30,7 @@ Rules:
    id, method, route, path, status, model, generation, prompt_tokens,
    completion_tokens, cached_tokens, ttft_ms, duration_ms.
 5. The same facts (less the path) also go into a bounded ring,
-   `RecentRequests` on `AppState.recent_requests`, which the status page
+   `RecentRequests` on `app.state.recent_requests`, which the status page
    shows (adapters/status.py) whether or not the log line is enabled. The
    ring keeps work, not observation: requests to QUIET_ROUTES (the page, its
    assets, its status poll, /health, /metrics) are left out, or a page polling
@@ -129,10 +129,10 @@ class RecentRequests:
         return list(self._records)
 
 
-def recent_requests_of(app: Any) -> RecentRequests | None:
-    """The app's ring (AppState.recent_requests), or None before start-up."""
-    frink = getattr(getattr(app, "state", None), "frink", None)
-    ring = getattr(frink, "recent_requests", None)
+def recent_requests_of(app: object) -> RecentRequests | None:
+    """The app's ring (`app.state.recent_requests`, set by the lifespan), or None before
+    start-up."""
+    ring = getattr(getattr(app, "state", None), "recent_requests", None)
     return ring if isinstance(ring, RecentRequests) else None
 
 
@@ -141,7 +141,7 @@ _request_runs: ContextVar[list[Any] | None] = ContextVar("frink_request_runs", d
 
 
 def track_run(run: Any) -> None:
-    """Called by AppState.generate: the current request's access line reports `run`."""
+    """Frontend.on_run (serving/frontend.py): the current request's access line reports `run`."""
     runs = _request_runs.get()
     if runs is not None:
         runs.append(run)

@@ -1,7 +1,7 @@
 """Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
 
 The routes only translate (translate.py) and frame; adapters/endpoint.py runs
-the request skeleton and the daemon's AppState does the work. Quirks kept on purpose:
+the request skeleton and the daemon's Frontend does the work. Quirks kept on purpose:
 1. Every error -- malformed JSON included -- leaves in Anthropic's envelope
    `{"type": "error", "error": {"type", "message"}}` with the error's status.
 2. The prompt is rendered and admitted before the SSE header is sent, so a
@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Route
 from ...core.events import choice_events, drain_choice
 from ...http.body import decode_body
 from ...http.errors import anthropic_error, endpoint
+from ...http.frontend import frontend
 from ...http.sse import sse_frame
 from ..endpoint import Answer, Protocol, generate, generating, translated
 from . import wire
@@ -71,7 +72,7 @@ create_message = generating(ANTHROPIC, wire.MessagesRequest, start_message)
 @endpoint(anthropic_error)
 async def count_tokens(request: Request) -> Response:
     body = await decode_body(request, wire.CountTokensRequest)
-    num_tokens = await request.app.state.frink.count_tokens(
+    num_tokens = await frontend(request).count_tokens(
         await translated(request, to_gen_request, body))
     return JSONResponse({"input_tokens": num_tokens})
 

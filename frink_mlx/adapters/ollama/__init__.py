@@ -44,6 +44,7 @@ from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
+from ...http.frontend import frontend
 from ...http.sse import ndjson_frame
 from ..endpoint import NDJSON_MEDIA_TYPE, Answer, Protocol, generate, generating, json_response, translated
 from ..llamacpp import FIM_STYLES, fim_style
@@ -75,7 +76,7 @@ async def _collect(run: Any, builder: AnswerBuilder) -> dict[str, Any]:
 
 def _keep_alive(request: Request, name: str, seconds: float | None) -> None:
     """Rule 7: the request's keep_alive becomes the resident model's (serving/room.py)."""
-    hub = request.app.state.frink.hub
+    hub = frontend(request).hub
     gen = hub.residency.find(name) if seconds is not None else None
     if gen is not None:
         hub.keep_alive(gen, seconds)
@@ -99,12 +100,12 @@ async def _load_only(request: Request, name: str, stream: bool, chat: bool,
                      keep_alive_s: float | None) -> Answer:
     """Rule 3: lease (loading or swapping to) the model, generate nothing; with
     `keep_alive: 0`, unload it instead (rule 7)."""
-    state = request.app.state.frink
+    front = frontend(request)
     if keep_alive_s == 0:
-        gone = await state.hub.unload(name)
+        gone = await front.hub.unload(name)
         served, reason = (gone.spec.name if gone else name), "unload"
     else:
-        async with state.hub.lease(name) as gen:
+        async with front.hub.lease(name) as gen:
             served, reason = gen.spec.name, "load"
         _keep_alive(request, served, keep_alive_s)
     body: dict[str, Any] = {"model": served, "created_at": now_rfc3339(),
@@ -134,7 +135,7 @@ async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
     """Rule 5."""
     name = model_name(body.model)
-    style = await fim_style(request.app.state.frink, name)
+    style = await fim_style(frontend(request), name)
     if style is None:
         markers = ", ".join(s[0] for s in FIM_STYLES)
         raise UnsupportedField("suffix", f"needs fill-in-the-middle tokens ({markers}, ...) "
@@ -179,7 +180,7 @@ async def embed(request: Request) -> Response:
     body = await decode_body(request, wire.EmbedRequest)
     options_of(body.options)
     keep_alive_s = keep_alive_seconds(body.keep_alive)
-    result = await request.app.state.frink.embed(
+    result = await frontend(request).embed(
         model_name(body.model), _inputs(body.input), truncate=body.truncate,
         dimensions=body.dimensions)
     _keep_alive(request, result.model, keep_alive_s)
@@ -198,7 +199,7 @@ async def embeddings(request: Request) -> Response:
     keep_alive_s = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
         return json_response({"embedding": []})
-    result = await request.app.state.frink.embed(model_name(body.model), [body.prompt],
+    result = await frontend(request).embed(model_name(body.model), [body.prompt],
                                                  truncate=True)
     _keep_alive(request, result.model, keep_alive_s)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
@@ -26,9 +26,14 @@ from ...core.events import Done, ErrorEvent, Event, TextDelta, TokenLogprob
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.errors import error_body
+from ...http.frontend import frontend
 from ..endpoint import Answer, generate, generating, merged
 from . import wire
 from .chat import OPENAI, ChoiceAcc, UsageSum, accumulate, dumps, finish_reason, sampling_of
+
+if TYPE_CHECKING:
+    from ...serving.frontend import Frontend
+    from ...serving.handles import Run
 
 
 def _prompts(prompt: Any, n: int, max_n: int) -> list[Any]:
@@ -86,12 +91,12 @@ def to_gen_requests(body: wire.CompletionRequest, *, max_n: int
 class Echo:
     texts: list[str]
 
-    async def of(self, runs: list[Any], state: Any) -> "Echo":
+    async def of(self, runs: list[Run], front: Frontend) -> "Echo":
         out = []
         for run in runs:
             text = run.prompt_text
             if text is None:
-                text = await state.detokenize(run.model, run.prompt_ids)
+                text = await front.detokenize(run.model, run.prompt_ids)
             out.append(text)
         return Echo(out)
 
@@ -188,10 +193,10 @@ def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | Non
 
 
 async def start_completions(request: Request, body: wire.CompletionRequest) -> Answer:
-    reqs, top = to_gen_requests(body, max_n=request.app.state.frink.settings.max_batch)
+    reqs, top = to_gen_requests(body, max_n=frontend(request).config.max_batch)
     runs = await generate(request, reqs)
     try:
-        echo = await Echo([]).of(runs, request.app.state.frink) if body.echo else None
+        echo = await Echo([]).of(runs, frontend(request)) if body.echo else None
     except BaseException:
         await _abort_all(runs)
         raise

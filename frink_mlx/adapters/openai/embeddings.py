@@ -1,6 +1,6 @@
 """POST /v1/embeddings (OpenAI): wire structs, translation, route.
 
-The route only decodes, translates and renders; `AppState.embed` picks the
+The route only decodes, translates and renders; `Frontend.embed` picks the
 encoder (active encoder, side-car, or an explicit "self") and runs the padded
 batches off the event loop (engine/encoder/service.py).
 
@@ -49,6 +49,7 @@ from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, openai_error
+from ...http.frontend import frontend
 
 MAX_INPUTS = 2048
 
@@ -149,7 +150,7 @@ async def create_embeddings(request: Request) -> Response:
         raise UnsupportedField("pooling", "cannot be chosen per request (each model pools "
                                "as it was trained)")
     inputs = to_inputs(body)
-    result = await request.app.state.frink.embed(
+    result = await frontend(request).embed(
         body.model, inputs, truncate=body.truncate, dimensions=body.dimensions)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
     response = to_response(result.model, list(result.vectors), result.num_tokens,

@@ -20,7 +20,7 @@ Request rules (responses_wire.py has the decoding rules):
    constraint; `parallel_tool_calls: false` keeps only the first call the
    model makes (the parser drops the rest).
 6. With `store` (the API's default true) the finished response is kept in a
-   bounded in-memory store (responses_store.py) for follow-ups and GET.
+   bounded in-memory store (serving/responses_store.py) for follow-ups and GET.
 7. No-ops, accepted because ignoring them cannot change the answer:
    `prompt_cache_key` (the prefix cache needs no key), `safety_identifier`,
    `service_tier`, `client_metadata`, `text.verbosity` (a hint a local model has no knob for),
@@ -51,12 +51,13 @@ from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
 from ...http.fields import report, unknown_fields
+from ...http.frontend import frontend
 from ...http.sse import sse_frame
+from ...serving.responses_store import ResponseStore, StoredResponse
 from ..endpoint import Answer, generate, generating, translated
 from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
-from .responses_store import ResponseStore, StoredResponse
 from .responses_tools import Offered, custom_arguments, flat_name, note_unheld, offer_tools
 
 
@@ -256,12 +257,8 @@ def output_message(output: list[dict[str, Any]]) -> Message:
 
 
 def store_of(request: Request) -> ResponseStore:
-    """Rule 6: one store per app, created on first use."""
-    state = request.app.state
-    store = getattr(state, "responses_store", None)
-    if store is None:
-        store = state.responses_store = ResponseStore()
-    return store
+    """Rule 6: one store per app (the Frontend's)."""
+    return frontend(request).responses
 
 
 def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilder,
