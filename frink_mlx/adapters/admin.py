@@ -32,7 +32,7 @@ Health numbers follow the honest-null rule: absent means not measured.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
@@ -46,6 +46,11 @@ from ..http.frontend import frontend
 from .endpoint import json_response
 from .openai.models import availability, context_length_of
 
+if TYPE_CHECKING:
+    from ..engine.kv.disk import DiskStats
+    from ..serving.generation import Generation
+    from ..serving.hub import Hub
+
 
 class LoadBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str
@@ -56,14 +61,14 @@ class UnloadBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None  # None: every resident model, and the hub parks
 
 
-def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
+def generation_info(hub: Hub, gen: Generation) -> dict[str, Any]:
     return {"model": gen.spec.name, "generation": gen.number, "kind": gen.spec.kind,
             "context_length": context_length_of(gen), "loaded_at": gen.created_unix,
             "leases": hub.num_leases(gen),
             "load_time_s": getattr(gen.loaded, "load_time_s", None)}
 
 
-def load_progress(hub: Any) -> dict[str, Any] | None:
+def load_progress(hub: Hub) -> dict[str, Any] | None:
     """The running load's snapshot (serving/hub.py rule 3); None when none runs."""
     progress = getattr(hub, "load_progress", None)
     return progress.snapshot() if progress is not None else None
@@ -80,7 +85,7 @@ def _kv(stats: Any) -> dict[str, Any] | None:
     return kv
 
 
-def disk_report(stats: Any) -> dict[str, Any] | None:
+def disk_report(stats: DiskStats | None) -> dict[str, Any] | None:
     """The SSD tier of the prefix cache (engine/kv/disk.py DiskStats), for /health and
     the status page."""
     if stats is None:

@@ -53,6 +53,8 @@ from ..http.sse import StreamResponse, run_until_disconnect
 log = logging.getLogger("frink_mlx.adapters")
 
 if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectSendStream
+
     from ..serving.handles import Run
 
 W = TypeVar("W")
@@ -160,7 +162,7 @@ def generating(protocol: Protocol, wire: type[W], start: Start[W]
     return serve
 
 
-async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+async def merged(runs: list[Run]) -> AsyncIterator[tuple[int, Event]]:
     """Events of every run as they come, tagged with the run's position."""
     if len(runs) == 1:
         async for event in runs[0].events():
@@ -168,7 +170,7 @@ async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
         return
     send, recv = anyio.create_memory_object_stream[tuple[int, Event]](64)
 
-    async def pump(k: int, run: Any, out: Any) -> None:
+    async def pump(k: int, run: Run, out: MemoryObjectSendStream[tuple[int, Event]]) -> None:
         async with out:
             async for event in run.events():
                 await out.send((k, event))

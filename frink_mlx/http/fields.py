@@ -142,8 +142,10 @@ def declared_field(path: list[str], struct_type: Any) -> str:
     for part in path:
         info = _child(info, part)
         taken.append(part)
+        if info is None:
+            break
         members = info.types if isinstance(info, mi.UnionType) else (info,)
-        if info is None or any(isinstance(m, mi.AnyType) or _opaque(m) for m in members):
+        if any(isinstance(m, mi.AnyType) or _opaque(m) for m in members):
             break
     return joined(taken)
 

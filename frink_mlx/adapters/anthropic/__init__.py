@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,11 +31,14 @@ from . import wire
 from .frames import Frame, MessageBuilder
 from .translate import thinking_shown, to_gen_request
 
+if TYPE_CHECKING:
+    from ...serving.handles import Run
+
 PING_FRAME = sse_frame(json.dumps({"type": "ping"}), event="ping")
 ANTHROPIC = Protocol("anthropic", anthropic_error, keepalive_frame=PING_FRAME)
 
 
-def _message_id(run: Any) -> str:
+def _message_id(run: Run) -> str:
     run_id = str(getattr(run, "id", "") or uuid.uuid4().hex)
     return run_id if run_id.startswith("msg_") else f"msg_{run_id.split('-')[-1]}"
 
@@ -45,7 +48,7 @@ def _encode(frames: list[Frame]) -> str:
                    for name, payload in frames)
 
 
-async def _stream(run: Any, builder: MessageBuilder) -> AsyncIterator[str]:
+async def _stream(run: Run, builder: MessageBuilder) -> AsyncIterator[str]:
     yield _encode(builder.start())
     async for event in choice_events(run.events()):
         frames = builder.feed(event)
@@ -53,7 +56,7 @@ async def _stream(run: Any, builder: MessageBuilder) -> AsyncIterator[str]:
             yield _encode(frames)
 
 
-async def _collect(run: Any, builder: MessageBuilder) -> dict[str, Any]:
+async def _collect(run: Run, builder: MessageBuilder) -> dict[str, Any]:
     await drain_choice(run.events(), builder.feed)
     return builder.message()
 

@@ -65,7 +65,11 @@ from .translate import (
 )
 
 if TYPE_CHECKING:
+    from ...engine.types import EngineStats
+    from ...registry import ModelSpec
     from ...serving.frontend import Frontend
+    from ...serving.generation import Generation
+    from ...serving.handles import Run
 
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
@@ -119,13 +123,13 @@ async def fim_style(front: Frontend, model: str | None) -> tuple[str, str, str, 
     return None
 
 
-async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
+async def _stream(run: Run, builder: CompletionBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
             yield sse_frame(json.dumps(frame, ensure_ascii=False))
 
 
-async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
+async def _collect(runs: list[Run], builders: list[list[CompletionBuilder]],
                    fields: list[str] | None) -> dict[str, Any] | list[dict[str, Any]]:
     """One result, or one per prompt and completion (translate.py rules 7 and 9)."""
     async for k, event in merged(runs):
@@ -136,7 +140,7 @@ async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
     return results[0] if len(results) == 1 else results
 
 
-def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str],
+def _builders(body: wire._Sampling, gen: GenRequest, run: Run, prompt: str | list[int | str],
               first_index: int) -> list[CompletionBuilder]:
     settings = {**generation_settings(body, gen, run.sampling), "model": run.model}
     return [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
@@ -212,7 +216,7 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": content})
 
 
-def _default_settings(spec: Any) -> dict[str, Any]:
+def _default_settings(spec: ModelSpec | None) -> dict[str, Any]:
     """What a request naming no sampling field runs with: the model's defaults, else ours
     (0 is a real default -- greedy -- not a missing one)."""
     defaults = spec.sampling if spec is not None else None
@@ -226,7 +230,8 @@ def _default_settings(spec: Any) -> dict[str, Any]:
             "seed": -1, "stream": False, "cache_prompt": True, "n_probs": 0}
 
 
-def _described(request: Request) -> tuple[Any, Any, Any]:
+def _described(request: Request
+               ) -> tuple[Generation | None, ModelSpec | None, EngineStats | None]:
     """Rule 5: (generation or None, its spec or the registry entry's, its EngineStats or
     None) for `?model=NAME`, else for the model a request naming none gets."""
     front = frontend(request)

@@ -32,7 +32,7 @@ translate.py holds the field table and the frames. Quirks kept on purpose:
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -60,16 +60,19 @@ from .translate import (
     options_of,
 )
 
+if TYPE_CHECKING:
+    from ...serving.handles import Run
+
 OLLAMA = Protocol("ollama", ollama_error, media_type=NDJSON_MEDIA_TYPE, keepalive_frame=None)
 
 
-async def _frames(run: Any, builder: AnswerBuilder) -> AsyncIterator[str]:
+async def _frames(run: Run, builder: AnswerBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
             yield ndjson_frame(frame)
 
 
-async def _collect(run: Any, builder: AnswerBuilder) -> dict[str, Any]:
+async def _collect(run: Run, builder: AnswerBuilder) -> dict[str, Any]:
     await drain_choice(run.events(), builder.feed)
     return builder.result()
 

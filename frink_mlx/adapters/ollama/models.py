@@ -52,7 +52,9 @@ from . import wire
 from .translate import model_name
 
 if TYPE_CHECKING:
+    from ...registry import ModelSpec
     from ...serving.frontend import Frontend
+    from ...serving.generation import Generation
 
 
 def _iso(ts: float | None) -> str | None:
@@ -65,7 +67,7 @@ def _iso(ts: float | None) -> str | None:
     return stamp.isoformat().replace("+00:00", "Z")
 
 
-def _on_disk(spec: Any) -> tuple[int | None, float | None]:
+def _on_disk(spec: ModelSpec) -> tuple[int | None, float | None]:
     """Rule 1: (bytes, mtime) of the entry's source, or (None, None) when absent."""
     try:
         path = resolve_source(spec)
@@ -75,7 +77,7 @@ def _on_disk(spec: Any) -> tuple[int | None, float | None]:
     return sum(p.stat().st_size for p in files), path.stat().st_mtime
 
 
-def _details(spec: Any, gen: Any) -> dict[str, Any]:
+def _details(spec: ModelSpec, gen: Generation | None) -> dict[str, Any]:
     config = gen.loaded.config if gen is not None and gen.spec.name == spec.name else {}
     family = str(config.get("model_type", "")) if config else ""
     return {"parent_model": "", "format": "gguf" if spec.source.lower().endswith(".gguf")
@@ -83,7 +85,7 @@ def _details(spec: Any, gen: Any) -> dict[str, Any]:
             "parameter_size": "", "quantization_level": ""}
 
 
-def _digest(spec: Any) -> str:
+def _digest(spec: ModelSpec) -> str:
     return hashlib.sha256(f"{spec.name}\0{spec.source}".encode()).hexdigest()
 
 
@@ -92,7 +94,7 @@ def tagged(name: str) -> str:
     return name if ":" in name else f"{name}:latest"
 
 
-def tag_entry(front: Frontend, spec: Any) -> dict[str, Any]:
+def tag_entry(front: Frontend, spec: ModelSpec) -> dict[str, Any]:
     size, mtime = _on_disk(spec)
     return {"name": tagged(spec.name), "model": tagged(spec.name), "modified_at": _iso(mtime),
             "size": size, "digest": _digest(spec), "details": _details(spec, front.hub.current)}
@@ -105,12 +107,7 @@ async def tags(request: Request) -> Response:
                                      for spec in front.registry.entries.values()]})
 
 
-def _loaded(front: Frontend, spec: Any) -> Any:
-    """The resident generation of `spec` (serving/hub.py rule 1), or None."""
-    return next((g for g in front.hub.resident if g.spec.name == spec.name), None)
-
-
-def _capabilities(spec: Any, gen: Any, vision: bool | None = None) -> list[str]:
+def _capabilities(spec: ModelSpec, gen: Generation | None, vision: bool | None = None) -> list[str]:
     if spec.kind == "encoder":
         return ["embedding"]
     caps = ["completion", "tools"]
@@ -121,7 +118,7 @@ def _capabilities(spec: Any, gen: Any, vision: bool | None = None) -> list[str]:
     return caps
 
 
-def _model_info(spec: Any, gen: Any, ceiling: int | None) -> dict[str, Any]:
+def _model_info(spec: ModelSpec, gen: Generation | None, ceiling: int | None) -> dict[str, Any]:
     if gen is None:
         return {"general.architecture": None, "general.name": spec.name}
     arch = str(gen.loaded.config.get("model_type", ""))
@@ -136,7 +133,7 @@ async def show(request: Request) -> Response:
     body = await decode_body(request, wire.ModelRequest)
     front = frontend(request)
     spec = front.registry.resolve(model_name(body.model_name))
-    gen = _loaded(front, spec)
+    gen = front.resident(spec.name)  # serving/hub.py rule 1
     _, mtime = _on_disk(spec)
     ceiling = context_length_of(gen) if gen is not None else spec.context_length
     template = spec.chat_template
@@ -150,7 +147,7 @@ async def show(request: Request) -> Response:
                           "modified_at": _iso(mtime)})
 
 
-def ps_entry(front: Frontend, gen: Any) -> dict[str, Any]:
+def ps_entry(front: Frontend, gen: Generation) -> dict[str, Any]:
     """Rule 3."""
     spec = gen.spec
     residency = front.model_states().get(spec.name) or {}

@@ -30,7 +30,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import msgspec
 from starlette.requests import Request
@@ -55,6 +55,9 @@ from ...http.errors import error_body, llama_server_openai_error, openai_error
 from ..endpoint import Answer, Protocol, generate, generating, translated
 from ..llamacpp.frames import timings
 from . import wire
+
+if TYPE_CHECKING:
+    from ...serving.handles import Run
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                     "frequency_penalty", "repetition_penalty")
@@ -109,7 +112,7 @@ def _message(m: wire.ChatMessage, i: int, images: list[ImageRef]) -> Message:
     calls = [ToolCall(c.id or f"call_{i}_{k}", c.function.name, c.function.arguments or "{}")
              for k, c in enumerate(m.tool_calls or [])]
     role = "system" if m.role == "developer" else m.role
-    return Message(role, _content(m.content, i, images), tool_calls=calls,  # type: ignore[arg-type]
+    return Message(role, _content(m.content, i, images), tool_calls=calls,
                    tool_call_id=m.tool_call_id, name=m.name,
                    reasoning=m.reasoning_content or m.reasoning)
 
@@ -290,7 +293,7 @@ def accumulate(acc: dict[int, ChoiceAcc], event: Event) -> None:
         c.done = event
 
 
-async def collect(run: Any) -> dict[int, ChoiceAcc]:
+async def collect(run: Run) -> dict[int, ChoiceAcc]:
     acc: dict[int, ChoiceAcc] = {}
     async for event in run.events():
         if isinstance(event, ErrorEvent):
@@ -312,7 +315,7 @@ def chat_choice(index: int, c: ChoiceAcc, want_logprobs: bool) -> dict[str, Any]
             if want_logprobs else None}
 
 
-def chat_body(run: Any, acc: dict[int, ChoiceAcc], want_logprobs: bool) -> dict[str, Any]:
+def chat_body(run: Run, acc: dict[int, ChoiceAcc], want_logprobs: bool) -> dict[str, Any]:
     usage = UsageSum()
     for c in acc.values():
         if c.done is not None:
@@ -343,7 +346,7 @@ def _delta(event: Event) -> dict[str, Any] | None:
     return None
 
 
-async def chat_frames(run: Any, include_usage: bool, want_logprobs: bool, n_choices: int = 1
+async def chat_frames(run: Run, include_usage: bool, want_logprobs: bool, n_choices: int = 1
                       ) -> AsyncIterator[str]:
     head = {"id": f"chatcmpl-{run.id}", "object": "chat.completion.chunk", "created": run.created,
             "model": run.model, "system_fingerprint": f"frink-g{run.generation}"}

@@ -118,7 +118,7 @@ def completion_choice(index: int, c: ChoiceAcc, prefix: str, top: int | None) ->
             "logprobs": legacy_logprobs(c.logprobs, len(prefix)) if top is not None else None}
 
 
-async def collect_all(runs: list[Any]) -> dict[int, ChoiceAcc]:
+async def collect_all(runs: list[Run]) -> dict[int, ChoiceAcc]:
     acc: dict[int, ChoiceAcc] = {}
     async for k, event in merged(runs):
         if isinstance(event, ErrorEvent):
@@ -131,7 +131,7 @@ def _renumber(event: Event, k: int, n: int) -> Event:
     return dataclasses.replace(event, index=k * n + event.index) if k else event
 
 
-async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
+async def completion_frames(runs: list[Run], echo: Echo | None, top: int | None,
                             include_usage: bool) -> AsyncIterator[str]:
     first = runs[0]
     head = {"id": f"cmpl-{first.id}", "object": "text_completion", "created": first.created,
@@ -165,12 +165,12 @@ async def completion_frames(runs: list[Any], echo: Echo | None, top: int | None,
     yield "data: [DONE]\n\n"
 
 
-async def _abort_all(runs: list[Any]) -> None:
+async def _abort_all(runs: list[Run]) -> None:
     for run in runs:
         await run.abort()
 
 
-def completion_body(runs: list[Any], acc: dict[int, ChoiceAcc], echo: Echo | None,
+def completion_body(runs: list[Run], acc: dict[int, ChoiceAcc], echo: Echo | None,
                     top: int | None) -> dict[str, Any]:
     first, n = runs[0], runs[0].n
     usage = UsageSum()

@@ -131,7 +131,7 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
     """Rule 2."""
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return np.asarray(vector, dtype=np.float32).tolist()  # type: ignore[no-any-return]
+    return np.asarray(vector, dtype=np.float32).tolist()
 
 
 def to_response(model: str, vectors: Sequence[np.ndarray], num_tokens: int,

@@ -28,10 +28,12 @@ from ...http.frontend import frontend
 from ..endpoint import json_response
 
 if TYPE_CHECKING:
+    from ...registry import ModelSpec, Registry
     from ...serving.frontend import Frontend
+    from ...serving.generation import Generation
 
 
-def context_length_of(gen: Any) -> int | None:
+def context_length_of(gen: Generation | None) -> int | None:
     if gen is None:
         return None
     if gen.plan is not None:
@@ -39,22 +41,18 @@ def context_length_of(gen: Any) -> int | None:
     return int(getattr(gen.loaded, "context_length", 0)) or None
 
 
-def availability(registry: Any, spec: Any) -> dict[str, Any]:
+def availability(registry: Registry, spec: ModelSpec) -> dict[str, Any]:
     """{"status": "available"} or {"status": "unavailable", "reason": why} (registry rule 5)."""
     problem = registry.problem(spec)
     return {"status": "available"} if problem is None else \
         {"status": "unavailable", "reason": problem}
 
 
-def resident_generation(front: Frontend, spec: Any) -> Any:
-    """The resident generation of `spec`, or None (serving/hub.py rule 1)."""
-    return next((g for g in front.hub.resident if g.spec.name == spec.name), None)
-
-
-def model_object(front: Frontend, spec: Any, residency: dict[str, Any] | None = None) -> dict[str, Any]:
-    gen = resident_generation(front, spec)
+def model_object(front: Frontend, spec: ModelSpec, residency: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    gen = front.resident(spec.name)  # serving/hub.py rule 1
     loaded = gen is not None
-    created = int(gen.created_unix) if loaded else 0
+    created = int(gen.created_unix) if gen is not None else 0
     facts = front.model_facts(spec.name)
     residency = residency if residency is not None else front.model_states()[spec.name]
     return {"id": spec.name, "object": "model", "created": created, "owned_by": "frink-mlx",
@@ -63,13 +61,13 @@ def model_object(front: Frontend, spec: Any, residency: dict[str, Any] | None = 
             "context_length": context_length_of(gen) if loaded else spec.context_length,
             "description": spec.description, "embedding_dim": facts["embedding_dim"],
             "max_input_tokens": facts["max_input_tokens"], "vision": facts["vision"],
-            "parallel": _parallel(gen, loaded),
+            "parallel": _parallel(gen),
             **availability(front.registry, spec)}
 
 
-def _parallel(gen: Any, loaded: bool) -> dict[str, Any] | None:
-    kind = getattr(gen.loaded, "parallel", None) if loaded else None
-    return {"kind": kind, "ranks": gen.loaded.num_ranks} if kind else None
+def _parallel(gen: Generation | None) -> dict[str, Any] | None:
+    kind = getattr(gen.loaded, "parallel", None) if gen is not None else None
+    return {"kind": kind, "ranks": gen.loaded.num_ranks} if gen is not None and kind else None
 
 
 @endpoint(openai_error)

@@ -37,7 +37,7 @@ Request rules (responses_wire.py has the decoding rules):
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import msgspec
 from starlette.requests import Request
@@ -59,6 +59,9 @@ from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
 from .responses_tools import Offered, custom_arguments, flat_name, note_unheld, offer_tools
+
+if TYPE_CHECKING:
+    from ...serving.handles import Run
 
 
 # -- request -------------------------------------------------------------------
@@ -268,7 +271,7 @@ def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilde
                                  conversation + [output_message(builder.output)]))
 
 
-async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
+async def _stream(run: Run, builder: ResponseBuilder, keep: Callable[[], None]
                   ) -> AsyncIterator[str]:
     events = builder.start()
     async for event in choice_events(run.events()):
@@ -280,7 +283,7 @@ async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
             keep()
 
 
-async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
+async def _collect(run: Run, builder: ResponseBuilder) -> dict[str, Any]:
     await drain_choice(run.events(), builder.feed)
     return builder.response()
 
