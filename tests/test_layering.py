@@ -169,3 +169,54 @@ def test_adapters_import_serving_for_types_only() -> None:
                 if module not in allowed:
                     bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {module}")
     assert bad == []
+
+
+# --- one file shape per protocol (adapters/endpoint.py rule 7) ------------------------
+
+PROTOCOLS = ("openai", "anthropic", "llamacpp", "ollama")
+BUILDERS = {"openai": ["ChatBuilder", "ResponseBuilder"], "anthropic": ["MessageBuilder"],
+            "llamacpp": ["CompletionBuilder"], "ollama": ["AnswerBuilder"]}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_protocol_has_wire_translate_and_frames(protocol: str) -> None:
+    names = {p.name for p in (PACKAGE / "adapters" / protocol).glob("*.py")}
+    assert {"wire.py", "translate.py", "frames.py"} <= names
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_builder_speaks_the_one_frame_interface(protocol: str) -> None:
+    """start / feed / end / result (endpoint.FrameBuilder), whatever the protocol."""
+    import importlib
+
+    from frink_mlx.adapters.endpoint import FrameBuilder
+
+    wanted = {n for n in vars(FrameBuilder) if not n.startswith("_")}
+    for name in BUILDERS[protocol]:
+        found = None
+        for module in ("frames", "responses_events"):
+            try:
+                found = getattr(importlib.import_module(
+                    f"frink_mlx.adapters.{protocol}.{module}"), name, None) or found
+            except ModuleNotFoundError:
+                continue
+        assert found is not None, name
+        assert wanted <= set(dir(found)), (name, wanted - set(dir(found)))
+
+
+def test_adapters_write_json_with_one_encoder() -> None:
+    """Frames and bodies go through endpoint.dumps / json_response; json.dumps is left only
+    where a translation writes arguments into the prompt (translate.py, responses_tools.py)."""
+    prompt_side = {"translate.py", "responses_tools.py"}
+    bad = []
+    for path in sorted((PACKAGE / "adapters").rglob("*.py")):
+        if path.name == "endpoint.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute) or not isinstance(node.value, (ast.Name, ast.Attribute)):
+                continue
+            owner = ast.unparse(node.value)
+            if (owner == "msgspec.json" and node.attr in ("encode", "Encoder")) or \
+                    (owner == "json" and node.attr == "dumps" and path.name not in prompt_side):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert bad == []

@@ -122,8 +122,7 @@ async def health(request: Request) -> Response:
     if hub.sleeping is not None:
         body["sleeping"] = hub.sleeping.name
     headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}
-    return Response(msgspec.json.encode(body), status_code=200 if serving else 503,
-                    media_type="application/json", headers=headers)
+    return json_response(body, 200 if serving else 503, headers)
 
 
 @endpoint(openai_error)

@@ -29,6 +29,9 @@ collected body -- and gets, identically:
    the metrics (http/access.py rule 3), which the access middleware writes
    once per request, with 499 for any answer the client did not wait for
    (rule 6 there). Protocols note nothing themselves.
+7. Frames: each protocol's frames.py builds its answer with a `FrameBuilder`
+   (start / feed / end / result), and every JSON it writes -- frame or body --
+   goes through `dumps` / `json_response` here, one msgspec encoder.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Protocol as TypingProtocol
 
 import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.events import Event
+from ..core.events import Event, drain_choice
 from ..core.images import OMITTED_HEADER
 from ..core.request import GenRequest
 from ..http.body import decode_body
@@ -59,15 +63,48 @@ if TYPE_CHECKING:
 
 W = TypeVar("W")
 T = TypeVar("T")
+F = TypeVar("F")
 _ENCODE = msgspec.json.Encoder()
 
 SSE_MEDIA_TYPE = "text/event-stream"
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
 
 
-def json_response(obj: Any, status: int = 200) -> Response:
+def dumps(obj: Any) -> str:
+    """Rule 7: JSON text (msgspec), the one way every adapter writes a frame's JSON."""
+    return _ENCODE.encode(obj).decode()
+
+
+def ndjson_line(obj: Any) -> str:
+    """One NDJSON line (Ollama's stream framing): compact JSON and a newline."""
+    return dumps(obj) + "\n"
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> Response:
     """A JSON body (msgspec-encoded), the one way every adapter answers in JSON."""
-    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json")
+    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+class FrameBuilder(TypingProtocol[F]):
+    """Rule 7: one answer built from its events, what every protocol's frames.py offers.
+
+    `start()` the frames before the first event, `feed(event)` those one event makes,
+    `end()` those after the last (each protocol frames them: SSE, NDJSON), and
+    `result()` the collected body of a non-streaming answer."""
+
+    def start(self) -> list[F]: ...
+    def feed(self, event: Event) -> list[F]: ...
+    def end(self) -> list[F]: ...
+    def result(self) -> Any: ...
+
+
+async def collected(run: Run, builder: FrameBuilder[Any]) -> Any:
+    """Rule 4's body for a one-choice answer: choice 0's events fed to `builder`, then its
+    result (an ErrorEvent raises its own error: nothing has been sent yet)."""
+    await drain_choice(run.events(), builder.feed)
+    return builder.result()
 
 
 @dataclass(frozen=True, slots=True)

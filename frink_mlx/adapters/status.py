@@ -53,6 +53,7 @@ from ..http.access import AccessRecord, RecentRequests, recent_requests_of
 from ..http.errors import endpoint, openai_error
 from ..http.frontend import frontend
 from .admin import disk_report
+from .endpoint import json_response
 from .openai.models import context_length_of
 
 if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
@@ -204,14 +205,10 @@ def collect(front: Frontend, recent: RecentRequests | None) -> Status:
         kv_disk=disk_report(front.disk_stats()))
 
 
-_ENCODER = msgspec.json.Encoder()
-
-
 @endpoint(openai_error)
 async def status(request: Request) -> Response:
     body = collect(frontend(request), recent_requests_of(request.app))
-    return Response(_ENCODER.encode(body), media_type="application/json",
-                    headers={"Cache-Control": "no-store"})
+    return json_response(body, headers={"Cache-Control": "no-store"})
 
 
 routes: list[BaseRoute] = [Route("/admin/status", status, methods=["GET"])]

@@ -13,20 +13,19 @@ the request skeleton and the daemon's Frontend does the work. Quirks kept on pur
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import choice_events, drain_choice
+from ...core.events import choice_events
 from ...http.body import decode_body
 from ...http.errors import anthropic_error, endpoint
 from ...http.frontend import frontend
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating, translated
+from ..endpoint import Answer, Protocol, collected, dumps, generate, generating, translated
 from . import wire
 from .frames import Frame, MessageBuilder
 from .translate import thinking_shown, to_gen_request
@@ -34,7 +33,7 @@ from .translate import thinking_shown, to_gen_request
 if TYPE_CHECKING:
     from ...serving.handles import Run
 
-PING_FRAME = sse_frame(json.dumps({"type": "ping"}), event="ping")
+PING_FRAME = sse_frame(dumps({"type": "ping"}), event="ping")
 ANTHROPIC = Protocol("anthropic", anthropic_error, keepalive_frame=PING_FRAME)
 
 
@@ -44,7 +43,7 @@ def _message_id(run: Run) -> str:
 
 
 def _encode(frames: list[Frame]) -> str:
-    return "".join(sse_frame(json.dumps(payload, ensure_ascii=False), event=name)
+    return "".join(sse_frame(dumps(payload), event=name)
                    for name, payload in frames)
 
 
@@ -56,17 +55,12 @@ async def _stream(run: Run, builder: MessageBuilder) -> AsyncIterator[str]:
             yield _encode(frames)
 
 
-async def _collect(run: Run, builder: MessageBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.message()
-
-
 async def start_message(request: Request, body: wire.MessagesRequest) -> Answer:
     (run,) = await generate(request, [await translated(request, to_gen_request, body)])
     builder = MessageBuilder(id=_message_id(run), model=run.model,
                              prompt_tokens=run.prompt_tokens, show_thinking=thinking_shown(body))
     return Answer([run], body.stream, lambda: _stream(run, builder),
-                  lambda: _collect(run, builder))
+                  lambda: collected(run, builder))
 
 
 create_message = generating(ANTHROPIC, wire.MessagesRequest, start_message)

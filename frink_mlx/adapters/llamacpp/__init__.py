@@ -34,7 +34,6 @@ field rules; this module resolves prompts and vocabulary through Frontend:
 from __future__ import annotations
 
 import functools
-import json
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import msgspec
@@ -51,7 +50,7 @@ from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
 from ...http.frontend import frontend
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating, merged
+from ..endpoint import Answer, Protocol, dumps, generate, generating, merged
 from . import wire
 from .frames import CompletionBuilder
 from .translate import (
@@ -126,7 +125,7 @@ async def fim_style(front: Frontend, model: str | None) -> tuple[str, str, str, 
 async def _stream(run: Run, builder: CompletionBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
-            yield sse_frame(json.dumps(frame, ensure_ascii=False))
+            yield sse_frame(dumps(frame))
 
 
 async def _collect(runs: list[Run], builders: list[list[CompletionBuilder]],

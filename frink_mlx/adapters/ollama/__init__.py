@@ -4,7 +4,7 @@
 So every tool that speaks only Ollama's API (the `ollama` Python client, Open
 WebUI, Continue's and Zed's Ollama providers, ...) works unmodified. The
 generating routes run adapters/endpoint.py's skeleton with NDJSON framing;
-translate.py holds the field table and the frames. Quirks kept on purpose:
+translate.py holds the field table, frames.py the frames. Quirks kept on purpose:
 1. `stream` defaults to true; streams are NDJSON, one JSON object per line,
    the last with `done: true` and the timing fields (no keepalive lines: a
    blank line would break the clients' JSON-per-line readers).
@@ -38,25 +38,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import choice_events, drain_choice
+from ...core.events import choice_events
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
 from ...http.frontend import frontend
-from ...http.sse import ndjson_frame
-from ..endpoint import NDJSON_MEDIA_TYPE, Answer, Protocol, generate, generating, json_response, translated
+from ..endpoint import (
+    NDJSON_MEDIA_TYPE,
+    Answer,
+    Protocol,
+    collected,
+    generate,
+    generating,
+    json_response,
+    ndjson_line,
+    translated,
+)
 from ..llamacpp import FIM_STYLES, fim_style
 from . import models, wire
+from .frames import AnswerBuilder, Clock, now_rfc3339
 from .translate import (
-    AnswerBuilder,
-    Clock,
     chat_request,
     generate_request,
     keep_alive_seconds,
     model_name,
-    now_rfc3339,
     options_of,
 )
 
@@ -69,12 +76,7 @@ OLLAMA = Protocol("ollama", ollama_error, media_type=NDJSON_MEDIA_TYPE, keepaliv
 async def _frames(run: Run, builder: AnswerBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
-            yield ndjson_frame(frame)
-
-
-async def _collect(run: Run, builder: AnswerBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.result()
+            yield ndjson_line(frame)
 
 
 def _keep_alive(request: Request, name: str, seconds: float | None) -> None:
@@ -96,7 +98,7 @@ async def _answer(request: Request, gen: GenRequest, num_ctx: int | None, clock:
                              f"options.num_ctx ({num_ctx}).", param="options.num_ctx")
     builder = AnswerBuilder(run.model, chat, clock)
     return Answer([run], gen.stream, lambda: _frames(run, builder),
-                  lambda: _collect(run, builder))
+                  lambda: collected(run, builder))
 
 
 async def _load_only(request: Request, name: str, stream: bool, chat: bool,
@@ -117,7 +119,7 @@ async def _load_only(request: Request, name: str, stream: bool, chat: bool,
                             "done": True, "done_reason": reason}
 
     async def frames() -> AsyncIterator[str]:
-        yield ndjson_frame(body)
+        yield ndjson_line(body)
 
     async def collect() -> dict[str, Any]:
         return body

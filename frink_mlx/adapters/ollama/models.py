@@ -44,9 +44,9 @@ from ...errors import ConfigError, ModelNotFound
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
 from ...http.frontend import frontend
-from ...http.sse import StreamResponse, ndjson_frame
+from ...http.sse import StreamResponse
 from ...registry import resolve_source
-from ..endpoint import NDJSON_MEDIA_TYPE, json_response
+from ..endpoint import NDJSON_MEDIA_TYPE, json_response, ndjson_line
 from ..openai.models import context_length_of
 from . import wire
 from .translate import model_name
@@ -192,7 +192,7 @@ async def pull(request: Request) -> Response:
         return json_response({"status": "success"})
 
     async def frames() -> Any:
-        yield ndjson_frame({"status": "success"})
+        yield ndjson_line({"status": "success"})
 
     return StreamResponse(frames(), keepalive_frame=None, media_type=NDJSON_MEDIA_TYPE)
 

@@ -34,9 +34,9 @@ from ...http.errors import endpoint, llamacpp_error, openai_error
 from ...http.frontend import frontend
 from ..endpoint import translated
 from . import responses_wire, wire
-from .chat import to_gen_request
 from .responses import store_of
 from .responses import to_gen_request as responses_gen_request
+from .translate import to_gen_request
 
 
 def _counted(num_tokens: int) -> JSONResponse:

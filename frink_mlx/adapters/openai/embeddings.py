@@ -50,6 +50,7 @@ from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, openai_error
 from ...http.frontend import frontend
+from ..endpoint import json_response
 
 MAX_INPUTS = 2048
 
@@ -155,7 +156,7 @@ async def create_embeddings(request: Request) -> Response:
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
     response = to_response(result.model, list(result.vectors), result.num_tokens,
                            body.encoding_format)
-    return Response(msgspec.json.encode(response), media_type="application/json")
+    return json_response(response)
 
 
 routes: list[BaseRoute] = [

@@ -36,7 +36,6 @@ Request rules (responses_wire.py has the decoding rules):
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import msgspec
@@ -44,7 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent, choice_events, drain_choice
+from ...core.events import Done, ErrorEvent, choice_events
 from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
@@ -54,7 +53,7 @@ from ...http.fields import report, unknown_fields
 from ...http.frontend import frontend
 from ...http.sse import sse_frame
 from ...serving.responses_store import ResponseStore, StoredResponse
-from ..endpoint import Answer, generate, generating, translated
+from ..endpoint import Answer, collected, dumps, generate, generating, translated
 from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
@@ -276,16 +275,11 @@ async def _stream(run: Run, builder: ResponseBuilder, keep: Callable[[], None]
     events = builder.start()
     async for event in choice_events(run.events()):
         events += builder.feed(event)
-        yield "".join(sse_frame(json.dumps(e, ensure_ascii=False), event=e["type"])
+        yield "".join(sse_frame(dumps(e), event=e["type"])
                       for e in events)
         events = []
         if isinstance(event, (Done, ErrorEvent)):
             keep()
-
-
-async def _collect(run: Run, builder: ResponseBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.response()
 
 
 async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
@@ -304,7 +298,7 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
         _keep(req, store, builder, conversation)
 
     async def body_of() -> dict[str, Any]:
-        response = await _collect(run, builder)
+        response = await collected(run, builder)
         keep()
         return response
 
