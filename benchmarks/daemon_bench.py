@@ -138,7 +138,7 @@ def pipeline_overhead_us(tokenizer, num_tokens: int = 2000) -> float:
     (incremental detokenize, stop matching, parsing) -> OpenAI chunk JSON -> SSE text."""
     import asyncio
 
-    from frink_mlx.adapters.openai.chat import chat_frames
+    from frink_mlx.adapters.openai.frames import chat_frames
     from frink_mlx.core.output import OutputPipeline
     from frink_mlx.core.request import GenRequest, Message
     from frink_mlx.engine.types import StepOutput

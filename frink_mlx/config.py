@@ -13,6 +13,7 @@ the slice they need without a whole daemon's configuration.
                                             ├─ engine: EngineLimits   engine/config.py (EngineConfig)
                                             └─ disk:   DiskConfig     engine/kv/disk.py (None: off)
     Settings ── backend_config() ─> BackendConfig   backend/select.py (the entry points)
+    Settings ── frontend_config() ─> FrontendConfig serving/frontend.py, read by adapters/, http/
 
 Settings is the one source of defaults, so a default can never differ between
 two layers: the slices hold none but a few tests lean on (the speculation
@@ -107,6 +108,18 @@ class HubConfig(_Slice, frozen=True):
     budget: BudgetConfig
     engine: EngineLimits
     disk: DiskConfig | None = None  # None: the prefix cache stays in RAM only
+
+
+class FrontendConfig(_Slice, frozen=True):
+    """What the request-facing surface reads (serving/frontend.py; adapters/ and http/
+    reach it as `frontend(request).config`)."""
+
+    max_batch: int                 # rows decoded together: `n` and llama.cpp's slots
+    max_body_bytes: int            # a larger request body is a 413 (http/body.py)
+    strict_fields: bool            # unknown request fields: 400 (http/fields.py)
+    refuse_images: bool            # image parts on a text-only model: 400 (core/images.py)
+    auto_swap: bool                # a request may load another model (hub rule 2)
+    images: ImageLimits
 
 
 class BackendConfig(_Slice, frozen=True):

@@ -10,6 +10,7 @@ CLI prints as one line and exits non-zero.
     FrinkError (500 internal_error)
     ├── InvalidRequest (400 invalid_request_error)    a field is wrong; `param` names it
     │   ├── ContextLengthExceeded (400 context_length_exceeded)
+    │   ├── ModelNotGenerative (400 model_not_generative)  an encoder on a generating route
     │   └── UnsupportedField (400 unsupported_field)  refused by name, never ignored
     ├── AuthenticationFailed (401 authentication_error)
     ├── PermissionDenied (403 permission_error)
@@ -79,6 +80,17 @@ class ContextLengthExceeded(InvalidRequest):
         )
         self.num_tokens = num_tokens
         self.limit = limit
+
+
+class ModelNotGenerative(InvalidRequest):
+    """The one refusal of an encoder-only model on a generating route (serving/handles.py
+    rule 1), naming the model, its kind and the route it does serve."""
+
+    code = "model_not_generative"
+
+    def __init__(self, name: str, kind: str) -> None:
+        super().__init__(f"The model '{name}' is an embedding model (kind = \"{kind}\") and "
+                         "cannot generate text; use /v1/embeddings with it.", param="model")
 
 
 class UnsupportedField(InvalidRequest):

@@ -254,9 +254,8 @@ _COUNTERS: list[tuple[str, str, Callable[[EngineStats], float | None]]] = [
 
 
 def metrics_of(app: Any) -> Metrics | None:
-    """The app's Metrics (AppState.metrics at `app.state.frink`), or None before start-up."""
-    frink = getattr(getattr(app, "state", None), "frink", None)
-    metrics = getattr(frink, "metrics", None)
+    """The app's Metrics (`app.state.metrics`, set by the lifespan), or None before start-up."""
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
     return metrics if isinstance(metrics, Metrics) else None
 
 

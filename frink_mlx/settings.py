@@ -39,6 +39,7 @@ from .config import (
     DiskConfig,
     EncoderConfig,
     EngineLimits,
+    FrontendConfig,
     HubConfig,
     ImageLimits,
     LoadConfig,
@@ -356,6 +357,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return ImageLimits(max_images=self.max_images, max_image_bytes=self.max_image_bytes,
                            max_image_pixels=self.max_image_pixels,
                            fetch_urls=self.fetch_image_urls)
+
+    def frontend_config(self) -> FrontendConfig:
+        return FrontendConfig(max_batch=self.max_batch, max_body_bytes=self.max_body_bytes,
+                              strict_fields=self.strict_fields, refuse_images=self.refuse_images,
+                              auto_swap=self.auto_swap, images=self.image_limits())
 
     def hub_config(self) -> HubConfig:
         return HubConfig(auto_swap=self.auto_swap, min_generation_s=self.min_generation_s,

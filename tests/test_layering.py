@@ -291,3 +291,96 @@ def test_the_module_graph_reads_every_kind_of_import() -> None:
 def test_no_import_circles() -> None:
     graph = {name: _module_edges(path) for name, path in MODULES.items()}
     assert _circles(graph) == []
+
+
+# --- the typed request boundary (serving/frontend.py, http/frontend.py) -------------
+
+def _reads_app_state(path: Path) -> list[int]:
+    """Lines where `path` reads `<x>.app.state` or `app.state` (Starlette's untyped bag)."""
+    def is_app(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "app") or \
+            (isinstance(node, ast.Attribute) and node.attr == "app")
+
+    return sorted(node.lineno for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Attribute) and node.attr == "state"
+                  and is_app(node.value))
+
+
+@pytest.mark.parametrize("layer", ["adapters", "http"])
+def test_routes_reach_serving_only_through_the_typed_accessor(layer: str) -> None:
+    """adapters/ and http/ get the Frontend from `frontend(request)` (http/frontend.py
+    rule 1), never from `app.state`; only the accessor's own module touches it."""
+    own = PACKAGE / "http" / "frontend.py"
+    bad = {str(p.relative_to(PACKAGE)): lines for p in sorted((PACKAGE / layer).rglob("*.py"))
+           if p != own and (lines := _reads_app_state(p))}
+    assert bad == {}
+
+
+def test_adapters_import_serving_for_types_only() -> None:
+    """At run time an adapter imports no serving module but the stored-responses store
+    (plain data); the Frontend, Run and Generation are types under TYPE_CHECKING."""
+    allowed = {"frink_mlx.serving.responses_store"}
+    bad = []
+    for path in sorted((PACKAGE / "adapters").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        guarded = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and id(node) not in guarded \
+                    and "serving" in (node.module or "").split("."):
+                module = "frink_mlx.serving." + (node.module or "").split("serving.")[-1]
+                if module not in allowed:
+                    bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {module}")
+    assert bad == []
+
+
+# --- one file shape per protocol (adapters/endpoint.py rule 7) ------------------------
+
+PROTOCOLS = ("openai", "anthropic", "llamacpp", "ollama")
+BUILDERS = {"openai": ["ChatBuilder", "ResponseBuilder"], "anthropic": ["MessageBuilder"],
+            "llamacpp": ["CompletionBuilder"], "ollama": ["AnswerBuilder"]}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_protocol_has_wire_translate_and_frames(protocol: str) -> None:
+    names = {p.name for p in (PACKAGE / "adapters" / protocol).glob("*.py")}
+    assert {"wire.py", "translate.py", "frames.py"} <= names
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_every_builder_speaks_the_one_frame_interface(protocol: str) -> None:
+    """start / feed / end / result (endpoint.FrameBuilder), whatever the protocol."""
+    import importlib
+
+    from frink_mlx.adapters.endpoint import FrameBuilder
+
+    wanted = {n for n in vars(FrameBuilder) if not n.startswith("_")}
+    for name in BUILDERS[protocol]:
+        found = None
+        for module in ("frames", "responses_events"):
+            try:
+                found = getattr(importlib.import_module(
+                    f"frink_mlx.adapters.{protocol}.{module}"), name, None) or found
+            except ModuleNotFoundError:
+                continue
+        assert found is not None, name
+        assert wanted <= set(dir(found)), (name, wanted - set(dir(found)))
+
+
+def test_adapters_write_json_with_one_encoder() -> None:
+    """Frames and bodies go through endpoint.dumps / json_response; json.dumps is left only
+    where a translation writes arguments into the prompt (translate.py, responses_tools.py)."""
+    prompt_side = {"translate.py", "responses_tools.py"}
+    bad = []
+    for path in sorted((PACKAGE / "adapters").rglob("*.py")):
+        if path.name == "endpoint.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute) or not isinstance(node.value, (ast.Name, ast.Attribute)):
+                continue
+            owner = ast.unparse(node.value)
+            if (owner == "msgspec.json" and node.attr in ("encode", "Encoder")) or \
+                    (owner == "json" and node.attr == "dumps" and path.name not in prompt_side):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert bad == []

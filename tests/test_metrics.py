@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from frink_mlx import metrics as metrics_mod
+from frink_mlx.core.offload import Offload
 from frink_mlx.engine.types import EngineStats
 from frink_mlx.http.access import note_generation
 from frink_mlx.http.security import build_middleware
@@ -41,7 +42,8 @@ async def generate(request: Request) -> JSONResponse:
 def make_app(settings: Settings) -> Starlette:
     routes = [Route("/v1/chat/completions", generate, methods=["POST"]), *metrics_mod.routes]
     app = Starlette(routes=routes, middleware=build_middleware(settings))
-    app.state.frink = SimpleNamespace(settings=settings, metrics=Metrics())
+    app.state.frink = SimpleNamespace(config=settings.frontend_config(), offload=Offload())
+    app.state.metrics = Metrics()
     return app
 
 

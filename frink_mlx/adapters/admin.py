@@ -32,7 +32,7 @@ Health numbers follow the honest-null rule: absent means not measured.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
@@ -42,8 +42,14 @@ from starlette.routing import BaseRoute, Route
 from .. import __version__
 from ..http.body import decode_body, decode_struct, read_body
 from ..http.errors import endpoint, openai_error
+from ..http.frontend import frontend
 from .endpoint import json_response
 from .openai.models import availability, context_length_of
+
+if TYPE_CHECKING:
+    from ..engine.kv.disk import DiskStats
+    from ..serving.generation import Generation
+    from ..serving.hub import Hub
 
 
 class LoadBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,14 +61,14 @@ class UnloadBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None  # None: every resident model, and the hub parks
 
 
-def generation_info(hub: Any, gen: Any) -> dict[str, Any]:
+def generation_info(hub: Hub, gen: Generation) -> dict[str, Any]:
     return {"model": gen.spec.name, "generation": gen.number, "kind": gen.spec.kind,
             "context_length": context_length_of(gen), "loaded_at": gen.created_unix,
             "leases": hub.num_leases(gen),
             "load_time_s": getattr(gen.loaded, "load_time_s", None)}
 
 
-def load_progress(hub: Any) -> dict[str, Any] | None:
+def load_progress(hub: Hub) -> dict[str, Any] | None:
     """The running load's snapshot (serving/hub.py rule 3); None when none runs."""
     progress = getattr(hub, "load_progress", None)
     return progress.snapshot() if progress is not None else None
@@ -88,7 +94,7 @@ def _kv(stats: Any) -> dict[str, Any] | None:
     return kv
 
 
-def disk_report(stats: Any) -> dict[str, Any] | None:
+def disk_report(stats: DiskStats | None) -> dict[str, Any] | None:
     """The SSD tier of the prefix cache (engine/kv/disk.py DiskStats), for /health and
     the status page."""
     if stats is None:
@@ -103,71 +109,70 @@ def disk_report(stats: Any) -> dict[str, Any] | None:
 
 
 async def health(request: Request) -> Response:
-    state = request.app.state.frink
-    hub, gen = state.hub, state.hub.current
-    stats = state.engine_stats()
+    front = frontend(request)
+    hub, gen = front.hub, front.hub.current
+    stats = front.engine_stats()
     body: dict[str, Any] = {
-        "state": hub.state, "version": __version__, "uptime_s": round(state.uptime_s, 3),
+        "state": hub.state, "version": __version__, "uptime_s": round(front.uptime_s, 3),
         "model": gen.spec.name if gen else None, "generation": gen.number if gen else None,
         "loading": hub.loading, "progress": load_progress(hub),
         "context_ceiling": context_length_of(gen),
         "kv": _kv(stats), "queue_depth": stats.num_waiting if stats else None,
         "running": stats.num_running if stats else None,
-        "models": state.model_states(), "memory": state.memory_report(),
-        "kv_disk": disk_report(state.disk_stats()),
+        "models": front.model_states(), "memory": front.memory_report(),
+        "kv_disk": disk_report(front.disk_stats()),
     }
     serving = hub.state in ("ready", "idle")  # idle: the next request reloads it
-    lost = getattr(state.cluster, "lost", None)
+    lost = front.cluster_lost
     if lost is not None:  # distributed group lost (engine/channel.py): nothing can generate
         body["state"], body["reason"], serving = "unavailable", f"distributed group lost: {lost}", False
-    if state.cluster is not None:
-        body["ranks"] = state.cluster.group.size
+    if front.cluster is not None:
+        body["ranks"] = front.cluster.group.size
     if hub.sleeping is not None:
         body["sleeping"] = hub.sleeping.name
     headers = None if serving else {"Retry-After": "2" if hub.loading else "10"}
-    return Response(msgspec.json.encode(body), status_code=200 if serving else 503,
-                    media_type="application/json", headers=headers)
+    return json_response(body, 200 if serving else 503, headers)
 
 
 @endpoint(openai_error)
 async def list_admin_models(request: Request) -> Response:
-    state = request.app.state.frink
-    hub = state.hub
-    states = state.model_states()
+    front = frontend(request)
+    hub = front.hub
+    states = front.model_states()
     entries = [{"name": s.name, "kind": s.kind, "aliases": list(s.aliases), "source": s.source,
                 "loaded": states[s.name]["state"] == "resident", "residency": states[s.name],
-                "description": s.description, **availability(state.registry, s)}
-               for s in state.registry.entries.values()]
+                "description": s.description, **availability(front.registry, s)}
+               for s in front.registry.entries.values()]
     return json_response({
-        "state": hub.state, "parked": hub.parked, "auto_swap": state.settings.auto_swap,
+        "state": hub.state, "parked": hub.parked, "auto_swap": front.config.auto_swap,
         "active": generation_info(hub, hub.current) if hub.current else None,
         "resident": [generation_info(hub, g) for g in hub.resident],
-        "memory": state.memory_report(),
+        "memory": front.memory_report(),
         "loading": hub.loading, "progress": load_progress(hub), "last_error": hub.last_error,
         "retired": [generation_info(hub, g) for g in hub.retired],
         "releasing": hub.releasing, "lingering": hub.lingering,
-        "default": state.registry.default, "models": entries,
+        "default": front.registry.default, "models": entries,
     })
 
 
 @endpoint(openai_error)
 async def load_model(request: Request) -> Response:
-    state = request.app.state.frink
+    front = frontend(request)
     body = await decode_body(request, LoadBody)
-    task = state.hub.begin_load(body.model)  # raises 404 / 409 now
+    task = front.hub.begin_load(body.model)  # raises 404 / 409 now
     if not body.wait:
-        return json_response({"status": "loading", "model": state.hub.loading,
+        return json_response({"status": "loading", "model": front.hub.loading,
                               "requested_at": time.time()}, status=202)
     gen = await task
-    return json_response({"status": "loaded", **generation_info(state.hub, gen)})
+    return json_response({"status": "loaded", **generation_info(front.hub, gen)})
 
 
 @endpoint(openai_error)
 async def unload_model(request: Request) -> Response:
-    state = request.app.state.frink
+    front = frontend(request)
     raw = await read_body(request)
     body = decode_struct(raw, UnloadBody) if raw.strip() else UnloadBody()
-    old = await state.hub.unload(body.model)
+    old = await front.hub.unload(body.model)
     return json_response({"status": "unloaded", "model": old.spec.name if old else None,
                           "generation": old.number if old else None})
 

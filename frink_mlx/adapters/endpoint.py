@@ -25,10 +25,13 @@ collected body -- and gets, identically:
    the engine reports before anything was sent is a real status in the envelope.
 5. Errors: a `FrinkError` leaves in the protocol's envelope with its status;
    anything else is logged once at ERROR and answered 500 (http/errors.py).
-6. Accounting: `AppState.generate` tracks every run for the access line and
+6. Accounting: `Frontend.generate` tracks every run for the access line and
    the metrics (http/access.py rule 3), which the access middleware writes
    once per request, with 499 for any answer the client did not wait for
    (rule 6 there). Protocols note nothing themselves.
+7. Frames: each protocol's frames.py builds its answer with a `FrameBuilder`
+   (start / feed / end / result), and every JSON it writes -- frame or body --
+   goes through `dumps` / `json_response` here, one msgspec encoder.
 """
 
 from __future__ import annotations
@@ -36,35 +39,72 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Protocol as TypingProtocol
 
 import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.events import Event
+from ..core.events import Event, drain_choice
 from ..core.images import OMITTED_HEADER
 from ..core.request import GenRequest
 from ..http.body import decode_body
 from ..http.errors import Envelope, endpoint
+from ..http.frontend import frontend
 from ..http.sse import StreamResponse, run_until_disconnect
 
 log = logging.getLogger("frink_mlx.adapters")
 
 if TYPE_CHECKING:
+    from anyio.streams.memory import MemoryObjectSendStream
+
     from ..serving.handles import Run
 
 W = TypeVar("W")
 T = TypeVar("T")
+F = TypeVar("F")
 _ENCODE = msgspec.json.Encoder()
 
 SSE_MEDIA_TYPE = "text/event-stream"
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
 
 
-def json_response(obj: Any, status: int = 200) -> Response:
+def dumps(obj: Any) -> str:
+    """Rule 7: JSON text (msgspec), the one way every adapter writes a frame's JSON."""
+    return _ENCODE.encode(obj).decode()
+
+
+def ndjson_line(obj: Any) -> str:
+    """One NDJSON line (Ollama's stream framing): compact JSON and a newline."""
+    return dumps(obj) + "\n"
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> Response:
     """A JSON body (msgspec-encoded), the one way every adapter answers in JSON."""
-    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json")
+    return Response(_ENCODE.encode(obj), status_code=status, media_type="application/json",
+                    headers=headers)
+
+
+class FrameBuilder(TypingProtocol[F]):
+    """Rule 7: one answer built from its events, what every protocol's frames.py offers.
+
+    `start()` the frames before the first event, `feed(event)` those one event makes,
+    `end()` those after the last (each protocol frames them: SSE, NDJSON), and
+    `result()` the collected body of a non-streaming answer."""
+
+    def start(self) -> list[F]: ...
+    def feed(self, event: Event) -> list[F]: ...
+    def end(self) -> list[F]: ...
+    def result(self) -> Any: ...
+
+
+async def collected(run: Run, builder: FrameBuilder[Any]) -> Any:
+    """Rule 4's body for a one-choice answer: choice 0's events fed to `builder`, then its
+    result (an ErrorEvent raises its own error: nothing has been sent yet)."""
+    await drain_choice(run.events(), builder.feed)
+    return builder.result()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +142,11 @@ Start = Callable[[Request, W], Awaitable[Answer]]
 
 async def generate(request: Request, reqs: list[GenRequest]) -> list["Run"]:
     """Submit every request (rule 2); if one is refused, abort those already started."""
-    state = request.app.state.frink
+    front = frontend(request)
     runs: list[Run] = []
     try:
         for req in reqs:
-            runs.append(await state.generate(req))
+            runs.append(await front.generate(req))
     except BaseException:
         for run in runs:
             await run.abort()
@@ -120,7 +160,7 @@ async def translated(request: Request, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)`, a protocol's translation of its decoded body, in a worker thread when
     the body was large (core/offload.py rule 2): 70,000 messages take a second to walk."""
     size = getattr(request.state, "body_bytes", 0)
-    return await request.app.state.frink.offload.run(size, fn, *args)
+    return await frontend(request).offload.run(size, fn, *args)
 
 
 def note_omitted_images(request: Request, req: GenRequest) -> None:
@@ -159,7 +199,7 @@ def generating(protocol: Protocol, wire: type[W], start: Start[W]
     return serve
 
 
-async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
+async def merged(runs: list[Run]) -> AsyncIterator[tuple[int, Event]]:
     """Events of every run as they come, tagged with the run's position."""
     if len(runs) == 1:
         async for event in runs[0].events():
@@ -167,7 +207,7 @@ async def merged(runs: list[Any]) -> AsyncIterator[tuple[int, Event]]:
         return
     send, recv = anyio.create_memory_object_stream[tuple[int, Event]](64)
 
-    async def pump(k: int, run: Any, out: Any) -> None:
+    async def pump(k: int, run: Run, out: MemoryObjectSendStream[tuple[int, Event]]) -> None:
         async with out:
             async for event in run.events():
                 await out.send((k, event))

@@ -33,14 +33,14 @@ Rules:
    `disk_report`; null when not configured); `disk_hit_tokens_total` counts
    the current generation's prefix hits read back from it (null without it).
 6. Each model's `vision` says whether it reads image parts (the playground
-   then takes a pasted or dropped image): `AppState.model_facts`, null when
+   then takes a pasted or dropped image): `Frontend.model_facts`, null when
    not known until it is loaded.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
@@ -49,31 +49,19 @@ from starlette.routing import BaseRoute, Route
 
 from .. import __version__
 from ..backend.info import DeviceFacts
-from ..http.access import AccessRecord, RecentRequests
+from ..http.access import AccessRecord, RecentRequests, recent_requests_of
 from ..http.errors import endpoint, openai_error
+from ..http.frontend import frontend
 from .admin import disk_report
+from .endpoint import json_response
 from .openai.models import context_length_of
 
 if TYPE_CHECKING:  # types only: importing the serving layer would pull in MLX
     from ..engine.types import EngineStats
     from ..registry import ModelSpec, Registry
+    from ..serving.frontend import Frontend
     from ..serving.generation import Generation
     from ..serving.hub import Hub
-
-
-class StatusSource(Protocol):
-    """What the status reads (AppState has it); no import of the composition root."""
-
-    hub: Hub
-    registry: Registry
-    recent_requests: RecentRequests
-
-    @property
-    def uptime_s(self) -> float: ...
-
-    def engine_stats(self) -> EngineStats | None: ...
-
-    def model_facts(self, name: str) -> dict[str, Any]: ...
 
 
 class ModelState(msgspec.Struct):
@@ -194,37 +182,33 @@ def _counters(stats: EngineStats) -> Counters:
                     disk_hit_tokens_total=int(disk) if disk is not None else None)
 
 
-def collect(state: StatusSource) -> Status:
-    """The whole status (rules 1-4) of one AppState, read now."""
-    hub, gen = state.hub, state.hub.current
-    stats = state.engine_stats()
+def collect(front: Frontend, recent: RecentRequests | None) -> Status:
+    """The whole status (rules 1-4) of one Frontend and the app's request ring, read now."""
+    hub, gen = front.hub, front.hub.current
+    stats = front.engine_stats()
     device = hub.backend.device_facts()
     kv = None if stats is None else Kv(
         blocks_total=stats.num_blocks_total, blocks_used=stats.num_blocks_used,
         blocks_cached=stats.num_blocks_cached, block_size=stats.block_size)
     return Status(
-        version=__version__, uptime_s=round(state.uptime_s, 3), state=hub.state,
+        version=__version__, uptime_s=round(front.uptime_s, 3), state=hub.state,
         backend=Backend(name=device.name, device=device.device),
         model=gen.spec.name if gen else None, generation=gen.number if gen else None,
-        models=[msgspec.structs.replace(m, vision=state.model_facts(m.name)["vision"])
-                for m in model_states(hub, state.registry, time.monotonic())],
+        models=[msgspec.structs.replace(m, vision=front.model_facts(m.name)["vision"])
+                for m in model_states(hub, front.registry, time.monotonic())],
         memory=_memory(gen, device),
         context_ceiling=context_length_of(gen), kv=kv,
         running=stats.num_running if stats else None,
         queued=stats.num_waiting if stats else None,
         counters=_counters(stats) if stats is not None else None,
-        recent=state.recent_requests.snapshot(),
-        kv_disk=disk_report(state.disk_stats()) if hasattr(state, "disk_stats") else None)
-
-
-_ENCODER = msgspec.json.Encoder()
+        recent=recent.snapshot() if recent is not None else [],
+        kv_disk=disk_report(front.disk_stats()))
 
 
 @endpoint(openai_error)
 async def status(request: Request) -> Response:
-    body = collect(request.app.state.frink)
-    return Response(_ENCODER.encode(body), media_type="application/json",
-                    headers={"Cache-Control": "no-store"})
+    body = collect(frontend(request), recent_requests_of(request.app))
+    return json_response(body, headers={"Cache-Control": "no-store"})
 
 
 routes: list[BaseRoute] = [Route("/admin/status", status, methods=["GET"])]

@@ -88,6 +88,7 @@ if TYPE_CHECKING:  # types only: serving/ and engine/ are imported once the back
     from ..backend import Backend
     from ..engine.channel import PlanChannel
     from ..registry import Registry
+    from ..serving.frontend import Frontend
     from ..serving.generation import GenerationFactory
     from .draining_server import DaemonServer
 
@@ -148,9 +149,16 @@ def base_url(sock: socket.socket, tls: bool = False) -> tuple[str, str, int]:
     return f"{'https' if tls else 'http'}://{shown}:{port}", host, port
 
 
+def _front(app: Starlette) -> Frontend | None:
+    """The app's Frontend (http/frontend.py); imported here, after the backend is chosen."""
+    from ..http.frontend import frontend_of
+
+    return frontend_of(app)
+
+
 def ready_line(url: str, host: str, port: int, app: Starlette) -> str:
-    state = getattr(app.state, "frink", None)
-    gen = state.hub.current if state is not None else None
+    front = _front(app)
+    gen = front.hub.current if front is not None else None
     return json.dumps({"event": "ready", "url": url, "host": host, "port": port,
                        "pid": os.getpid(), "version": __version__,
                        "model": gen.spec.name if gen else None,
@@ -163,10 +171,10 @@ async def _announce(server: DaemonServer, url: str, host: str, port: int, app: S
         if server.should_exit:
             return
         await asyncio.sleep(0.02)
-    state = app.state.frink
-    if state.startup is not None:
+    front = _front(app)
+    if front is not None and front.startup is not None:
         try:
-            await asyncio.shield(state.startup)
+            await asyncio.shield(front.startup)
         except Exception as exc:  # noqa: BLE001 - reported as the one refusal line
             server.refusal = (f"the daemon did not start: the default model failed to load: "
                               f"{getattr(exc, 'message', exc)}")
@@ -181,7 +189,8 @@ async def _announce(server: DaemonServer, url: str, host: str, port: int, app: S
 async def _serve(server: DaemonServer, sock: socket.socket, url: str, host: str, port: int,
                  app: Starlette, drain_timeout_s: float) -> None:
     async def drain() -> None:
-        cut = await app.state.frink.drain(drain_timeout_s)
+        front = _front(app)
+        cut = await front.drain(drain_timeout_s) if front is not None else 0
         log.info("drained (%d stream(s) cut at the limit)", cut)
 
     server.drain, server.drain_timeout_s = drain, drain_timeout_s

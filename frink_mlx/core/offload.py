@@ -67,7 +67,7 @@ def _json_chars(value: object) -> int:
 
 
 class Offload:
-    """Rule 2's switch and its thread limit; one per app (AppState)."""
+    """Rule 2's switch and its thread limit; one per app (the Frontend)."""
 
     def __init__(self, threshold: int = OFFLOAD_CHARS, max_threads: int = OFFLOAD_THREADS) -> None:
         self.threshold = threshold

@@ -16,7 +16,7 @@ Rules:
        prompt_tokens: int      completion_tokens: int      cached_tokens: int
        ttft_s: float           seconds from arrival to the first token
    (`note_generation(request, ...)` sets them.) Every Run that
-   `AppState.generate` starts while serving the request is also tracked
+   `Frontend.generate` starts while serving the request is also tracked
    (`track_run`, through a context variable the middleware sets per request),
    so every generating route -- OpenAI, Responses, Anthropic, llama.cpp --
    reports model, generation, tokens and TTFT without saying so itself; several
@@ -30,7 +30,7 @@ Rules:
    id, method, route, path, status, model, generation, prompt_tokens,
    completion_tokens, cached_tokens, ttft_ms, duration_ms.
 5. The same facts (less the path) also go into a bounded ring,
-   `RecentRequests` on `AppState.recent_requests`, which the status page
+   `RecentRequests` on `app.state.recent_requests`, which the status page
    shows (adapters/status.py) whether or not the log line is enabled. The
    ring keeps work, not observation: requests to QUIET_ROUTES (the page, its
    assets, its status poll, /health, /metrics) are left out, or a page polling
@@ -67,15 +67,18 @@ import time
 import uuid
 from collections import deque
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..metrics import metrics_of
+from ..metrics import Metrics, metrics_of
 from .log_budget import LogBudget
+
+if TYPE_CHECKING:
+    from ..serving.handles import Run
 
 access_log = logging.getLogger("frink_mlx.access")
 
@@ -129,25 +132,25 @@ class RecentRequests:
         return list(self._records)
 
 
-def recent_requests_of(app: Any) -> RecentRequests | None:
-    """The app's ring (AppState.recent_requests), or None before start-up."""
-    frink = getattr(getattr(app, "state", None), "frink", None)
-    ring = getattr(frink, "recent_requests", None)
+def recent_requests_of(app: object) -> RecentRequests | None:
+    """The app's ring (`app.state.recent_requests`, set by the lifespan), or None before
+    start-up."""
+    ring = getattr(getattr(app, "state", None), "recent_requests", None)
     return ring if isinstance(ring, RecentRequests) else None
 
 
 # The Runs started while serving the current request (rule 3); None outside a request.
-_request_runs: ContextVar[list[Any] | None] = ContextVar("frink_request_runs", default=None)
+_request_runs: ContextVar["list[Run] | None"] = ContextVar("frink_request_runs", default=None)
 
 
-def track_run(run: Any) -> None:
-    """Called by AppState.generate: the current request's access line reports `run`."""
+def track_run(run: Run) -> None:
+    """Frontend.on_run (serving/frontend.py): the current request's access line reports `run`."""
     runs = _request_runs.get()
     if runs is not None:
         runs.append(run)
 
 
-def runs_tally(runs: list[Any]) -> dict[str, Any]:
+def runs_tally(runs: list[Run]) -> dict[str, Any]:
     """Rule 3: the STATE_FIELDS of the runs one request started (each has `tally()`)."""
     if not runs:
         return {}
@@ -159,15 +162,15 @@ def runs_tally(runs: list[Any]) -> dict[str, Any]:
             "ttft_s": min(ttfts) if ttfts else None}
 
 
-def budget_headers(runs: list[Any]) -> list[tuple[bytes, bytes]]:
+def budget_headers(runs: list[Run]) -> list[tuple[bytes, bytes]]:
     """Rule 7: the token budget the request's runs got, and what was asked when clamped."""
     budgets = [b for b in (getattr(r, "max_tokens", None) for r in runs) if isinstance(b, int)]
     if not budgets:
         return []
     headers = [(b"frink-max-tokens", str(max(budgets)).encode())]
-    clamped = [r.max_tokens_requested for r in runs
-               if isinstance(getattr(r, "max_tokens_requested", None), int)
-               and r.max_tokens_requested > r.max_tokens]
+    clamped = [asked for r in runs
+               if isinstance(asked := getattr(r, "max_tokens_requested", None), int)
+               and asked > r.max_tokens]
     if clamped:
         headers.append((b"frink-max-tokens-requested", str(max(clamped)).encode()))
     return headers
@@ -232,7 +235,7 @@ class AccessLogMiddleware:
         state["request_id"] = request_id
         id_headers = [(b"request-id", request_id.encode()), (b"x-request-id", request_id.encode())]
         status = 500  # if the app raises before starting a response
-        runs: list[Any] = []
+        runs: list[Run] = []
         complete = client_gone = False  # rule 6
 
         async def receive_noting_disconnect() -> Message:
@@ -300,7 +303,7 @@ def _bounded_path(path: str) -> str:
     return f"{path[:MAX_LOGGED_PATH]}...(+{len(path) - MAX_LOGGED_PATH})"
 
 
-def _observe(metrics: Any, route: str, method: str, status: int, duration_s: float,
+def _observe(metrics: Metrics, route: str, method: str, status: int, duration_s: float,
              noted: dict[str, Any]) -> None:
     metrics.observe_request(route, status, duration_s, method=method)
     model = str(noted["model"] or "")

@@ -27,6 +27,7 @@ from starlette.requests import Request
 
 from ..errors import InvalidRequest, PayloadTooLarge
 from .fields import find_unknown, report, too_deep_error
+from .frontend import frontend_of
 
 T = TypeVar("T")
 
@@ -35,8 +36,8 @@ _DECODERS: dict[type, msgspec.json.Decoder] = {}
 
 
 def _limit(request: Request) -> int:
-    state = getattr(request.app.state, "frink", None)
-    return state.settings.max_body_bytes if state is not None else 8 * 1024 * 1024
+    front = frontend_of(request.app)
+    return front.config.max_body_bytes if front is not None else 8 * 1024 * 1024
 
 
 async def read_body(request: Request, max_bytes: int | None = None) -> bytes:
@@ -83,11 +84,11 @@ def decode_struct(data: bytes, struct_type: type[T]) -> T:
 async def decode_body(request: Request, struct_type: type[T]) -> T:
     """Read, size-check and decode the body of `request` into `struct_type` (rules 1-6)."""
     data = await read_body(request)
-    offload = getattr(getattr(request.app.state, "frink", None), "offload", None)
-    if offload is None:
+    front = frontend_of(request.app)
+    if front is None:
         body, unknown = _decode_checked(data, struct_type)
     else:
-        body, unknown = await offload.run(len(data), _decode_checked, data, struct_type)
+        body, unknown = await front.offload.run(len(data), _decode_checked, data, struct_type)
     report(request, unknown)
     return body
 

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import InvalidRequest, UnsupportedField
 from .depth import MAX_JSON_DEPTH, depth_error, joined, path_past, too_deep
+from .frontend import frontend_of
 
 log = logging.getLogger("frink_mlx.fields")
 
@@ -141,8 +142,10 @@ def declared_field(path: list[str], struct_type: Any) -> str:
     for part in path:
         info = _child(info, part)
         taken.append(part)
+        if info is None:
+            break
         members = info.types if isinstance(info, mi.UnionType) else (info,)
-        if info is None or any(isinstance(m, mi.AnyType) or _opaque(m) for m in members):
+        if any(isinstance(m, mi.AnyType) or _opaque(m) for m in members):
             break
     return joined(taken)
 
@@ -210,8 +213,8 @@ def report(request: Request | None, names: list[str]) -> None:
     """Refuse the first of `names` under --strict-fields, else note them for the header."""
     if not names:
         return
-    state = getattr(request.app.state, "frink", None) if request is not None else None
-    if state is not None and state.settings.strict_fields:
+    front = frontend_of(request.app) if request is not None else None
+    if front is not None and front.config.strict_fields:
         raise UnsupportedField(names[0], "is not a field this server knows (--strict-fields "
                                "refuses unknown fields)")
     _note(request, names, "ignored unknown fields")

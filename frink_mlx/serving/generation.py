@@ -2,7 +2,10 @@
 
 Why a module of its own: the hub (hub.py) publishes and retires generations,
 the embeddings service (embeddings.py) attaches an encoder to one, and the
-decode handles (handles.py) read one; none of them owns the type. Building
+decode handles (handles.py) read one; none of them owns the type. What is
+built lazily for one generation -- its grammar compiler, its turn memory
+(handles rule 7) -- lives on it, so it goes when the generation goes and no
+dict keyed by generation number has to be pruned on each load. Building
 and freeing a generation are the only two places that touch model loading
 and the engine's lifetime, and they block: the hub runs them in worker
 threads (docs/ARCHITECTURE.md, "Threads").
@@ -29,6 +32,7 @@ from typing import Callable, Protocol
 from ..backend import Backend
 from ..config import HubConfig, LoadConfig
 from ..engine.config import EngineConfig, resolve_engine_config
+from ..engine.constraints import GrammarCompiler
 from ..engine.engine import Engine
 from ..engine.kv.disk import DiskTier
 from ..engine.speculative import SpecConfig
@@ -37,6 +41,7 @@ from ..models.draft import load_draft
 from ..models.encoder import Encoder, encoder_from_generative
 from ..models.loader import LoadedModel, load_model
 from ..registry import ModelSpec, Registry
+from .turn_memory import TurnMemory
 
 log = logging.getLogger("frink_mlx.hub")
 
@@ -48,6 +53,14 @@ class Gate(Protocol):
 
     def __enter__(self) -> object: ...
     def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclass(slots=True)
+class GrammarSlot:
+    """A generation's grammar compiler, built on its first structured request (building
+    it reads the whole vocabulary); filled on the event loop only."""
+
+    compiler: GrammarCompiler | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +77,8 @@ class Generation:
     embedder: Encoder | None = None  # serves /v1/embeddings (embeddings.py)
     nbytes: int = 0  # what it holds (residency.py rule 1); 0 = measure it when published
     draft: LoadedModel | None = None  # the entry's draft model (registry rule 10), freed with it
+    grammar: GrammarSlot = field(default_factory=GrammarSlot, compare=False, repr=False)
+    turns: TurnMemory = field(default_factory=TurnMemory, compare=False, repr=False)  # handles rule 7
 
     @property
     def name(self) -> str:

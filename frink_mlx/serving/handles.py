@@ -32,7 +32,7 @@ Rules:
    that continues a turn exactly, or none, reports nothing (None).
 8. `Run.admitted()` waits until the engine starts the request and raises the
    FrinkError that ended it before (Overloaded after queue_timeout_s), so
-   AppState.generate refuses with its real status before any byte is sent. A
+   Frontend.generate refuses with its real status before any byte is sent. A
    FrinkError raised later becomes an ErrorEvent keeping status, code and
    Retry-After; any other exception an ErrorEvent 500.
 9. A choice that ends on a stop string (n > 1) aborts its own engine row, so
@@ -70,7 +70,7 @@ from ..engine.engine import Engine
 from ..engine.stream import SeqStream
 from ..engine.think_budget import with_think_budget
 from ..engine.types import SeqRequest
-from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, UnsupportedField
+from ..errors import ContextLengthExceeded, FrinkError, InvalidRequest, ModelNotGenerative, UnsupportedField
 from ..models.vision import ImageFeatures, Vision
 from .generation import Generation
 from .hub import Lease
@@ -173,10 +173,7 @@ class DecodeHandles:
     def take(cls, gen: Generation) -> "DecodeHandles":
         """Rule 1: the one check that refuses encoders on generating routes."""
         if gen.engine is None or gen.spec.kind != "generative":
-            raise InvalidRequest(
-                f"The model '{gen.spec.name}' is an embedding model (kind = \"{gen.spec.kind}\") "
-                "and cannot generate text; use /v1/embeddings with it.", param="model",
-                code="model_not_generative")
+            raise ModelNotGenerative(gen.spec.name, gen.spec.kind)
         tok = gen.loaded.tokenizer
         ceiling = gen.plan.context_ceiling if gen.plan is not None else gen.loaded.context_length
         # the loader already installed models.toml's chat_template on the tokenizer
@@ -283,7 +280,7 @@ class DecodeHandles:
                                  opens_inside=bool(markup.prompt_opens_thinking))
 
     def start(self, request: GenRequest, lease: Lease | None = None) -> "Run":
-        """prepare + submit, unconstrained (structured output goes through AppState)."""
+        """prepare + submit, unconstrained (structured output goes through the Frontend)."""
         if request.response_format is not None:
             raise UnsupportedField("response_format", "needs the structured-output engine")
         return self.submit(self.prepare(request), lease)
@@ -323,7 +320,7 @@ class Run:
     _memory: TurnMemory | None = None
     _finished: bool = False
     _cut: FrinkError | None = None
-    on_close: Callable[["Run"], None] | None = None  # AppState forgets it (hub rule 4)
+    on_close: Callable[["Run"], None] | None = None  # the Frontend forgets it (hub rule 4)
 
     @property
     def finished(self) -> bool:

@@ -30,7 +30,7 @@ Rules:
    digest of the image's bytes and the position within its run, so two
    different screenshots never share a block and the same one in the next turn
    of a conversation hits (kv/hashing.py hashes any signed 64-bit ints).
-5. This is CPU work (base64, image decoding, the processor): AppState runs it
+5. This is CPU work (base64, image decoding, the processor): the Frontend runs it
    off the event loop.
 6. A raw prompt (llama.cpp's /completion, adapters/llamacpp/translate.py rule
    10) is not templated: each image's placeholder in its text becomes what the

@@ -1,6 +1,6 @@
 """Every generating route reports model, tokens and TTFT to the metrics (http/access.py rule 3).
 
-The runs AppState.generate starts are tracked per request, so OpenAI chat and
+The runs Frontend.generate starts are tracked per request, so OpenAI chat and
 completions, Responses, Anthropic messages and llama.cpp /completion and /infill
 all move the same counters -- streamed or not -- without noting anything themselves.
 """

@@ -190,7 +190,7 @@ def test_sdk_accumulator_rebuilds_the_same_message() -> None:
         if name == "ping":
             continue
         snapshot = accumulate_event(event=payload, current_snapshot=snapshot, json_bufs=json_bufs)
-    final = builder.message()
+    final = builder.result()
     assert snapshot is not None
     assert snapshot.to_dict(exclude_none=True) == {
         k: v for k, v in final.items() if v is not None} | {"content": final["content"]}
@@ -207,8 +207,8 @@ def test_sdk_accumulator_rebuilds_the_same_message() -> None:
     (Done("length", Usage(), stop_kind="length"), "max_tokens", None)])
 def test_stop_reasons(done: Done, reason: str, seq: str | None) -> None:
     builder, frames = frames_for([TextDelta("x"), done])
-    assert builder.message()["stop_reason"] == reason
-    assert builder.message()["stop_sequence"] == seq
+    assert builder.result()["stop_reason"] == reason
+    assert builder.result()["stop_sequence"] == seq
 
 
 def test_error_event_frame() -> None:
@@ -318,9 +318,9 @@ def test_thinking_display_omitted_leaves_the_text_out() -> None:
     assert "thinking_delta" not in kinds and kinds.count("signature_delta") == 1
     assert frames[2][1]["content_block"] == {"type": "thinking", "thinking": "",
                                              "signature": ""}
-    assert builder.message()["content"][0] == {
+    assert builder.result()["content"][0] == {
         "type": "thinking", "thinking": "", "signature": thinking_signature("Thinking.")}
-    assert [b["type"] for b in builder.message()["content"]] == ["thinking", "text", "tool_use"]
+    assert [b["type"] for b in builder.result()["content"]] == ["thinking", "text", "tool_use"]
 
 
 def _turns_with_thinking(n: int) -> list[dict]:

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from frink_mlx.adapters.endpoint import note_omitted_images
-from frink_mlx.app import AppState
 from frink_mlx.core.images import IMAGE_PLACEHOLDER, ImageRef, attach_images, from_url
 from frink_mlx.core.request import GenRequest, Message
 from frink_mlx.errors import UnsupportedField
 from frink_mlx.registry import ModelSpec, Registry
+from frink_mlx.serving.frontend import Frontend
 from frink_mlx.settings import Settings
 
 
@@ -30,9 +30,9 @@ def test_omitted_images_are_counted_for_the_header() -> None:
     assert request.state.omitted_images == 2
 
 
-def _state(refuse: bool) -> AppState:
+def _state(refuse: bool) -> Frontend:
     registry = Registry(entries={"m": ModelSpec("m", "x")}, default="m", path="-")
-    return AppState(Settings.load(refuse_images=refuse), registry, hub=None)  # type: ignore[arg-type]
+    return Frontend(Settings.load(refuse_images=refuse).frontend_config(), registry, hub=None)  # type: ignore[arg-type]
 
 
 def test_refuse_images_names_the_first_part_on_a_text_only_model() -> None:
@@ -69,7 +69,8 @@ def test_an_entry_setting_wins_over_the_daemon_wide_one() -> None:
                                  "lenient": ModelSpec("lenient", "y", refuse_images=False),
                                  "plain": ModelSpec("plain", "z")}, default="plain", path="-")
     for everywhere in (False, True):
-        state = AppState(Settings.load(refuse_images=everywhere), registry, hub=None)  # type: ignore[arg-type]
+        state = Frontend(Settings.load(refuse_images=everywhere).frontend_config(), registry,
+                         hub=None)  # type: ignore[arg-type]
         assert state.refuses_images("strict") and not state.refuses_images("lenient")
         assert state.refuses_images("plain") is everywhere
         assert state.refuses_images(None) is everywhere

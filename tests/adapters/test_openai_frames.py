@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from frink_mlx.adapters.openai.chat import chat_frames
+from frink_mlx.adapters.openai.frames import chat_frames
 from frink_mlx.core.events import Done, ErrorEvent, TextDelta, ToolCallDelta, ToolCallStart, Usage
 
 

@@ -14,7 +14,6 @@ from openai.types.responses import ResponseStreamEvent
 from frink_mlx.adapters.openai import responses_wire as w
 from frink_mlx.adapters.openai.responses import output_message, response_base, to_gen_request
 from frink_mlx.adapters.openai.responses_events import ResponseBuilder
-from frink_mlx.adapters.openai.responses_store import ResponseStore, StoredResponse
 from frink_mlx.core.events import (
     Done,
     ErrorEvent,
@@ -29,6 +28,7 @@ from frink_mlx.core.images import IMAGE_PLACEHOLDER
 from frink_mlx.core.request import Message, ToolCall
 from frink_mlx.errors import InvalidRequest, NotFound, UnsupportedField
 from frink_mlx.http.body import decode_struct
+from frink_mlx.serving.responses_store import ResponseStore, StoredResponse
 
 ROUND_TRIP = {
     "model": "tiny", "instructions": "Be brief.", "max_output_tokens": 50, "temperature": 0.2,

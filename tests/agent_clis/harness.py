@@ -137,7 +137,7 @@ class AgentDaemon:
 
     def ring(self) -> list[Any]:
         """The daemon's own recent-requests records (http/access.py rule 5)."""
-        return self.app.state.frink.recent_requests.snapshot()
+        return self.app.state.recent_requests.snapshot()
 
     def seen_by(self, model: str) -> list[str]:
         """The prompts the scripted entry `model` was given, oldest first."""

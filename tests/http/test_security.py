@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from frink_mlx import metrics as metrics_mod
+from frink_mlx.core.offload import Offload
 from frink_mlx.errors import ConfigError
 from frink_mlx.http.access import note_generation
 from frink_mlx.http.binding import check_bind, default_key_file, is_loopback_host, resolve_api_key
@@ -86,7 +87,8 @@ def make_app(settings: Settings, probe: Probe) -> Starlette:
         *metrics_mod.routes,
     ]
     app = Starlette(routes=routes, middleware=build_middleware(settings))
-    app.state.frink = SimpleNamespace(settings=settings, metrics=metrics_mod.Metrics())
+    app.state.frink = SimpleNamespace(config=settings.frontend_config(), offload=Offload())
+    app.state.metrics = metrics_mod.Metrics()
     return app
 
 

@@ -105,7 +105,7 @@ async def test_flood_beyond_bound_is_503_and_health_answers(tmp_path: Path,
 
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
-        gauge = app.state.frink.metrics.in_flight
+        gauge = app.state.metrics.in_flight
         async with anyio.create_task_group() as tg:
             results: list[int] = []
 
@@ -158,4 +158,4 @@ async def test_stalled_body_gets_408_and_frees_its_slot(tmp_path: Path, tiny_lla
             assert r.json()["error"]["code"] == "request_timeout"
         else:
             assert r.json()["type"] == "error" and "stalled" in r.json()["error"]["message"]
-        assert app.state.frink.metrics.in_flight._value.get() == 0
+        assert app.state.metrics.in_flight._value.get() == 0

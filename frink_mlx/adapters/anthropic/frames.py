@@ -118,7 +118,10 @@ class MessageBuilder:
             return [("error", error_payload(event.message, event.status))]
         return []
 
-    def message(self) -> dict[str, Any]:
+    def end(self) -> list[Frame]:
+        return []   # message_stop went out with Done
+
+    def result(self) -> dict[str, Any]:
         """The complete Message object (after Done)."""
         out = self._message_base()
         out["content"] = self.blocks

@@ -2,7 +2,7 @@
 /props, /slots.
 
 Paths have no /v1 prefix (those are OpenAI's). translate.py holds the
-field rules; this module resolves prompts and vocabulary through AppState:
+field rules; this module resolves prompts and vocabulary through Frontend:
 1. A mixed prompt (`[12, "text", 34]`) becomes ids: each string piece is
    tokenized without special tokens except the first piece of a prompt that
    starts with text, which gets BOS as a plain string prompt would.
@@ -34,8 +34,7 @@ field rules; this module resolves prompts and vocabulary through AppState:
 from __future__ import annotations
 
 import functools
-import json
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import msgspec
 from starlette.requests import Request
@@ -49,8 +48,9 @@ from ...core.request import GenRequest, SamplingParams
 from ...errors import InvalidRequest, NotSupported, UnsupportedField
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error
+from ...http.frontend import frontend
 from ...http.sse import sse_frame
-from ..endpoint import Answer, Protocol, generate, generating, merged
+from ..endpoint import Answer, Protocol, dumps, generate, generating, merged
 from . import wire
 from .frames import CompletionBuilder
 from .translate import (
@@ -63,10 +63,17 @@ from .translate import (
     to_gen_request,
 )
 
+if TYPE_CHECKING:
+    from ...engine.types import EngineStats
+    from ...registry import ModelSpec
+    from ...serving.frontend import Frontend
+    from ...serving.generation import Generation
+    from ...serving.handles import Run
+
 LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
 
-async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int | str]
+async def resolve_prompt(front: Frontend, model: str | None, prompt: str | list[int | str]
                          ) -> str | list[int | str]:
     """Rule 1: a mixed prompt's ids, each text piece tokenized (BOS only for a leading one)."""
     if isinstance(prompt, str):
@@ -76,13 +83,13 @@ async def resolve_prompt(state: Any, model: str | None, prompt: str | list[int |
     ids: list[int | str] = []
     for i, piece in enumerate(prompt):
         if isinstance(piece, str):
-            ids += await state.tokenize(model, piece, add_special=i == 0)
+            ids += await front.tokenize(model, piece, add_special=i == 0)
         else:
             ids.append(piece)
     return ids
 
 
-async def resolve_logit_bias(state: Any, model: str | None,
+async def resolve_logit_bias(front: Frontend, model: str | None,
                              raw: list[list[Any]] | dict[str, Any] | None
                              ) -> list[list[Any]] | None:
     """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text."""
@@ -98,16 +105,16 @@ async def resolve_logit_bias(state: Any, model: str | None,
         if not isinstance(token, str) or token_id_of(token) is not None or len(pair) != 2:
             out.append(pair)   # ids (and malformed pairs, refused by translate.py)
             continue
-        out += [[i, pair[1]] for i in await state.tokenize(model, token, add_special=False)]
+        out += [[i, pair[1]] for i in await front.tokenize(model, token, add_special=False)]
     return out
 
 
-async def fim_style(state: Any, model: str | None) -> tuple[str, str, str, str | None] | None:
+async def fim_style(front: Frontend, model: str | None) -> tuple[str, str, str, str | None] | None:
     """Rule 2: the first FIM marker set whose markers are single tokens of the vocabulary."""
 
     async def is_token(marker: str) -> bool:
-        ids = await state.tokenize(model, marker, add_special=False)
-        return len(ids) == 1 and (await state.token_pieces(model, ids)) == [marker]
+        ids = await front.tokenize(model, marker, add_special=False)
+        return len(ids) == 1 and (await front.token_pieces(model, ids)) == [marker]
 
     for pre, suf, mid, sep in FIM_STYLES:
         if await is_token(pre) and await is_token(suf) and await is_token(mid):
@@ -115,13 +122,13 @@ async def fim_style(state: Any, model: str | None) -> tuple[str, str, str, str |
     return None
 
 
-async def _stream(run: Any, builder: CompletionBuilder) -> AsyncIterator[str]:
+async def _stream(run: Run, builder: CompletionBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
-            yield sse_frame(json.dumps(frame, ensure_ascii=False))
+            yield sse_frame(dumps(frame))
 
 
-async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
+async def _collect(runs: list[Run], builders: list[list[CompletionBuilder]],
                    fields: list[str] | None) -> dict[str, Any] | list[dict[str, Any]]:
     """One result, or one per prompt and completion (translate.py rules 7 and 9)."""
     async for k, event in merged(runs):
@@ -132,7 +139,7 @@ async def _collect(runs: list[Any], builders: list[list[CompletionBuilder]],
     return results[0] if len(results) == 1 else results
 
 
-def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | list[int | str],
+def _builders(body: wire._Sampling, gen: GenRequest, run: Run, prompt: str | list[int | str],
               first_index: int) -> list[CompletionBuilder]:
     settings = {**generation_settings(body, gen, run.sampling), "model": run.model}
     return [CompletionBuilder(run.model, prompt if isinstance(prompt, str) else None,
@@ -147,11 +154,11 @@ def _builders(body: wire._Sampling, gen: GenRequest, run: Any, prompt: str | lis
 async def _answer(request: Request, body: wire._Sampling,
                   prompts: list[str | list[int | str]],
                   images: list[list[ImageRef]] | None = None) -> Answer:
-    state = request.app.state.frink
+    front = frontend(request)
     if body.logit_bias or body.ignore_eos:
-        bias = await resolve_logit_bias(state, body.model, body.logit_bias) or []
+        bias = await resolve_logit_bias(front, body.model, body.logit_bias) or []
         if body.ignore_eos:   # rule 7
-            bias += [[i, False] for i in await state.eos_token_ids(body.model)]
+            bias += [[i, False] for i in await front.eos_token_ids(body.model)]
         body = msgspec.structs.replace(body, logit_bias=bias)
     gens = [to_gen_request(body, prompt, images[k] if images else None)
             for k, prompt in enumerate(prompts)]
@@ -163,18 +170,18 @@ async def _answer(request: Request, body: wire._Sampling,
 
 
 async def start_completion(request: Request, body: wire.CompletionRequest) -> Answer:
-    state = request.app.state.frink
+    front = frontend(request)
     prompts = split_prompts(body.prompt, stream=body.stream, n=body.n_cmpl,
-                            max_n=state.settings.max_batch)
+                            max_n=front.config.max_batch)
     for prompt, _ in prompts:
         check_prompt(prompt)
     return await _answer(request, body,
-                         [await resolve_prompt(state, body.model, p) for p, _ in prompts],
+                         [await resolve_prompt(front, body.model, p) for p, _ in prompts],
                          [images for _, images in prompts])
 
 
 async def start_infill(request: Request, body: wire.InfillRequest) -> Answer:
-    style = await fim_style(request.app.state.frink, body.model)
+    style = await fim_style(frontend(request), body.model)
     if style is None:
         names = ", ".join(s[0] for s in FIM_STYLES)
         raise NotSupported(f"/infill needs fill-in-the-middle tokens ({names}, ...) in the "
@@ -193,22 +200,22 @@ async def tokenize(request: Request) -> Response:
     if not body.parse_special:
         raise UnsupportedField("parse_special", "cannot be false: special-token text is always "
                                "parsed as the special token")
-    state = request.app.state.frink
-    ids = await state.tokenize(body.model, body.content, add_special=body.add_special)
+    front = frontend(request)
+    ids = await front.tokenize(body.model, body.content, add_special=body.add_special)
     if not body.with_pieces:
         return JSONResponse({"tokens": ids})
-    pieces = await state.token_pieces(body.model, ids)
+    pieces = await front.token_pieces(body.model, ids)
     return JSONResponse({"tokens": [{"id": i, "piece": p} for i, p in zip(ids, pieces)]})
 
 
 @endpoint(llamacpp_error)
 async def detokenize(request: Request) -> Response:
     body = await decode_body(request, wire.DetokenizeRequest)
-    content = await request.app.state.frink.detokenize(body.model, body.tokens)
+    content = await frontend(request).detokenize(body.model, body.tokens)
     return JSONResponse({"content": content})
 
 
-def _default_settings(spec: Any) -> dict[str, Any]:
+def _default_settings(spec: ModelSpec | None) -> dict[str, Any]:
     """What a request naming no sampling field runs with: the model's defaults, else ours
     (0 is a real default -- greedy -- not a missing one)."""
     defaults = spec.sampling if spec is not None else None
@@ -222,13 +229,14 @@ def _default_settings(spec: Any) -> dict[str, Any]:
             "seed": -1, "stream": False, "cache_prompt": True, "n_probs": 0}
 
 
-def _described(request: Request) -> tuple[Any, Any, Any]:
+def _described(request: Request
+               ) -> tuple[Generation | None, ModelSpec | None, EngineStats | None]:
     """Rule 5: (generation or None, its spec or the registry entry's, its EngineStats or
     None) for `?model=NAME`, else for the model a request naming none gets."""
-    state = request.app.state.frink
+    front = frontend(request)
     name = request.query_params.get("model")
-    gen = state.hub.residency.find(name) if name else state.hub.current
-    spec = gen.spec if gen is not None else (state.registry.resolve(name) if name else None)
+    gen = front.hub.residency.find(name) if name else front.hub.current
+    spec = gen.spec if gen is not None else (front.registry.resolve(name) if name else None)
     stats = gen.engine.stats() if gen is not None and gen.engine is not None else None
     return gen, spec, stats
 
@@ -236,17 +244,17 @@ def _described(request: Request) -> tuple[Any, Any, Any]:
 @endpoint(llamacpp_error)
 async def props(request: Request) -> Response:
     """Rule 5: the default settings, context, model, template and modalities, read-only."""
-    state = request.app.state.frink
+    front = frontend(request)
     gen, spec, stats = _described(request)
     template = ""
     if gen is not None and gen.spec.kind == "generative":
         template = str(getattr(gen.loaded.tokenizer, "chat_template", None) or "")
-    vision = bool(state.model_facts(spec.name)["vision"]) if spec is not None else False
+    vision = bool(front.model_facts(spec.name)["vision"]) if spec is not None else False
     n_ctx = stats.context_ceiling if stats is not None else 0
     return JSONResponse({
         "default_generation_settings": {"n_ctx": n_ctx, "params": _default_settings(spec),
                                         "model": spec.name if spec else None},
-        "total_slots": state.settings.max_batch, "model_path": spec.source if spec else None,
+        "total_slots": front.config.max_batch, "model_path": spec.source if spec else None,
         "model_alias": spec.name if spec else None, "chat_template": template,
         "n_ctx": n_ctx, "modalities": {"vision": vision, "audio": False},
         "media_marker": MEDIA_MARKER,
@@ -256,11 +264,11 @@ async def props(request: Request) -> Response:
 @endpoint(llamacpp_error)
 async def slots(request: Request) -> Response:
     """Rule 5: one entry per row of the engine's batch, the running ones first."""
-    state = request.app.state.frink
+    front = frontend(request)
     _, _, stats = _described(request)
     n_ctx = stats.context_ceiling if stats is not None else 0
     running = stats.num_running if stats is not None else 0
-    rows = max(state.settings.max_batch, running)
+    rows = max(front.config.max_batch, running)
     return JSONResponse([{"id": i, "n_ctx": n_ctx, "is_processing": i < running}
                          for i in range(rows)])
 

@@ -122,6 +122,9 @@ class CompletionBuilder:
         new, self._sent_ids = ids[self._sent_ids:], len(ids)
         return new   # rule 2: a stream frame names its ids whether or not `return_tokens`
 
+    def start(self) -> list[dict[str, Any]]:
+        return []
+
     def feed(self, event: Event) -> list[dict[str, Any]]:
         if isinstance(event, TextDelta):
             if not event.text or self.warmup:
@@ -161,6 +164,9 @@ class CompletionBuilder:
                "generation_settings": self.settings, "timings": timings(done, predicted),
                **({"prompt": self.prompt} if self.prompt is not None else {})}
         return out
+
+    def end(self) -> list[dict[str, Any]]:
+        return []   # the final frame went out with Done
 
     def result(self, response_fields: list[str] | None = None) -> dict[str, Any]:
         if self.done is None:

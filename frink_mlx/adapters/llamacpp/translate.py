@@ -167,7 +167,7 @@ def split_prompts(prompt: wire.Prompts, *, stream: bool, n: int = 1, max_n: int 
         return [(prompt, images[0])]   # type: ignore[list-item]
     nested = any(isinstance(p, list) for p in prompt)
     if not nested and not all(isinstance(p, str) for p in prompt):
-        return [(prompt, [])]   # ids, or ids mixed with text: one prompt
+        return [(prompt, [])]   # type: ignore[list-item]  # ids, or ids mixed with text: one prompt
     if len(prompt) == 1:
         return [(prompt[0], images[0])]   # type: ignore[list-item]
     if nested and any(isinstance(p, int) for p in prompt):

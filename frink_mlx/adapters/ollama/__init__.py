@@ -4,7 +4,7 @@
 So every tool that speaks only Ollama's API (the `ollama` Python client, Open
 WebUI, Continue's and Zed's Ollama providers, ...) works unmodified. The
 generating routes run adapters/endpoint.py's skeleton with NDJSON framing;
-translate.py holds the field table and the frames. Quirks kept on purpose:
+translate.py holds the field table, frames.py the frames. Quirks kept on purpose:
 1. `stream` defaults to true; streams are NDJSON, one JSON object per line,
    the last with `done: true` and the timing fields (no keepalive lines: a
    blank line would break the clients' JSON-per-line readers).
@@ -32,50 +32,56 @@ translate.py holds the field table and the frames. Quirks kept on purpose:
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import choice_events, drain_choice
+from ...core.events import choice_events
 from ...core.request import GenRequest
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
-from ...http.sse import ndjson_frame
-from ..endpoint import NDJSON_MEDIA_TYPE, Answer, Protocol, generate, generating, json_response, translated
+from ...http.frontend import frontend
+from ..endpoint import (
+    NDJSON_MEDIA_TYPE,
+    Answer,
+    Protocol,
+    collected,
+    generate,
+    generating,
+    json_response,
+    ndjson_line,
+    translated,
+)
 from ..llamacpp import FIM_STYLES, fim_style
 from . import models, wire
+from .frames import AnswerBuilder, Clock, now_rfc3339
 from .translate import (
-    AnswerBuilder,
-    Clock,
     chat_request,
     generate_request,
     keep_alive_seconds,
     model_name,
-    now_rfc3339,
     options_of,
 )
+
+if TYPE_CHECKING:
+    from ...serving.handles import Run
 
 OLLAMA = Protocol("ollama", ollama_error, media_type=NDJSON_MEDIA_TYPE, keepalive_frame=None)
 
 
-async def _frames(run: Any, builder: AnswerBuilder) -> AsyncIterator[str]:
+async def _frames(run: Run, builder: AnswerBuilder) -> AsyncIterator[str]:
     async for event in choice_events(run.events()):
         for frame in builder.feed(event):
-            yield ndjson_frame(frame)
-
-
-async def _collect(run: Any, builder: AnswerBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.result()
+            yield ndjson_line(frame)
 
 
 def _keep_alive(request: Request, name: str, seconds: float | None) -> None:
     """Rule 7: the request's keep_alive becomes the resident model's (serving/residency.py)."""
-    hub = request.app.state.frink.hub
+    hub = frontend(request).hub
     gen = hub.residency.find(name) if seconds is not None else None
     if gen is not None:
         hub.keep_alive(gen, seconds)
@@ -92,19 +98,19 @@ async def _answer(request: Request, gen: GenRequest, num_ctx: int | None, clock:
                              f"options.num_ctx ({num_ctx}).", param="options.num_ctx")
     builder = AnswerBuilder(run.model, chat, clock)
     return Answer([run], gen.stream, lambda: _frames(run, builder),
-                  lambda: _collect(run, builder))
+                  lambda: collected(run, builder))
 
 
 async def _load_only(request: Request, name: str, stream: bool, chat: bool,
                      keep_alive_s: float | None) -> Answer:
     """Rule 3: lease (loading or swapping to) the model, generate nothing; with
     `keep_alive: 0`, unload it instead (rule 7)."""
-    state = request.app.state.frink
+    front = frontend(request)
     if keep_alive_s == 0:
-        gone = await state.hub.unload(name)
+        gone = await front.hub.unload(name)
         served, reason = (gone.spec.name if gone else name), "unload"
     else:
-        async with state.hub.lease(name) as gen:
+        async with front.hub.lease(name) as gen:
             served, reason = gen.spec.name, "load"
         _keep_alive(request, served, keep_alive_s)
     body: dict[str, Any] = {"model": served, "created_at": now_rfc3339(),
@@ -113,7 +119,7 @@ async def _load_only(request: Request, name: str, stream: bool, chat: bool,
                             "done": True, "done_reason": reason}
 
     async def frames() -> AsyncIterator[str]:
-        yield ndjson_frame(body)
+        yield ndjson_line(body)
 
     async def collect() -> dict[str, Any]:
         return body
@@ -134,7 +140,7 @@ async def start_chat(request: Request, body: wire.ChatRequest) -> Answer:
 async def _fim_prompt(request: Request, body: wire.GenerateRequest) -> str:
     """Rule 5: `suffix` as fill-in-the-middle through the model's FIM tokens, else 400."""
     name = model_name(body.model)
-    style = await fim_style(request.app.state.frink, name)
+    style = await fim_style(frontend(request), name)
     if style is None:
         markers = ", ".join(s[0] for s in FIM_STYLES)
         raise UnsupportedField("suffix", f"needs fill-in-the-middle tokens ({markers}, ...) "
@@ -179,7 +185,7 @@ async def embed(request: Request) -> Response:
     body = await decode_body(request, wire.EmbedRequest)
     options_of(body.options)
     keep_alive_s = keep_alive_seconds(body.keep_alive)
-    result = await request.app.state.frink.embed(
+    result = await frontend(request).embed(
         model_name(body.model), _inputs(body.input), truncate=body.truncate,
         dimensions=body.dimensions)
     _keep_alive(request, result.model, keep_alive_s)
@@ -198,7 +204,7 @@ async def embeddings(request: Request) -> Response:
     keep_alive_s = keep_alive_seconds(body.keep_alive)
     if not body.prompt:
         return json_response({"embedding": []})
-    result = await request.app.state.frink.embed(model_name(body.model), [body.prompt],
+    result = await frontend(request).embed(model_name(body.model), [body.prompt],
                                                  truncate=True)
     _keep_alive(request, result.model, keep_alive_s)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)

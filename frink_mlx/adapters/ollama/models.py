@@ -12,7 +12,7 @@ Rules:
    ceiling, whether it thinks). `capabilities`: "completion" and "tools" for
    generative models (tools reach any template: core/prompt.py), "thinking"
    when the loaded tokenizer has think markers, "vision" when it reads images
-   (`AppState.model_facts`, as Ollama marks its vision models), "embedding"
+   (`Frontend.model_facts`, as Ollama marks its vision models), "embedding"
    for encoders.
 3. /api/ps lists every resident generation (and retired ones still draining):
    `size` the weights' bytes, `size_vram` the same on Metal's unified memory
@@ -33,7 +33,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,12 +43,18 @@ from ... import __version__
 from ...errors import ConfigError, ModelNotFound
 from ...http.body import decode_body
 from ...http.errors import endpoint, ollama_error
-from ...http.sse import StreamResponse, ndjson_frame
+from ...http.frontend import frontend
+from ...http.sse import StreamResponse
 from ...registry import resolve_source
-from ..endpoint import NDJSON_MEDIA_TYPE, json_response
+from ..endpoint import NDJSON_MEDIA_TYPE, json_response, ndjson_line
 from ..openai.models import context_length_of
 from . import wire
 from .translate import model_name
+
+if TYPE_CHECKING:
+    from ...registry import ModelSpec
+    from ...serving.frontend import Frontend
+    from ...serving.generation import Generation
 
 
 def _iso(ts: float | None) -> str | None:
@@ -61,7 +67,7 @@ def _iso(ts: float | None) -> str | None:
     return stamp.isoformat().replace("+00:00", "Z")
 
 
-def _on_disk(spec: Any) -> tuple[int | None, float | None]:
+def _on_disk(spec: ModelSpec) -> tuple[int | None, float | None]:
     """Rule 1: (bytes, mtime) of the entry's source, or (None, None) when absent."""
     try:
         path = resolve_source(spec)
@@ -71,7 +77,7 @@ def _on_disk(spec: Any) -> tuple[int | None, float | None]:
     return sum(p.stat().st_size for p in files), path.stat().st_mtime
 
 
-def _details(spec: Any, gen: Any) -> dict[str, Any]:
+def _details(spec: ModelSpec, gen: Generation | None) -> dict[str, Any]:
     config = gen.loaded.config if gen is not None and gen.spec.name == spec.name else {}
     family = str(config.get("model_type", "")) if config else ""
     return {"parent_model": "", "format": "gguf" if spec.source.lower().endswith(".gguf")
@@ -79,7 +85,7 @@ def _details(spec: Any, gen: Any) -> dict[str, Any]:
             "parameter_size": "", "quantization_level": ""}
 
 
-def _digest(spec: Any) -> str:
+def _digest(spec: ModelSpec) -> str:
     return hashlib.sha256(f"{spec.name}\0{spec.source}".encode()).hexdigest()
 
 
@@ -88,25 +94,20 @@ def tagged(name: str) -> str:
     return name if ":" in name else f"{name}:latest"
 
 
-def tag_entry(state: Any, spec: Any) -> dict[str, Any]:
+def tag_entry(front: Frontend, spec: ModelSpec) -> dict[str, Any]:
     size, mtime = _on_disk(spec)
     return {"name": tagged(spec.name), "model": tagged(spec.name), "modified_at": _iso(mtime),
-            "size": size, "digest": _digest(spec), "details": _details(spec, state.hub.current)}
+            "size": size, "digest": _digest(spec), "details": _details(spec, front.hub.current)}
 
 
 @endpoint(ollama_error)
 async def tags(request: Request) -> Response:
-    state = request.app.state.frink
-    return json_response({"models": [tag_entry(state, spec)
-                                     for spec in state.registry.entries.values()]})
+    front = frontend(request)
+    return json_response({"models": [tag_entry(front, spec)
+                                     for spec in front.registry.entries.values()]})
 
 
-def _loaded(state: Any, spec: Any) -> Any:
-    """The resident generation of `spec` (serving/hub.py rule 1), or None."""
-    return next((g for g in state.hub.resident if g.spec.name == spec.name), None)
-
-
-def _capabilities(spec: Any, gen: Any, vision: bool | None = None) -> list[str]:
+def _capabilities(spec: ModelSpec, gen: Generation | None, vision: bool | None = None) -> list[str]:
     if spec.kind == "encoder":
         return ["embedding"]
     caps = ["completion", "tools"]
@@ -117,7 +118,7 @@ def _capabilities(spec: Any, gen: Any, vision: bool | None = None) -> list[str]:
     return caps
 
 
-def _model_info(spec: Any, gen: Any, ceiling: int | None) -> dict[str, Any]:
+def _model_info(spec: ModelSpec, gen: Generation | None, ceiling: int | None) -> dict[str, Any]:
     if gen is None:
         return {"general.architecture": None, "general.name": spec.name}
     arch = str(gen.loaded.config.get("model_type", ""))
@@ -130,9 +131,9 @@ def _model_info(spec: Any, gen: Any, ceiling: int | None) -> dict[str, Any]:
 @endpoint(ollama_error)
 async def show(request: Request) -> Response:
     body = await decode_body(request, wire.ModelRequest)
-    state = request.app.state.frink
-    spec = state.registry.resolve(model_name(body.model_name))
-    gen = _loaded(state, spec)
+    front = frontend(request)
+    spec = front.registry.resolve(model_name(body.model_name))
+    gen = front.resident(spec.name)  # serving/hub.py rule 1
     _, mtime = _on_disk(spec)
     ceiling = context_length_of(gen) if gen is not None else spec.context_length
     template = spec.chat_template
@@ -142,20 +143,20 @@ async def show(request: Request) -> Response:
                           "license": "", "details": _details(spec, gen),
                           "model_info": _model_info(spec, gen, ceiling),
                           "capabilities": _capabilities(spec, gen,
-                                                        state.model_facts(spec.name)["vision"]),
+                                                        front.model_facts(spec.name)["vision"]),
                           "modified_at": _iso(mtime)})
 
 
-def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
+def ps_entry(front: Frontend, gen: Generation) -> dict[str, Any]:
     """Rule 3: one resident generation as /api/ps lists it (sizes, expiry, context)."""
     spec = gen.spec
-    residency = state.model_states().get(spec.name) or {}
+    residency = front.model_states().get(spec.name) or {}
     keep_alive_s, last_used = residency.get("keep_alive_s"), residency.get("last_used")
     expires_at = None
     if keep_alive_s is not None and keep_alive_s >= 0 and residency.get("generation") == gen.number:
         expires_at = max(last_used or 0.0, gen.created_unix) + keep_alive_s
     size = int(gen.plan.weights_bytes) if gen.plan is not None else None
-    on_metal = state.hub.backend.name == "metal"
+    on_metal = front.hub.backend.name == "metal"
     return {"name": tagged(spec.name), "model": tagged(spec.name), "size": size,
             "size_vram": size if on_metal else 0, "digest": _digest(spec),
             "details": _details(spec, gen), "context_length": context_length_of(gen),
@@ -164,9 +165,9 @@ def ps_entry(state: Any, gen: Any) -> dict[str, Any]:
 
 @endpoint(ollama_error)
 async def ps(request: Request) -> Response:
-    state = request.app.state.frink
-    gens = list(reversed(state.hub.resident)) + state.hub.retired  # most recently used first
-    return json_response({"models": [ps_entry(state, g) for g in gens]})
+    front = frontend(request)
+    gens = list(reversed(front.hub.resident)) + front.hub.retired  # most recently used first
+    return json_response({"models": [ps_entry(front, g) for g in gens]})
 
 
 OLLAMA_API_VERSION = "0.13.5"   # rule 5
@@ -184,14 +185,14 @@ async def pull(request: Request) -> Response:
     body = await decode_body(request, wire.ModelRequest)
     name = model_name(body.model_name)
     try:
-        request.app.state.frink.registry.resolve(name)
+        frontend(request).registry.resolve(name)
     except ModelNotFound:
         raise ModelNotFound(name) from None
     if not body.stream:
         return json_response({"status": "success"})
 
     async def frames() -> Any:
-        yield ndjson_frame({"status": "success"})
+        yield ndjson_line({"status": "success"})
 
     return StreamResponse(frames(), keepalive_frame=None, media_type=NDJSON_MEDIA_TYPE)
 

@@ -31,11 +31,12 @@ from starlette.routing import BaseRoute, Route
 from ...core.request import Message
 from ...http.body import decode_body
 from ...http.errors import endpoint, llamacpp_error, openai_error
+from ...http.frontend import frontend
 from ..endpoint import translated
 from . import responses_wire, wire
-from .chat import to_gen_request
 from .responses import store_of
 from .responses import to_gen_request as responses_gen_request
+from .translate import to_gen_request
 
 
 def _counted(num_tokens: int) -> JSONResponse:
@@ -47,7 +48,7 @@ async def chat_input_tokens(request: Request) -> Response:
     """Rule 1, for a chat/completions body."""
     body = await decode_body(request, wire.ChatCompletionRequest)
     gen = await translated(request, to_gen_request, body)
-    return _counted(await request.app.state.frink.count_tokens(gen))
+    return _counted(await frontend(request).count_tokens(gen))
 
 
 @endpoint(openai_error)
@@ -59,7 +60,7 @@ async def responses_input_tokens(request: Request) -> Response:
         stored = store_of(request).get(body.previous_response_id, param="previous_response_id")
         history = list(stored.messages)
     gen, _ = await translated(request, responses_gen_request, body, history, request)
-    return _counted(await request.app.state.frink.count_tokens(gen))
+    return _counted(await frontend(request).count_tokens(gen))
 
 
 @endpoint(llamacpp_error)   # a llama-server path: its envelope (http/security.py)
@@ -67,7 +68,7 @@ async def apply_template(request: Request) -> Response:
     """Rule 2: `{"prompt": ...}`, the text the model would be prompted with."""
     body = await decode_body(request, wire.ChatCompletionRequest)
     gen = await translated(request, to_gen_request, body)
-    return JSONResponse({"prompt": await request.app.state.frink.render_text(gen)})
+    return JSONResponse({"prompt": await frontend(request).render_text(gen)})
 
 
 routes: list[BaseRoute] = [

@@ -1,6 +1,6 @@
 """POST /v1/embeddings (OpenAI): wire structs, translation, route.
 
-The route only decodes, translates and renders; `AppState.embed` picks the
+The route only decodes, translates and renders; `Frontend.embed` picks the
 encoder (active encoder, side-car, or an explicit "self") and runs the padded
 batches off the event loop (engine/encoder/service.py).
 
@@ -49,6 +49,8 @@ from ...errors import InvalidRequest, UnsupportedField
 from ...http.access import note_generation
 from ...http.body import decode_body
 from ...http.errors import endpoint, openai_error
+from ...http.frontend import frontend
+from ..endpoint import json_response
 
 MAX_INPUTS = 2048
 
@@ -130,7 +132,7 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
     """Rule 2: a vector as JSON floats, or its little-endian float32 bytes in base64."""
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return np.asarray(vector, dtype=np.float32).tolist()  # type: ignore[no-any-return]
+    return np.asarray(vector, dtype=np.float32).tolist()
 
 
 def to_response(model: str, vectors: Sequence[np.ndarray], num_tokens: int,
@@ -149,12 +151,12 @@ async def create_embeddings(request: Request) -> Response:
         raise UnsupportedField("pooling", "cannot be chosen per request (each model pools "
                                "as it was trained)")
     inputs = to_inputs(body)
-    result = await request.app.state.frink.embed(
+    result = await frontend(request).embed(
         body.model, inputs, truncate=body.truncate, dimensions=body.dimensions)
     note_generation(request, model=result.model, prompt_tokens=result.num_tokens)
     response = to_response(result.model, list(result.vectors), result.num_tokens,
                            body.encoding_format)
-    return Response(msgspec.json.encode(response), media_type="application/json")
+    return json_response(response)
 
 
 routes: list[BaseRoute] = [

@@ -20,7 +20,7 @@ Request rules (responses_wire.py has the decoding rules):
    constraint; `parallel_tool_calls: false` keeps only the first call the
    model makes (the parser drops the rest).
 6. With `store` (the API's default true) the finished response is kept in a
-   bounded in-memory store (responses_store.py) for follow-ups and GET.
+   bounded in-memory store (serving/responses_store.py) for follow-ups and GET.
 7. No-ops, accepted because ignoring them cannot change the answer:
    `prompt_cache_key` (the prefix cache needs no key), `safety_identifier`,
    `service_tier`, `client_metadata`, `text.verbosity` (a hint a local model has no knob for),
@@ -36,28 +36,31 @@ Request rules (responses_wire.py has the decoding rules):
 
 from __future__ import annotations
 
-import json
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ...core.events import Done, ErrorEvent, choice_events, drain_choice
+from ...core.events import Done, ErrorEvent, choice_events
 from ...core.images import ImageRef, attach_images, from_url, image_part
 from ...core.request import GenRequest, Message, ResponseFormat, SamplingParams, ToolCall
 from ...errors import InvalidRequest, UnsupportedField
 from ...http.body import validation_param
 from ...http.errors import endpoint, openai_error
 from ...http.fields import report, unknown_fields
+from ...http.frontend import frontend
 from ...http.sse import sse_frame
-from ..endpoint import Answer, generate, generating, translated
+from ...serving.responses_store import ResponseStore, StoredResponse
+from ..endpoint import Answer, collected, dumps, generate, generating, translated
 from . import responses_wire as w
 from .chat import OPENAI
 from .responses_events import ResponseBuilder, created_now, new_id
-from .responses_store import ResponseStore, StoredResponse
 from .responses_tools import Offered, custom_arguments, flat_name, note_unheld, offer_tools
+
+if TYPE_CHECKING:
+    from ...serving.handles import Run
 
 
 # -- request -------------------------------------------------------------------
@@ -256,12 +259,8 @@ def output_message(output: list[dict[str, Any]]) -> Message:
 
 
 def store_of(request: Request) -> ResponseStore:
-    """Rule 6: one store per app, created on first use."""
-    state = request.app.state
-    store = getattr(state, "responses_store", None)
-    if store is None:
-        store = state.responses_store = ResponseStore()
-    return store
+    """Rule 6: one store per app (the Frontend's)."""
+    return frontend(request).responses
 
 
 def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilder,
@@ -271,21 +270,16 @@ def _keep(req: w.ResponsesRequest, store: ResponseStore, builder: ResponseBuilde
                                  conversation + [output_message(builder.output)]))
 
 
-async def _stream(run: Any, builder: ResponseBuilder, keep: Callable[[], None]
+async def _stream(run: Run, builder: ResponseBuilder, keep: Callable[[], None]
                   ) -> AsyncIterator[str]:
     events = builder.start()
     async for event in choice_events(run.events()):
         events += builder.feed(event)
-        yield "".join(sse_frame(json.dumps(e, ensure_ascii=False), event=e["type"])
+        yield "".join(sse_frame(dumps(e), event=e["type"])
                       for e in events)
         events = []
         if isinstance(event, (Done, ErrorEvent)):
             keep()
-
-
-async def _collect(run: Any, builder: ResponseBuilder) -> dict[str, Any]:
-    await drain_choice(run.events(), builder.feed)
-    return builder.response()
 
 
 async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
@@ -304,7 +298,7 @@ async def start_response(request: Request, req: w.ResponsesRequest) -> Answer:
         _keep(req, store, builder, conversation)
 
     async def body_of() -> dict[str, Any]:
-        response = await _collect(run, builder)
+        response = await collected(run, builder)
         keep()
         return response
 

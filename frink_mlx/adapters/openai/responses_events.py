@@ -75,6 +75,13 @@ class ResponseBuilder:
                 "incomplete_details": ({"reason": self.incomplete_reason}
                                        if self.incomplete_reason else None)}
 
+    def result(self) -> dict[str, Any]:
+        """The collected body: the Response object as it stands."""
+        return self.response()
+
+    def end(self) -> list[dict[str, Any]]:
+        return []   # response.completed / failed / incomplete went out with Done
+
     def start(self) -> list[dict[str, Any]]:
         return [self._event("response.created", response=_copy(self.response())),
                 self._event("response.in_progress", response=_copy(self.response()))]

@@ -9,7 +9,9 @@ chain is acceptable and much simpler than a database. Rules:
    follow-up only appends its new input. `instructions` are not part of it: the
    API does not carry them over to follow-ups.
 3. A missing id is `NotFound` naming the id and the field it came from.
-4. One store per app (on `app.state`), never module state.
+4. One store per app (`Frontend.responses`, built with it), never module state.
+It sits in serving/ because it outlives a request: the OpenAI Responses
+adapter (adapters/openai/responses.py) fills and reads it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...core.request import Message
-from ...errors import NotFound
+from ..core.request import Message
+from ..errors import NotFound
 
 DEFAULT_MAX_ENTRIES = 512
 
