@@ -116,6 +116,11 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "memory_headroom_fraction": SettingDoc("fraction of the budget kept free when sizing the "
                                            "KV pool"),
     "max_kv_pool_bytes": SettingDoc("cap on one model's KV pool, however much memory is free"),
+    "kv_bits": SettingDoc("store KV blocks in 8 or 4 bits (MLX affine quantization in groups of "
+                          "64 features, 32 where the head dim needs it): head dim 64 holds 3.6x "
+                          "or 6.4x the float32 context in the same memory (1.9x or 3.6x the "
+                          "float16), at a small cost in agreement with float; a models.toml "
+                          "entry's `kv_bits` wins; unset: the model's float type"),
     "kv_disk_dir": SettingDoc("where the prefix cache's SSD tier keeps KV blocks (they survive "
                               "restarts, swaps and evictions)",
                               default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, "

@@ -40,6 +40,7 @@ from .config import (
     EngineLimits,
     HubConfig,
     ImageLimits,
+    KVBits,
     LoadConfig,
 )
 from .errors import ConfigError
@@ -138,6 +139,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_budget_bytes: int | None = None           # explicit device budget override
     memory_headroom_fraction: float = 0.2
     max_kv_pool_bytes: int = 2 * 1024**3        # cap on the KV pool, however much memory is free
+    kv_bits: KVBits | None = None                # KV blocks in 8 or 4 bits (engine/kv/quantized.py);
+                                                 # None = the model's float type; an entry's own wins
     kv_disk_dir: str | None = None               # the prefix cache's SSD tier; None = <cache_dir>/kv
     kv_disk_bytes: int = 10 * 1024**3            # its byte budget (LRU beyond it); 0 = tier off
     max_queue: int = 64                          # requests waiting beyond this get 503
@@ -207,7 +210,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
                             kv_budget_bytes=self.kv_budget_bytes,
                             memory_headroom_fraction=self.memory_headroom_fraction,
-                            max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
+                            max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0,
+                            kv_bits=self.kv_bits)
 
     def engine_limits(self) -> EngineLimits:
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,

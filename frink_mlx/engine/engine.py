@@ -46,6 +46,8 @@ the state); both are logged once when the engine starts.
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools).
+KV bits (`kv_bits`, kv/quantized.py): the pools are quantized; refused on a
+distributed group, and the SSD tier is off for such a model (one warning).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -71,7 +73,7 @@ from mlx.utils import tree_flatten
 
 from ..backend import Backend
 from ..core.checks import check_sampling
-from ..errors import ContextLengthExceeded, InvalidRequest, Overloaded, Unavailable
+from ..errors import ConfigError, ContextLengthExceeded, InvalidRequest, Overloaded, Unavailable
 from . import workers
 from .admission import QueueDepth
 from .channel import Free, PlanChannel
@@ -79,6 +81,7 @@ from .gate import DecodeGate
 from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
+from .kv.quantized import QuantizedKVStore, check_kv_bits, reads_quantized
 from .kv.recurrent import StateStore
 from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
 from .kv.spill import DiskLink, disk_layout
@@ -121,6 +124,7 @@ class EngineConfig:
     admission_window_s: float = 0.0          # see loop.py `_drain_inbox`
     spec: SpecConfig | None = None           # speculative decoding (engine/speculative/); None = off
     num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
+    kv_bits: int | None = None               # KV pools in 8 or 4 bits (kv/quantized.py); None: float
 
 
 class Engine:
@@ -133,6 +137,9 @@ class Engine:
         `disk`: the daemon's SSD tier (module docstring)."""
         self.loaded = loaded
         self._channel = channel
+        if channel is not None and config.kv_bits is not None:  # kv/quantized.py rule 4
+            raise ConfigError(f"kv_bits={config.kv_bits} is not supported on a distributed group "
+                              "(each rank's pools are float)")
         if channel is not None:
             config = dataclasses.replace(config, pipeline=False)
         elif config.pipeline is None:
@@ -196,6 +203,10 @@ class Engine:
         none for a model with recurrent layers (its prefix cache is off: module docstring)."""
         if self.cache_spec is not None and self.cache_spec.has_state:
             return
+        if self.config.kv_bits is not None:  # kv/quantized.py rule 4
+            log.warning("SSD tier off for this model: its KV blocks are in %d bits (kv_bits) and "
+                        "the tier's block files hold float blocks only", self.config.kv_bits)
+            return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
         if layout is None:
             return
@@ -252,15 +263,22 @@ class Engine:
         return self.runner.store
 
     def _new_store(self) -> PagedKVStore:
-        spec = self.cache_spec
+        """The KV pools, quantized with `kv_bits` (kv/quantized.py)."""
+        spec, config, model = self.cache_spec, self.config, self.loaded.model
         if spec is not None:
-            return PagedKVStore(num_layers=len(spec.attention), num_blocks=self.config.num_blocks,
-                                block_size=self.config.block_size, n_kv_heads=0, head_dim=0,
-                                dtype=self._dtype, geometries=spec.geometries())
-        layers, heads, head_dim = model_kv_geometry(self.loaded.model)
-        return PagedKVStore(num_layers=layers, num_blocks=self.config.num_blocks,
-                            block_size=self.config.block_size, n_kv_heads=heads,
-                            head_dim=head_dim, dtype=self._dtype)
+            geometries = spec.geometries()
+        else:
+            layers, heads, head_dim = model_kv_geometry(model)
+            geometries = [(heads, head_dim, head_dim)] * layers
+        shape: dict[str, Any] = dict(num_layers=len(geometries), num_blocks=config.num_blocks,
+                                     block_size=config.block_size, n_kv_heads=0, head_dim=0,
+                                     dtype=self._dtype, geometries=geometries)
+        if config.kv_bits is None:
+            return PagedKVStore(**shape)
+        check_kv_bits(config.kv_bits, [d for _, k, v in geometries for d in (k, v)],
+                      model_family(model))
+        return QuantizedKVStore(bits=config.kv_bits, **shape,
+                                quantized_reads=reads_quantized(model, len(geometries)))
 
     # -- public API (any thread) -------------------------------------------------
 

@@ -50,7 +50,9 @@ Scope, so that stock numerics stay everywhere else, and mlx-lm stays untouched:
   attribute is ever replaced: tests/backend/test_seam.py);
 - attention: only `PagedLayerCache`-shaped calls (the engine's forward; the
   cache is recognised by its `layout_memo`, so this module does not import
-  the engine), float32, no attention sinks, CPU device, at least
+  the engine) over float K/V (a cache with `bits` hands out quantized triples:
+  mlx-lm's quantized SDPA reads them, kv/quantized.py rule 2; the dispatcher
+  names the stock function as `__wrapped__`), float32, no attention sinks, CPU device, at least
   `MIN_SCORES` scores (below it the fixed cost of the extra ops loses: one
   decode row over 64 keys 0.11 ms stock vs 0.21), the same cache-type
   dispatch mlx-lm itself uses for quantized caches;
@@ -257,6 +259,7 @@ def _bias(cache: Any, mask: Any, length: int, width: int) -> mx.array | None:
 def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
     b, h, length, _ = queries.shape
     return (getattr(type(cache), "layout_memo", None) is not None and sinks is None
+            and not hasattr(cache, "bits")  # quantized K/V: mlx-lm's quantized SDPA
             and b * h * length * cache.size() >= MIN_SCORES
             and queries.dtype == mx.float32 and on_cpu())
 
@@ -306,6 +309,7 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
                          _bias(cache, mask, queries.shape[2], keys.shape[2]))
 
     setattr(scaled_dot_product_attention, _MARK, True)
+    scaled_dot_product_attention.__wrapped__ = stock  # type: ignore[attr-defined]
     return scaled_dot_product_attention
 
 

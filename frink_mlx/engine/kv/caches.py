@@ -15,6 +15,8 @@ Rules:
    the source layer's pool as this forward read it; nothing is stored twice.
 2. A sliding-window entry is a paged cache like any other: the model asks
    `make_mask(..., window_size=w)` and gets the windowed mask (paged.py rule 4).
+3. The store makes each attention entry's cache (`layer_cache`): a quantized
+   store's speak the same protocol over its packed pools (quantized.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from mlx_lm.models.cache import CacheList
 
-from .paged import BatchLayout, PagedKVStore, PagedLayerCache
+from .paged import BatchLayout, PagedKVStore
 from .recurrent import RecurrentLayerCache, RowSlots, StateStore
 from .specs import CacheEntry, ModelCacheSpec
 
@@ -37,7 +39,7 @@ def make_model_caches(spec: ModelCacheSpec, store: PagedKVStore, states: StateSt
         if entry.kind == "list":
             return CacheList(*(build(part) for part in entry.parts))
         if entry.kind == "attention":
-            return PagedLayerCache(store, entry.index, layout, grouped_mask)
+            return store.layer_cache(entry.index, layout, grouped_mask)
         if states is None or rows is None:
             raise RuntimeError("a recurrent cache entry needs the state store and row slots")
         return RecurrentLayerCache(states, entry.index, rows)
