@@ -256,3 +256,46 @@ def test_the_ssd_tier_is_refused_with_one_warning(make_engine, tmp_path, caplog)
         assert _run(engine, [random_prompt(3, 10)], 4)[0]
     finally:
         tier.close(1.0)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("batch,length,width", [(3, 1, 40), (2, 7, 30), (1, 300, 300)])
+def test_cpu_attention_over_quantized_kv_matches_mlx_lms_quantized_sdpa(bits, batch, length,
+                                                                        width, monkeypatch):
+    """The CPU backend's kernel (quantized products, its own softmax; chunked queries
+    included) gives mlx-lm's `quantized_scaled_dot_product_attention`'s numbers."""
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    from frink_mlx.backend.cpu import kernels
+
+    rng = np.random.default_rng(bits + width)
+    q = mx.array(rng.standard_normal((batch, 6, length, 64)).astype(np.float32))
+    k, v = (mx.quantize(mx.array(rng.standard_normal((batch, 2, width, 64)).astype(np.float32)),
+                        group_size=64, bits=bits) for _ in range(2))
+    ends = rng.integers(length, width + 1, size=batch)
+    q_pos = ends[:, None] - length + np.arange(length)[None, :]
+    mask = mx.array((np.arange(width)[None, None, :] <= q_pos[:, :, None])[:, None])
+    monkeypatch.setattr(kernels, "_SCORES_PER_CHUNK", 6 * width * 64)  # chunks of 64 queries
+    bias = mx.where(mask, 0.0, kernels.MASKED)[:, :, None]
+    got = kernels.attention(q, k, v, 0.125, bias, (64, bits))
+    mx.eval(got)  # before mlx-lm's, which scales `q` in place (`queries *= scale`)
+    want = quantized_scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask, bits=bits)
+    assert np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_dispatch_sends_quantized_caches_to_the_quantized_kernel(monkeypatch):
+    from frink_mlx.backend.cpu import kernels
+
+    monkeypatch.setattr(kernels, "MIN_SCORES", 1)
+    store = _store(8)
+    lay = BatchLayout([RowSpan(0, 6, [3, 5])], block_size=4, trash_slot=store.trash_slot)
+    cache = make_layer_caches(store, lay)[0]
+    q = mx.random.normal((1, 2, 6, 64), key=mx.random.key(2))
+    k, v = cache.update_and_fetch(q[:, :1], q[:, 1:])
+    stock = []
+    sdpa = kernels.make_dispatch(lambda *a, **kw: stock.append(1))
+    got = sdpa(q, k, v, cache=cache, scale=0.125, mask="causal")
+    mx.eval(got)  # before mlx-lm's, which scales `q` in place
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+    want = quantized_scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert stock == [] and np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
