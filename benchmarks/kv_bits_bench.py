@@ -18,6 +18,9 @@ What one run prints (issue 31's targets in brackets):
    first, over the last row's first token to the last token, per width, alternated
    float / 8 / 4 `--repeat` times (best of each; the machine may be shared)
    [8 bits >= 0.9x float]. The 1-minute load average is printed beside.
+4. Which read serves quantized blocks best on this backend (kv/quantized.py
+   rule 2): one layer's decode read at the default model's shape, float vs
+   8-bit dequantized gathers vs 8-bit quantized products.
 """
 
 from __future__ import annotations
@@ -187,6 +190,47 @@ def decode(loaded, clients: int, contexts: list[int], num_tokens: int, repeat: i
         engine.shutdown(5.0)
 
 
+def read_paths(repeat: int) -> None:
+    """Step 4: one layer's decode read of the default model's shape (3 KV heads of 64,
+    9 query heads), 8 rows of T tokens gathered out of a pool: float (the gather, then
+    the CPU attention), 8 bits dequantized (gather the parts, `mx.dequantize`, float
+    attention), 8 bits quantized (gather the parts, the quantized-product attention);
+    best of `repeat` rounds, interleaved."""
+    from frink_mlx.backend.cpu.kernels import attention
+
+    heads, group, dim, slots = 3, 3, 64, 8 * 2048 + 1
+    pools = [mx.random.normal((heads, slots, dim), key=mx.random.key(i)) for i in range(2)]
+    quant = [mx.quantize(p, group_size=64, bits=8) for p in pools]
+    mx.eval(pools, quant)
+    print(f"4. one layer's decode read, 8 rows, best of {repeat} (load {load_avg()}):")
+    for rows, width in ((8, 512), (8, 2048)):
+        q = mx.random.normal((rows, heads * group, 1, dim), key=mx.random.key(9))
+        slot = mx.arange(rows * width, dtype=mx.int32).reshape(rows, width)
+        index = mx.arange(heads, dtype=mx.int32)[:, None, None] * slots + slot[None]
+
+        def take(pool: mx.array) -> mx.array:
+            flat = pool.reshape(heads * slots, pool.shape[-1])
+            return mx.take(flat, index, axis=0).transpose(1, 0, 2, 3)
+
+        paths = {
+            "float": lambda: attention(q, take(pools[0]), take(pools[1]), 0.125, None),
+            "8-bit dequantized": lambda: attention(
+                q, *(mx.dequantize(*(take(a) for a in part), group_size=64, bits=8)
+                     for part in quant), 0.125, None),
+            "8-bit quantized": lambda: attention(
+                q, tuple(take(a) for a in quant[0]), tuple(take(a) for a in quant[1]),
+                0.125, None, (64, 8)),
+        }
+        best = dict.fromkeys(paths, float("inf"))
+        for _ in range(repeat):
+            for name, path in paths.items():
+                start = time.perf_counter()
+                mx.eval(path())
+                best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
+        print(f"   T={width}: " + ", ".join(f"{n} {ms:.2f} ms" for n, ms in best.items()),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -214,6 +258,8 @@ def main() -> None:
     if "3" not in skip:
         contexts = [args.context] + ([args.long_context] if args.long_context else [])
         decode(loaded, args.clients, contexts, args.decode_tokens, args.repeat, args.block_size)
+    if "4" not in skip:
+        read_paths(30)
 
 
 BACKEND = select_backend(Settings.load().backend_config())

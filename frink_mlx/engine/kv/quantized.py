@@ -34,10 +34,15 @@ Rules:
    `quantized_scaled_dot_product_attention` (two `mx.quantized_matmul`s: the
    keys are never dequantized). Any other model (gemma2 scores by hand; KV-shared
    layers read another layer's K/V) gets the parts dequantized (`mx.dequantize`)
-   and attends in float. On the CPU backend the quantized matmuls measured
-   faster than the dequantized gathers (benchmarks/results/kv_bits-2026-12-03.txt).
+   and attends in float. The CPU backend's attention (backend/cpu/kernels.py)
+   takes the triples itself: the same two quantized products, its own softmax.
+   Measured there (decode shapes of the default model, benchmarks/results/
+   kv_bits-2026-12-03.txt): the quantized products beat dequantizing the
+   gathered blocks, most of all at longer rows, where a dequantized gather
+   writes the whole float context again.
 3. Reads in place (paged.py rule 7) are not offered: a quantized cache answers
-   None, and the CPU backend's attention leaves a quantized call to mlx-lm's.
+   None, so long rows are gathered (of packed parts: a quarter to an eighth of
+   the float bytes) where float rows are read where they lie.
 4. Only attention pools are quantized: recurrent state (kv/recurrent.py) and a
    draft model's pool stay float. A head dim that is not a multiple of 32, a
    distributed group, and the SSD tier (its block files hold float layouts,
