@@ -119,7 +119,7 @@ SETTING_DOCS: dict[str, SettingDoc] = {
     "kv_bits": SettingDoc("store KV blocks in 8 or 4 bits (MLX affine quantization in groups of "
                           "64 features, 32 where the head dim needs it): head dim 64 holds 3.6x "
                           "or 6.4x the float32 context in the same memory (1.9x or 3.6x the "
-                          "float16), at a small cost in agreement with float; a models.toml "
+                          "float16); greedy output drifts from float KV's; a models.toml "
                           "entry's `kv_bits` wins; unset: the model's float type"),
     "kv_disk_dir": SettingDoc("where the prefix cache's SSD tier keeps KV blocks (they survive "
                               "restarts, swaps and evictions)",
