@@ -24,7 +24,11 @@ neither MLX nor Starlette.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+KVBits = Literal[4, 8]  # the widths KV blocks may be stored in (engine/kv/quantized.py)
 
 
 class _Slice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +62,7 @@ class BudgetConfig(_Slice, frozen=True):
     memory_headroom_fraction: float
     max_kv_pool_bytes: int         # cap on one model's KV pool
     reserved_bytes: int            # held by other resident models (serving/residency.py)
+    kv_bits: KVBits | None         # KV blocks in 8 or 4 bits; None = the model's float type
 
 
 class EngineLimits(_Slice, frozen=True):

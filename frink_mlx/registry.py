@@ -61,6 +61,8 @@ Rules:
 11. `refuse_images` (true/false) overrides the daemon-wide setting of the same
    name for this entry: image parts sent to it are refused by name (400)
    instead of replaced by a placeholder (core/images.py rule 3).
+12. `kv_bits` (8 or 4) stores this entry's KV blocks quantized, over the
+   daemon-wide `kv_bits` (engine/kv/quantized.py); absent = the daemon's setting.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from typing import Annotated, Any, Callable, Literal
 import msgspec
 import tomllib
 
+from .config import KVBits
 from .errors import ConfigError, ModelNotFound, ModelUnavailable, RegistryError
 from .settings import Settings
 
@@ -121,6 +124,7 @@ class ModelSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_kv_bytes: Positive | None = None  # rule 9: cap on this model's KV pool
     draft: str | None = None            # rule 10: a generative entry drafting for this one
     refuse_images: bool | None = None   # rule 11: None = the daemon-wide setting
+    kv_bits: KVBits | None = None       # rule 12: None = the daemon-wide setting
     description: str = ""
 
 

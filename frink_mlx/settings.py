@@ -42,6 +42,7 @@ from .config import (
     FrontendConfig,
     HubConfig,
     ImageLimits,
+    KVBits,
     LoadConfig,
 )
 from .errors import ConfigError
@@ -216,6 +217,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         "fraction of the budget kept free when sizing the KV pool")] = 0.2
     max_kv_pool_bytes: Annotated[int, doc(
         "cap on one model's KV pool, however much memory is free")] = 2 * 1024**3
+    kv_bits: Annotated[KVBits | None, doc(
+        "store KV blocks in 8 or 4 bits (MLX affine quantization in groups of 64 features, 32 where the "
+        "head dim needs it): head dim 64 holds 3.6x or 6.4x the float32 context in the same memory (1.9x "
+        "or 3.6x the float16); greedy output drifts from float KV's; a models.toml entry's `kv_bits` "
+        "wins; unset: the model's float type")] = None
     kv_disk_dir: Annotated[str | None, doc(
         "where the prefix cache's SSD tier keeps KV blocks (they survive restarts, swaps and evictions)",
         default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, else $XDG_CACHE_HOME/frink-mlx/kv or "
@@ -310,7 +316,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return BudgetConfig(block_size=self.block_size, max_batch=self.max_batch,
                             kv_budget_bytes=self.kv_budget_bytes,
                             memory_headroom_fraction=self.memory_headroom_fraction,
-                            max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0)
+                            max_kv_pool_bytes=self.max_kv_pool_bytes, reserved_bytes=0,
+                            kv_bits=self.kv_bits)
 
     def engine_limits(self) -> EngineLimits:
         return EngineLimits(max_batch=self.max_batch, batching=self.batching,

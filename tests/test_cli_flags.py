@@ -57,6 +57,10 @@ def _sample(name: str) -> tuple[list[str], object]:
         return ([f"--no-{flag[2:]}"], False) if default is not False else ([flag], True)
     if "tuple" in text:
         return [flag, "a.example", flag, "b.example"], ("a.example", "b.example")
+    if "Literal" in text:  # one of its values (kv_bits: 4 | 8)
+        choice = typing.get_args(next(a for a in typing.get_args(kind)
+                                      if typing.get_origin(a) is typing.Literal))[-1]
+        return [flag, str(choice)], choice
     if "int" in text:
         return [flag, "7"], 7
     if "float" in text:
@@ -87,6 +91,13 @@ def test_a_bad_flag_value_is_one_argparse_error(capsys):
         main(["serve", "--block-size", "four"])
     assert exc.value.code == 2
     assert "argument --block-size: invalid int value: 'four'" in capsys.readouterr().err
+
+
+def test_a_value_outside_a_settings_choices_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--kv-bits", "5"])
+    assert exc.value.code == 2
+    assert "argument --kv-bits: invalid choice: 5 (choose from 4, 8)" in capsys.readouterr().err
 
 
 

@@ -31,7 +31,7 @@ LONG_FILES = {
     "engine/runner.py": (425, "one step's order (its docstring's steps 0-6) over the forwards, "
                               "copies, restores and snapshots; the forwards themselves live in "
                               "heads.py and kv/caches.py"),
-    "settings.py": (440, "one frozen Settings: every field carries its own doc (what `serve --help`, "
+    "settings.py": (450, "one frozen Settings: every field carries its own doc (what `serve --help`, "
                          "README's table and the JSON schema say), so the table grows with the knobs"),
     "serving/hub.py": (490, "the Hub's own methods: leases, loads, making room and reaping share "
                             "its lease counts, lock and resident set; split off as free functions "

@@ -59,13 +59,26 @@ def env_name(name: str) -> str:
 
 
 def _base_type(tp: Any) -> Any:
-    """`int | None` -> int; `tuple[str, ...]` -> tuple; `str` -> str; `Annotated[int, ...]` -> int."""
+    """`int | None` -> int; `tuple[str, ...]` -> tuple; `str` -> str; `Annotated[int, ...]` -> int;
+    `Literal[4, 8]` -> int."""
     if typing.get_origin(tp) is typing.Annotated:
         tp = typing.get_args(tp)[0]
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
-        return arms[0] if len(arms) == 1 else str
+        return _base_type(arms[0]) if len(arms) == 1 else str
+    if typing.get_origin(tp) is typing.Literal:
+        return type(typing.get_args(tp)[0])
     return typing.get_origin(tp) or tp
+
+
+def _choices(tp: Any) -> tuple[Any, ...] | None:
+    """The values of a `Literal[...]` field (`X | None` included), else None."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    union = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+    arms = typing.get_args(tp) if union else (tp,)
+    literal = next((a for a in arms if typing.get_origin(a) is typing.Literal), None)
+    return typing.get_args(literal) if literal is not None else None
 
 
 def default_text(name: str) -> str:
@@ -109,6 +122,8 @@ def add_setting_flags(parser: argparse.ArgumentParser, names: Iterable[str],
             kwargs.update(action="append", metavar=name.upper().rstrip("S"))
         else:
             kwargs.update(type=kind, metavar=_metavar(name, kind))
+            if (choices := _choices(fields[name].type)) is not None:
+                kwargs["choices"] = choices
         group.add_argument(*flag_names(name), **kwargs)
 
 

@@ -27,6 +27,8 @@ Rules:
    holds `draft_rows` full contexts, never more blocks than the target's,
    unless given; its step cost is its weights over the target's unless
    given. Without a draft model there is no draft pool.
+5. KV bits (`kv_bits`, kv/quantized.py): refused on a distributed group
+   (ConfigError: each rank's pools are float).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Protocol
 from mlx.utils import tree_flatten
 
 from ..backend import Backend
+from ..errors import ConfigError
 from .kv.snapshots import interval_blocks
 from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
 from .speculative import SpecConfig
@@ -72,6 +75,7 @@ class EngineConfig:
     num_state_slots: int = 0                 # recurrent-state slots; 0: max_batch (if any)
     num_snapshots: int | None = None         # state snapshots (rule 2); None: 4 a slot
     snapshot_interval_blocks: int = 0        # rule 2; 0: kv/snapshots.py rule 6
+    kv_bits: int | None = None               # rule 5: KV pools in 8 or 4 bits; None: float
     resolved: bool = False                   # set by resolve_engine_config only
 
 
@@ -97,6 +101,9 @@ def resolve_engine_config(config: EngineConfig, loaded: EngineModel, backend: Ba
         if draft is not None and has_recurrent_layers(draft.model):
             draft = None
     spec = config.spec
+    if distributed and config.kv_bits is not None:  # rule 5
+        raise ConfigError(f"kv_bits={config.kv_bits} is not supported on a distributed group "
+                          "(each rank's pools are float)")
     if distributed:  # rule 3
         spec = None
     return dataclasses.replace(config, pipeline=pipeline,

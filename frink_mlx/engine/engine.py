@@ -56,6 +56,8 @@ SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py); not for a
 distributed group (each rank holds its own shard of the pools), nor with
 window tables (a block file holds every layer's K/V under one block id).
+KV bits (`kv_bits`, kv/quantized.py): the pools are quantized; refused on a
+distributed group (config.py rule 5), and the SSD tier is off for such a model (one warning).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -69,6 +71,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import queue
 import secrets
 import time
@@ -87,7 +90,9 @@ from .gate import DecodeGate
 from .kv.disk import DiskTier
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
+from .kv.quantized import QuantizedKVStore, check_kv_bits, reads_quantized
 from .kv.recurrent import StateStore
+from .kv.specs import model_family
 from .kv.spill import DiskLink, disk_layout
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
@@ -99,6 +104,8 @@ from .turns import PrefillSlicer
 from .types import EngineStats, SeqRequest
 
 __all__ = ["Engine", "EngineConfig", "EngineModel", "SeqStream"]
+
+log = logging.getLogger("frink_mlx.engine.engine")
 
 
 class Engine:
@@ -168,6 +175,10 @@ class Engine:
         with window tables (module docstring)."""
         if self.cache_spec is not None and self.cache_spec.has_state or self.kv.windows:
             return
+        if self.config.kv_bits is not None:  # kv/quantized.py rule 4
+            log.warning("SSD tier off for this model: its KV blocks are in %d bits (kv_bits) and "
+                        "the tier's block files hold float blocks only", self.config.kv_bits)
+            return
         layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
         if layout is None:
             return
@@ -215,15 +226,22 @@ class Engine:
         return self.runner.store
 
     def _new_store(self) -> PagedKVStore:
-        spec = self.cache_spec
+        """The KV pools, quantized with `kv_bits` (kv/quantized.py)."""
+        spec, config, model = self.cache_spec, self.config, self.loaded.model
         if spec is not None:
-            return PagedKVStore(num_layers=len(spec.attention), num_blocks=self.config.num_blocks,
-                                block_size=self.config.block_size, n_kv_heads=0, head_dim=0,
-                                dtype=self._dtype, geometries=spec.geometries())
-        layers, heads, head_dim = model_kv_geometry(self.loaded.model)
-        return PagedKVStore(num_layers=layers, num_blocks=self.config.num_blocks,
-                            block_size=self.config.block_size, n_kv_heads=heads,
-                            head_dim=head_dim, dtype=self._dtype)
+            geometries = spec.geometries()
+        else:
+            layers, heads, head_dim = model_kv_geometry(model)
+            geometries = [(heads, head_dim, head_dim)] * layers
+        shape: dict[str, Any] = dict(num_layers=len(geometries), num_blocks=config.num_blocks,
+                                     block_size=config.block_size, n_kv_heads=0, head_dim=0,
+                                     dtype=self._dtype, geometries=geometries)
+        if config.kv_bits is None:
+            return PagedKVStore(**shape)
+        check_kv_bits(config.kv_bits, [d for _, k, v in geometries for d in (k, v)],
+                      model_family(model))
+        return QuantizedKVStore(bits=config.kv_bits, **shape,
+                                quantized_reads=reads_quantized(model, len(geometries)))
 
     # -- public API (any thread) -------------------------------------------------
 

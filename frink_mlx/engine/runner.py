@@ -273,8 +273,8 @@ class Runner:
         """The pools per cache entry in model order, for evaluating layer by layer (turns.py)."""
         store, spec = self.store, self.cache_spec
         if spec is None:
-            return [[store.keys[i], store.values[i]] for i in range(store.num_layers)]
-        return [[store.keys[i], store.values[i]] if kind == "attention" else
+            return [store.layer_arrays(i) for i in range(store.num_layers)]
+        return [store.layer_arrays(i) if kind == "attention" else
                 self.states.layer_arrays(i) if self.states is not None else []
                 for kind, i in spec.flat_order()]
 

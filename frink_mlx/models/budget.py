@@ -38,6 +38,12 @@ The arithmetic, in order:
    like the slots and `state_bytes` counts them (the engine spaces them by
    snapshots rule 6).
    A state too large for its share gets none: that model's prefix cache is off.
+9. KV bits (the entry's `kv_bits`, else config.kv_bits; engine/kv/quantized.py):
+   rule 3's bytes per token become the quantized layout's, per head and token
+   head_dim * bits / 8 packed bytes plus a scale and a bias (the float dtype)
+   per group of 64 (or 32) features, so the same budget holds more blocks;
+   recurrent state and a draft model's pool stay float. A head dim no group
+   divides is refused here, at load (`ConfigError`, one line).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ from typing import Any
 
 from ..backend import MemoryBudget
 from ..config import BudgetConfig
-from ..engine.kv.paged import model_kv_geometry
+from ..engine.kv.geometry import model_kv_geometry
+from ..engine.kv.quantized import check_kv_bits, row_nbytes
 from ..engine.kv.snapshots import interval_blocks
 from ..errors import ConfigError
 
@@ -68,6 +75,7 @@ class KVPlan:
     num_state_slots: int = 0     # rule 7: recurrent-state slots (0: no recurrent layers)
     state_bytes: int = 0         # rules 7 and 8: their bytes and the snapshots'
     num_snapshots: int = 0       # rule 8: recurrent-state snapshots
+    kv_bits: int | None = None   # rule 9: the pool's bits (None: float)
 
     @property
     def pool_bytes(self) -> int:
@@ -89,10 +97,22 @@ def weights_nbytes(model: Any) -> int:
     return sum(v.nbytes for _, v in params)
 
 
-def kv_bytes_per_token(model: Any, dtype: Any) -> int:
-    """Rule 3, from the model's attention geometry."""
+def kv_bytes_per_token(model: Any, dtype: Any, bits: int | None = None) -> int:
+    """Rule 3 (rule 9 with `bits`), from the model's attention geometry."""
     layers, kv_heads, head_dim = model_kv_geometry(model)
-    return 2 * layers * kv_heads * head_dim * int(dtype.size)
+    return 2 * layers * kv_heads * row_nbytes(head_dim, bits, int(dtype.size))
+
+
+def kv_bits_of(loaded: Any, config: BudgetConfig) -> int | None:
+    """Rule 9: the bits `loaded`'s pool is stored in, checked against its head dims."""
+    bits = getattr(getattr(loaded, "spec", None), "kv_bits", None) or config.kv_bits
+    if bits is not None:
+        cache_spec = getattr(loaded, "cache_spec", None)
+        dims = cache_spec.head_dims() if cache_spec is not None else \
+            [model_kv_geometry(loaded.model)[2]]
+        check_kv_bits(bits, dims, getattr(cache_spec, "family", None) or
+                      type(loaded.model).__module__.rsplit(".", 1)[-1])
+    return bits
 
 
 def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
@@ -105,8 +125,9 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
     budget, source = device_budget_bytes(config, getattr(loaded, "spec", None), device)
     weights = weights_nbytes(loaded.model)
     cache_spec = getattr(loaded, "cache_spec", None)
-    per_token = cache_spec.kv_bytes_per_token(loaded.dtype) if cache_spec is not None \
-        else kv_bytes_per_token(loaded.model, loaded.dtype)
+    bits = kv_bits_of(loaded, config)
+    per_token = cache_spec.kv_bytes_per_token(loaded.dtype, bits) if cache_spec is not None \
+        else kv_bytes_per_token(loaded.model, loaded.dtype, bits)
     num_slots = max(1, config.max_batch) if cache_spec is not None and cache_spec.has_state else 0
     state_bytes = num_slots * cache_spec.state_bytes_per_row if cache_spec and num_slots else 0
     kv_budget = (budget - weights - int(config.memory_headroom_fraction * budget)
@@ -146,7 +167,7 @@ def plan_kv(loaded: Any, config: BudgetConfig, device: MemoryBudget, *,
                   bytes_per_token=per_token, budget_bytes=budget, weights_bytes=weights,
                   budget_source=source, draft_num_blocks=int(draft_blocks),
                   draft_bytes=draft_bytes, num_state_slots=num_slots, state_bytes=state_bytes,
-                  num_snapshots=num_snaps)
+                  num_snapshots=num_snaps, kv_bits=bits)
 
 
 def snapshot_count(row_bytes: int, block_bytes: int, room_bytes: int, max_blocks: int,

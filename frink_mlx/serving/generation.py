@@ -128,7 +128,7 @@ def engine_config(config: HubConfig, plan: KVPlan, number: int) -> EngineConfig:
         idle_prefill_tokens=limits.idle_prefill_tokens,
         shared_prefill_tokens=limits.shared_prefill_tokens,
         admission_window_s=limits.admission_window_ms / 1000,
-        pipeline=limits.pipeline, num_state_slots=plan.num_state_slots,
+        pipeline=limits.pipeline, num_state_slots=plan.num_state_slots, kv_bits=plan.kv_bits,
         num_snapshots=plan.num_snapshots,
         spec=SpecConfig(max_draft=limits.spec_max_draft, ngram_max=limits.spec_ngram,
                         max_rows=limits.spec_max_rows, draft_rows=limits.spec_draft_rows,

@@ -18,6 +18,11 @@ Attention = one (group*L, D) x (D, T) matmul per KV head (GQA without
     scaled by 1/sum; the score matrix is made in query chunks of at most
     2^18 numbers so those passes stay in cache. Outputs match stock SDPA to
     ~1e-6 relative.
+Quantized K/V (kv_bits: a cache with `bits` hands out (packed, scales, biases)
+    triples, kv/quantized.py rule 2): the same attention with the two products
+    as `mx.quantized_matmul`s, as mlx-lm's quantized SDPA has them, but with the
+    fused exp instead of `mx.softmax`; never read in place. The dispatcher names
+    the stock function as `__wrapped__` (kv/quantized.py `reads_quantized`).
 Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
     most DIRECT_MAX_QUERIES queries a row (decode and verify rows) reads each
     row of at least DIRECT_MIN_TOKENS positions as slices of the pool (its
@@ -101,9 +106,15 @@ def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     return 0.5 * (gate + a * (1.0 - e) / (1.0 + e)) * x
 
 
-def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-              bias: mx.array | None) -> mx.array:
-    """softmax(q k^T * scale + bias) v for (B, H, L, D) queries over (B, Hk, T, D) keys.
+# K or V as one array, or as quantized (packed, scales, biases) triples (kv/quantized.py)
+KV = Any
+Quant = tuple[int, int]  # (group_size, bits) of quantized K/V
+
+
+def attention(queries: mx.array, keys: KV, values: KV, scale: float,
+              bias: mx.array | None, quant: Quant | None = None) -> mx.array:
+    """softmax(q k^T * scale + bias) v for (B, H, L, D) queries over (B, Hk, T, D) keys
+    (with `quant`, quantized triples: the products are `mx.quantized_matmul`s).
 
     `bias` is finite: masked positions carry `MASKED`, never -inf (module docstring).
 
@@ -111,32 +122,44 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
     numbers, so each chunk's passes (bias, max, exp, sum) stay in cache.
     """
     batch, heads, length, _ = queries.shape
-    rows = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * keys.shape[2]))
+    width = (keys[0] if quant else keys).shape[2]
+    rows = max(1, _SCORES_PER_CHUNK // max(1, batch * heads * width))
     if length <= rows:
-        return _attention(queries, keys, values, scale, bias)
+        return _attention(queries, keys, values, scale, bias, quant)
     parts = [_attention(queries[:, :, i:i + rows], keys, values, scale,
-                        None if bias is None else bias[..., i:i + rows, :])
+                        None if bias is None else bias[..., i:i + rows, :], quant)
              for i in range(0, length, rows)]
     return mx.concatenate(parts, axis=2)
 
 
-def _attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-               bias: mx.array | None) -> mx.array:
+def _attention(queries: mx.array, keys: KV, values: KV, scale: float,
+               bias: mx.array | None, quant: Quant | None) -> mx.array:
     """One chunk. GQA without repeating K/V: the r = H / Hk query heads of one KV
     head are stacked along L, so each product is one (r*L, D) x (D, T) matmul per
     KV head. `bias` is additive, (B, 1, 1, L, T) or None; normalising after the
     value product divides (r*L, D) numbers instead of (r*L, T)."""
     batch, heads, length, dim = queries.shape
-    kv_heads, width = keys.shape[1], keys.shape[2]
+    kv_heads, width = (keys[0] if quant else keys).shape[1:3]
     group = heads // kv_heads
     q = (queries * scale).reshape(batch, kv_heads, group * length, dim)
-    scores = q @ keys.swapaxes(-1, -2)
+    if quant:
+        packed, scales, biases = keys
+        scores = mx.quantized_matmul(q, packed, scales, biases, transpose=True,
+                                     group_size=quant[0], bits=quant[1])
+    else:
+        scores = q @ keys.swapaxes(-1, -2)
     if bias is not None:
         scores = (scores.reshape(batch, kv_heads, group, length, width) + bias).reshape(
             batch, kv_heads, group * length, width)
     weights = softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
-    out = (weights @ values) * mx.reciprocal(weights.sum(axis=-1, keepdims=True))
-    return out.reshape(batch, heads, length, values.shape[-1])
+    if quant:
+        packed, scales, biases = values
+        product = mx.quantized_matmul(weights, packed, scales, biases, transpose=False,
+                                      group_size=quant[0], bits=quant[1])
+    else:
+        product = weights @ values
+    out = product * mx.reciprocal(weights.sum(axis=-1, keepdims=True))
+    return out.reshape(batch, heads, length, out.shape[-1])
 
 
 _FORWARD = threading.local()
@@ -299,6 +322,9 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
                                      sinks: Any = None) -> mx.array:
         if not _wants_fast_path(queries, cache, sinks):
             return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        if hasattr(cache, "bits"):  # quantized triples (kv/quantized.py rule 2)
+            bias = _bias(cache, mask, queries.shape[2], keys[0].shape[2])
+            return attention(queries, keys, values, scale, bias, (cache.group_size, cache.bits))
         read = _read_in_place(queries, keys, values, cache, mask)
         if read is not None:
             return paged_attention(queries, read, scale)
@@ -306,6 +332,7 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
                          _bias(cache, mask, queries.shape[2], keys.shape[2]))
 
     setattr(scaled_dot_product_attention, _MARK, True)
+    scaled_dot_product_attention.__wrapped__ = stock  # type: ignore[attr-defined]
     return scaled_dot_product_attention
 
 

@@ -20,6 +20,8 @@ Rules:
 3. With windowed tables on (`windowed`: the windowed entries' pools, set by
    the engine), a forked row's block copies go to the other pools, its
    `window_copies` to the windowed ones (their block ids are another pool's).
+4. The store makes each attention entry's cache (`layer_cache`): a quantized
+   store's speak the same protocol over its packed pools (quantized.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from mlx_lm.models.cache import CacheList
 
-from .paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from .paged import BatchLayout, PagedKVStore, RowSpan
 from .recurrent import RecurrentLayerCache, RowSlots, StateStore
 from .specs import CacheEntry, ModelCacheSpec
 
@@ -45,8 +47,8 @@ def make_model_caches(spec: ModelCacheSpec, store: PagedKVStore, states: StateSt
             return CacheList(*(build(part) for part in entry.parts))
         if entry.kind == "attention":
             windowed = window_layout is not None and spec.attention[entry.index].window
-            return PagedLayerCache(store, entry.index, window_layout if windowed and
-                                   window_layout is not None else layout, grouped_mask)
+            return store.layer_cache(entry.index, window_layout if windowed and
+                                     window_layout is not None else layout, grouped_mask)
         if states is None or rows is None:
             raise RuntimeError("a recurrent cache entry needs the state store and row slots")
         return RecurrentLayerCache(states, entry.index, rows)

@@ -84,6 +84,10 @@ Rules:
    long enough, None. The gathers `update_and_fetch` returned are lazy and
    nothing else reads them, so MLX never runs them. Metal and the stock path
    never ask, and read as rule 2 says, as do tables with freed blocks (-1: window.py).
+8. Quantized pools (`kv_bits`, quantized.py): a `QuantizedKVStore` holds each
+   pool as packed words, scales and biases over the same slots and hands out
+   its own layer caches (`layer_cache`); block tables, slots, masks and the
+   trash slot are exactly as above.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+from .geometry import groups_queries_per_kv_head, model_kv_geometry  # noqa: F401 (their old home)
 from .reads import LayerRead, ReadPlan, ReadShape, layer_read, plan_reads, take_rows
 
 _take_rows = take_rows  # rule 2's gather; reads.py holds it so that both reads gather alike
@@ -110,6 +115,8 @@ class RowSpan:
 
 class PagedKVStore:
     """The per-layer K/V pools. The only owner of the pool arrays (rule 1)."""
+
+    bits: int | None = None  # rule 8: quantized pools (quantized.py) say how many bits
 
     def __init__(
         self,
@@ -139,24 +146,40 @@ class PagedKVStore:
         self.dtype = dtype
         self.num_slots = num_blocks * block_size
         self.trash_slot = self.num_slots
-        self.keys: list[mx.array] = [mx.zeros((h, self.num_slots + 1, d), dtype)
-                                     for h, d, _ in shapes]
-        self.values: list[mx.array] = [mx.zeros((h, self.num_slots + 1, dv), dtype)
-                                       for h, _, dv in shapes]
-        mx.eval(self.keys, self.values)
+        self.keys: list[mx.array] = []
+        self.values: list[mx.array] = []
+        self._allocate(shapes)
+        mx.eval(self.arrays())
+
+    def _allocate(self, shapes: Sequence[tuple[int, int, int]]) -> None:
+        self.keys = [mx.zeros((h, self.num_slots + 1, d), self.dtype) for h, d, _ in shapes]
+        self.values = [mx.zeros((h, self.num_slots + 1, dv), self.dtype) for h, _, dv in shapes]
+
+    def pool_lists(self) -> list[list[mx.array]]:
+        """Every list of per-layer pools (K and V here; their parts when quantized)."""
+        return [self.keys, self.values]
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        return sum(a.nbytes for a in self.arrays())
 
     def release(self) -> None:
         """Drop the pools (engine shutdown); the store is unusable afterwards."""
-        self.keys = []
-        self.values = []
+        for pools in self.pool_lists():
+            pools.clear()
 
     def arrays(self) -> list[mx.array]:
         """The pools, for `mx.eval`/`mx.async_eval` (do not keep the list)."""
-        return [*self.keys, *self.values]
+        return [a for pools in self.pool_lists() for a in pools]
+
+    def layer_arrays(self, layer: int) -> list[mx.array]:
+        """One layer's pools (turns.py evaluates layer by layer)."""
+        return [pools[layer] for pools in self.pool_lists()]
+
+    def layer_cache(self, layer: int, layout: BatchLayout,
+                    grouped_mask: bool = False) -> PagedLayerCache:
+        """The protocol object of one layer for a forward over `layout`."""
+        return PagedLayerCache(self, layer, layout, grouped_mask)
 
     def copy_blocks(self, pairs: Sequence[tuple[int, int, int]], layers: Sequence[int] | None = None) -> None:
         """Copy the first `num` slots of block `src` into block `dst`, every layer (or `layers`).
@@ -170,12 +193,12 @@ class PagedKVStore:
         bs = self.block_size
         src = mx.array(np.concatenate([np.arange(s * bs, s * bs + n) for s, _, n in pairs]), mx.int32)
         dst = mx.array(np.concatenate([np.arange(d * bs, d * bs + n) for _, d, n in pairs]), mx.int32)
-        for pools in (self.keys, self.values):
+        for pools in self.pool_lists():
             for i in range(self.num_layers) if layers is None else layers:
                 rows = pools[i][:, src]
                 mx.eval(rows)
                 pools[i][:, dst] = rows
-        mx.eval(self.keys, self.values)
+        mx.eval(self.arrays())
 
 
 class BatchLayout:
@@ -389,32 +412,4 @@ class PagedLayerCache:
 def make_layer_caches(store: PagedKVStore, layout: BatchLayout,
                       grouped_mask: bool = False) -> list[PagedLayerCache]:
     """One protocol object per layer for a forward call over `layout` (rule 5: `grouped_mask`)."""
-    return [PagedLayerCache(store, i, layout, grouped_mask) for i in range(store.num_layers)]
-
-
-# mlx-lm model files whose attention scores queries reshaped per KV group (rule 5).
-_GROUPED_SCORE_MODULES = frozenset({"mlx_lm.models.gemma2"})
-
-
-def groups_queries_per_kv_head(model: Any) -> bool:
-    """True if `model` needs rule 5's grouped mask (its attention repeats queries per KV head)."""
-    if type(model).__module__ not in _GROUPED_SCORE_MODULES:
-        return False
-    layers = getattr(model, "layers", None) or []
-    return any(getattr(getattr(layer, "self_attn", None), "repeats", 1) > 1 for layer in layers)
-
-
-def model_kv_geometry(model: Any) -> tuple[int, int, int]:
-    """(num_layers, n_kv_heads, head_dim) of a stock mlx-lm model."""
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        raise ValueError("model has no `layers`; cannot size a paged KV cache for it")
-    attn = getattr(layers[0], "self_attn", None)
-    args = getattr(model, "args", None)
-    n_kv = getattr(attn, "n_kv_heads", None) or getattr(args, "num_key_value_heads", None)
-    head_dim = getattr(attn, "head_dim", None) or getattr(args, "head_dim", None)
-    if head_dim is None and args is not None:
-        head_dim = args.hidden_size // args.num_attention_heads
-    if n_kv is None or head_dim is None:
-        raise ValueError("cannot read n_kv_heads/head_dim from the model's attention layers")
-    return len(layers), int(n_kv), int(head_dim)
+    return [store.layer_cache(i, layout, grouped_mask) for i in range(store.num_layers)]

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import mlx.core as mx
 
 from ...errors import ModelFormatError
+from .quantized import row_nbytes
 
 # Rule 4: model file -> why the paged engine cannot run it.
 REFUSED_FAMILIES = {
@@ -67,8 +68,11 @@ class AttentionSpec:
     v_head_dim: int
     window: int | None = None  # sliding window (RotatingKVCache max_size); None: full
 
-    def bytes_per_token(self, dtype: mx.Dtype) -> int:
-        return self.n_kv_heads * (self.head_dim + self.v_head_dim) * int(dtype.size)
+    def bytes_per_token(self, dtype: mx.Dtype, bits: int | None = None) -> int:
+        """K and V bytes of one token; `bits`: quantized (quantized.py's layout)."""
+        size = int(dtype.size)
+        return self.n_kv_heads * (row_nbytes(self.head_dim, bits, size)
+                                  + row_nbytes(self.v_head_dim, bits, size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +113,13 @@ class ModelCacheSpec:
     def has_state(self) -> bool:
         return bool(self.states)
 
-    def kv_bytes_per_token(self, dtype: mx.Dtype) -> int:
-        """K and V bytes of one token over every attention pool."""
-        return sum(a.bytes_per_token(dtype) for a in self.attention)
+    def kv_bytes_per_token(self, dtype: mx.Dtype, bits: int | None = None) -> int:
+        """K and V bytes of one token over every attention pool (`bits`: quantized)."""
+        return sum(a.bytes_per_token(dtype, bits) for a in self.attention)
+
+    def head_dims(self) -> list[int]:
+        """Every K and V head dim of the attention pools."""
+        return [d for a in self.attention for d in (a.head_dim, a.v_head_dim)]
 
     @property
     def state_bytes_per_row(self) -> int:
