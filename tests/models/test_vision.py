@@ -206,7 +206,9 @@ def test_rows_encode_only_the_images_past_the_cached_prefix(
     later = ImageFeatures(images.vision, images.prompt)
     tail = later.rows(first_len, num)                   # the hit covers image 1: image 2 alone
     assert calls == [2, 1]
-    assert mx.array_equal(tail, whole[first_len:]).item()
+    # One image through the tower is the same encoding as two, up to float rounding: with
+    # OpenBLAS a batch of another shape blocks its GEMMs differently (last-bit differences).
+    assert mx.allclose(tail, whole[first_len:], rtol=1e-5, atol=1e-5).item()
     assert later.rows(first_len + 1, num).shape[0] == num - first_len - 1 and calls == [2, 1]
-    assert mx.array_equal(later.rows(1, num), whole[1:]).item()   # back into image 1
+    assert mx.allclose(later.rows(1, num), whole[1:], rtol=1e-5, atol=1e-5).item()  # image 1 again
     assert calls == [2, 1, 2]
