@@ -12,8 +12,11 @@ mlx-lm loads.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import random
+import types
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +141,28 @@ def write(family: str, path: Path, vocab_size: int = VOCAB) -> Path:
     weights: dict[str, mx.array] = dict(tree_flatten(model.parameters()))  # type: ignore[arg-type]
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
+
+
+# --- what the family tests share (test_hybrid_families.py, test_window_blocks.py) ---------
+
+@functools.cache
+def model(family: str) -> Any:
+    return build(family)
+
+
+@functools.cache
+def reference(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
+    """mlx-lm's own greedy ids for `prompt` (generate_step over its own caches)."""
+    from mlx_lm.generate import generate_step
+
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model(family), max_tokens=n)]
+
+
+def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 300) for _ in range(n)] for n in lengths]
+
+
+def engine_for(make_engine: Any, family: str, **overrides: Any) -> Any:
+    loaded = types.SimpleNamespace(model=model(family), dtype=mx.float32, context_length=512)
+    return make_engine(loaded, **overrides)

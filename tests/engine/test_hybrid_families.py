@@ -20,14 +20,12 @@ shorter than the prompts.
 from __future__ import annotations
 
 import functools
-import random
 import types
 
 import mlx.core as mx
 import pytest
 from engine_support import engine_factory, tokens
-from hybrid_support import CONFIGS, RECURRENT, WINDOWED, build
-from mlx_lm.generate import generate_step
+from hybrid_support import CONFIGS, RECURRENT, WINDOWED, engine_for, model, prompts, reference
 
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.types import SeqRequest
@@ -36,29 +34,9 @@ GREEDY = SamplingParams(temperature=0)
 FAMILIES = sorted(RECURRENT + WINDOWED)
 
 
-@functools.cache
-def model(family: str):
-    return build(family)
-
-
-@functools.cache
-def reference(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(prompt), model(family), max_tokens=n)]
-
-
-def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 300) for _ in range(n)] for n in lengths]
-
-
 @pytest.fixture
 def make_engine():
     yield from engine_factory(num_blocks=128, prefill_chunk_tokens=5, context_ceiling=256)
-
-
-def engine_for(make_engine, family: str, **overrides):
-    loaded = types.SimpleNamespace(model=model(family), dtype=mx.float32, context_length=512)
-    return make_engine(loaded, **overrides)
 
 
 def test_every_family_has_a_config():

@@ -11,15 +11,9 @@ ceil((6 + 1) / 4) + 1 = 3 blocks (window.py rule 4) of the windowed layers' pool
 
 from __future__ import annotations
 
-import functools
-import random
-import types
-
-import mlx.core as mx
 import pytest
 from engine_support import engine_factory, tokens
-from hybrid_support import WINDOWED, build
-from mlx_lm.generate import generate_step
+from hybrid_support import WINDOWED, engine_for, prompts, reference
 
 from frink_mlx.adapters.admin import _kv
 from frink_mlx.core.request import SamplingParams
@@ -30,30 +24,10 @@ WINDOW, BLOCK = 6, 4
 HELD = -(-(WINDOW + 1) // BLOCK) + 1  # window.py rule 4: one position more than the window
 
 
-@functools.cache
-def model(family: str):
-    return build(family)
-
-
-@functools.cache
-def reference(family: str, prompt: tuple[int, ...], n: int) -> list[int]:
-    return [int(t) for t, _ in generate_step(mx.array(prompt), model(family), max_tokens=n)]
-
-
-def prompts(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 300) for _ in range(n)] for n in lengths]
-
-
 @pytest.fixture
 def make_engine():
     yield from engine_factory(num_blocks=128, block_size=BLOCK, prefill_chunk_tokens=5,
                               context_ceiling=256)
-
-
-def engine_for(make_engine, family: str, **overrides):
-    loaded = types.SimpleNamespace(model=model(family), dtype=mx.float32, context_length=512)
-    return make_engine(loaded, **overrides)
 
 
 @pytest.mark.parametrize("family", WINDOWED)
