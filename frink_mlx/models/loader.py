@@ -62,6 +62,10 @@ Rules:
    mlx-vlm; the engine runs its language model (`VisionLM`) and
    `LoadedModel.vision` holds the processor and tower. It cannot be split over
    a group (the followers would need the image features too): refused there.
+12. Before mlx-lm reads a checkpoint, its config's layer types are checked
+   against its model file (models/layer_types.py): a name the file does not
+   know is refused in one line naming the key, the names and the family.
+   Whatever mlx-lm's load raises (a tensor missing, a shape) is one line too.
 
 This module is blocking; call it off the event loop.
 """
@@ -86,6 +90,7 @@ from ..errors import ModelFormatError
 from ..registry import ModelSpec, SamplingDefaults
 from . import progress as progress_mod
 from .encoder import Encoder, load_encoder
+from .layer_types import unknown_layer_types
 from .sources import ResolvedSource, resolve
 from .vision import Vision, load_vision, vision_family
 
@@ -187,12 +192,14 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
                                    "it cannot be split over a group")
         model, vision, tokenizer, model_config = load_vision(path, spec.name, tokenizer_config)
     else:
+        _check_layer_types(spec, path)  # rule 12
         try:
             model, tokenizer, model_config = cast(Any, mlx_lm.load(  # rule 9: lazy when split
                 str(path), tokenizer_config=tokenizer_config, return_config=True,
                 lazy=shard is not None))
         except (ValueError, FileNotFoundError, KeyError) as exc:
-            raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: {exc}") from None
+            raise ModelFormatError(f"model {spec.name!r}: cannot load {path}: "
+                                   f"{' '.join(str(exc).split())}") from None  # rule 12
     _add_stop_tokens(spec, tokenizer, source.stop)
     if should_dequantize(model, spec, config, backend):
         progress.phase("dequantize", "to float32")
@@ -217,6 +224,20 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
         dtype=_compute_dtype(model), load_time_s=time.perf_counter() - started,
         parallel=parallel, num_ranks=num_ranks, cache_spec=cache_spec, vision=vision,
     )
+
+
+def _check_layer_types(spec: ModelSpec, path: Path) -> None:
+    """Rule 12: a layer type the model file does not know is refused before it loads."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # mlx-lm's own load says what is wrong
+    found = unknown_layer_types(config) if isinstance(config, dict) else None
+    if found is not None:
+        family, key, names = found
+        raise UnsupportedModel(f"model {spec.name!r}: its config's {key} names "
+                               f"{', '.join(map(repr, names))}, a layer type model file "
+                               f"{family} does not know")
 
 
 def _add_stop_tokens(spec: ModelSpec, tokenizer: Any, stops: tuple[str, ...]) -> None:

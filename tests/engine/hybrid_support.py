@@ -66,6 +66,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
                              rms_norm_eps=1e-5, mamba_n_heads=4, mamba_d_head=16,
                              mamba_proj_bias=False, mamba_d_state=16, mamba_d_conv=4,
                              mamba_n_groups=2, mamba_conv_bias=True,
+                             mamba_expand=1,  # read by transformers' config check only
                              shared_intermediate_size=96, rope_theta=10000.0),
     "falcon_h1": dict(model_type="falcon_h1", hidden_size=64, num_hidden_layers=2,
                       intermediate_size=96, head_dim=16, num_attention_heads=4,
@@ -84,7 +85,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=3,
                         intermediate_size=96, num_attention_heads=4, head_dim=16,
                         num_key_value_heads=2, vocab_size=VOCAB, sliding_window=6,
-                        sliding_window_pattern=3, query_pre_attn_scalar=16.0,
+                        sliding_window_pattern=3, query_pre_attn_scalar=16,
                         max_position_embeddings=512),
     "gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=2, num_local_experts=4,
                     num_experts_per_tok=2, vocab_size=VOCAB, hidden_size=64,

@@ -40,8 +40,9 @@ Rules:
 4. `w` is the largest window among the model's windowed layers plus one: a
    layer with a smaller window reads a subset, and its mask hides the rest;
    the one more position is for model files that ask their mask for one
-   more key than their rotating cache keeps (plamo3: `window_size + 1`), so
-   that no mask ever sees a freed block.
+   more key than their rotating cache keeps (plamo3: `window_size + 1`; it is
+   now refused at load, kv/specs.py rule 4, but a file like it must still
+   never see a freed block).
 """
 
 from __future__ import annotations

@@ -70,3 +70,18 @@ def test_gpt_bigcode_integer_offset_is_refused_naming_why():
         layer_norm_epsilon=1e-5, vocab_size=300)))
     with pytest.raises(UnsupportedModel, match="gpt_bigcode: its learned position embeddings"):
         model_cache_spec(model)
+
+
+def test_plamo3_window_mask_one_key_past_its_cache_is_refused_naming_why():
+    """Its mask shows window_size + 1 keys, its RotatingKVCache keeps window_size: mlx-lm's
+    own greedy ids for one prompt change with prefill_step_size (the family survey: 4
+    differs from 1, 8 and 2048 on a 23-token prompt, window 6), so there are no ids to
+    match and it is refused at load (specs.py rule 4)."""
+    from mlx_lm.models import plamo3
+
+    model = plamo3.Model(plamo3.ModelArgs.from_dict(dict(
+        model_type="plamo3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=300,
+        sliding_window=6)))
+    with pytest.raises(UnsupportedModel, match="plamo3: its sliding-window mask shows"):
+        model_cache_spec(model)
