@@ -88,12 +88,12 @@ from .channel import Free, PlanChannel
 from .config import EngineConfig, EngineModel, engine_cache_spec, model_dtype
 from .gate import DecodeGate
 from .kv.disk import DiskTier
+from .kv.diskparts import disk_parts
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .kv.quantized import QuantizedKVStore, check_kv_bits, reads_quantized
 from .kv.recurrent import StateStore
 from .kv.specs import model_family
-from .kv.diskparts import disk_parts
 from .kv.spill import DiskLink
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit

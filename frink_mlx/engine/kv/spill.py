@@ -68,7 +68,7 @@ import numpy as np
 
 from ..plan import Group
 from .block_pool import BlockPool, KVBlock
-from .blockfile import KIND_BLOCK, KIND_STATE, KIND_WINDOW, BlockLayout
+from .blockfile import KIND_BLOCK, KIND_STATE, KIND_WINDOW
 from .disk import DiskTier, ReadJob, WriteJob
 from .diskparts import DiskParts, PoolPart, StatePart
 from .hashing import iter_block_hashes

@@ -13,9 +13,9 @@ import pytest
 
 from frink_mlx.engine.kv.blockfile import (
     HEADER_NBYTES,
-    BadBlockFile,
     KIND_BLOCK,
     KIND_STATE,
+    BadBlockFile,
     BlockLayout,
     decode,
     encode_header,
