@@ -70,12 +70,15 @@ def restart(make_engine, family, directory, **kw):
 HYBRID = dict(snapshot_interval_blocks=4)  # kept at 16, 32 and the prompt's end, 36
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "lfm2"])
-def test_a_restarted_hybrid_restores_blocks_and_state_from_disk(make_engine, tmp_path, family):
+@pytest.mark.parametrize(("family", "pipeline"), [("qwen3_5", False), ("qwen3_5", True),
+                                                  ("nemotron_h", False), ("lfm2", False)])
+def test_a_restarted_hybrid_restores_blocks_and_state_from_disk(make_engine, tmp_path, family,
+                                                                pipeline):
     cold, hashes = warm(make_engine, family, tmp_path, **HYBRID)
     assert cold == reference(family, tuple(PROMPT), 6)
     assert path_of(tmp_path, derived_key(KIND_STATE, hashes[CAP // BLOCK - 1])).is_file()
-    tier, engine, (tokens, first) = restart(make_engine, family, tmp_path, **HYBRID)
+    tier, engine, (tokens, first) = restart(make_engine, family, tmp_path, pipeline=pipeline,
+                                            **HYBRID)
     assert tokens == cold
     assert first.num_cached_tokens == first.num_disk_cached_tokens == CAP
     assert tier.snapshot().refused_files_total == 0

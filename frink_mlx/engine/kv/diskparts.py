@@ -150,7 +150,8 @@ class PoolPart:
             taken = [mx.take(pools[j].reshape(-1, run.dim), index[run.heads], axis=0)
                      for j in run.layers]
             arrays.append(mx.view(mx.stack(taken), _MX_BITS[run.itemsize]))  # (L, H, n*bs, D)
-        mx.async_eval(*arrays)
+        if arrays:  # a part with no layers (every layer windowed) is its header alone
+            mx.async_eval(*arrays)
         return BlockPayloads(arrays, bs)
 
     def unpack(self, payloads: Sequence[memoryview]) -> list[np.ndarray]:
