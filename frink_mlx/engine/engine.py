@@ -53,11 +53,11 @@ Sliding-window entries get window tables (kv/window.py): blocks outside the
 window go back to their own pool (not on a distributed group, whose ranks
 keep one table).
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
-daemon's block files and reads prompts' runs back (kv/spill.py); not for a
-distributed group (each rank holds its own shard of the pools), nor with
-window tables (a block file holds every layer's K/V under one block id).
-KV bits (`kv_bits`, kv/quantized.py): the pools are quantized; refused on a
-distributed group (config.py rule 5), and the SSD tier is off for such a model (one warning).
+daemon's block files and reads prompts' runs back (kv/spill.py), window parts
+and state snapshots included (kv/diskparts.py); not for a distributed group
+(each rank holds its own shard of the pools).
+KV bits (`kv_bits`, kv/quantized.py): the pools are quantized (their block
+files too); refused on a distributed group (config.py rule 5).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
@@ -88,12 +88,13 @@ from .channel import Free, PlanChannel
 from .config import EngineConfig, EngineModel, engine_cache_spec, model_dtype
 from .gate import DecodeGate
 from .kv.disk import DiskTier
+from .kv.diskparts import disk_parts
 from .kv.manager import KVCacheManager
 from .kv.paged import PagedKVStore, model_kv_geometry
 from .kv.quantized import QuantizedKVStore, check_kv_bits, reads_quantized
 from .kv.recurrent import StateStore
 from .kv.specs import model_family
-from .kv.spill import DiskLink, disk_layout
+from .kv.spill import DiskLink
 from .leader import LeaderRunner
 from .loop import Abort, Drain, LoopConfig, Message, StepLoop, Submit
 from .runner import Runner
@@ -170,20 +171,19 @@ class Engine:
         return max(windows) + 1 if windows else None  # kv/window.py rule 4: one more
 
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
-        """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1);
-        none for a model with recurrent layers (its state snapshots stay in memory) or
-        with window tables (module docstring)."""
-        if self.cache_spec is not None and self.cache_spec.has_state or self.kv.windows:
+        """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1):
+        its blocks (float or `kv_bits`), window parts and state snapshots (kv/diskparts.py);
+        none for a model with recurrent layers but no snapshots (no prefix cache)."""
+        spec = self.cache_spec
+        has_state = spec is not None and spec.has_state
+        if has_state and self.kv.snapshots is None:
             return
-        if self.config.kv_bits is not None:  # kv/quantized.py rule 4
-            log.warning("SSD tier off for this model: its KV blocks are in %d bits (kv_bits) and "
-                        "the tier's block files hold float blocks only", self.config.kv_bits)
-            return
-        layout = disk_layout(self.loaded.model, self.runner.store, backend.name)
-        if layout is None:
-            return
-        self.scheduler.cache_namespace = layout.namespace.hex()
-        self._loop.spill = DiskLink(disk, layout, self.kv, lambda: self.runner.store)
+        parts = disk_parts(self.loaded.model, self.runner.store, backend.name,
+                           windowed=self.runner.windowed_layers or [],
+                           states=spec.states if spec is not None and has_state else ())
+        self.scheduler.cache_namespace = parts.namespace.hex()
+        self._loop.spill = DiskLink(disk, parts, self.kv, lambda: self.runner.store,
+                                    lambda: self.runner.states)
 
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
         forward, masks = backend.prepare_decoder(model), backend.device_token_masks()

@@ -31,8 +31,10 @@ Rules:
    than `queue_bytes`, else returns False (the caller keeps the blocks for
    later or drops them). A block already on disk is not written again.
 4. Reads go to their own thread, so a read is never behind a long write.
-   `read` stops at the first block that is missing or refused; the blocks
-   after it are useless (each hash covers its whole prefix).
+   `read` stops at the first file that is missing or refused; the blocks
+   after it are useless (each hash covers its whole prefix). A file is a
+   block's K/V or a part of it, or a recurrent-state snapshot
+   (blockfile.py's kinds): the tier sees keys and layouts only.
 5. A refused file (blockfile rule 1) is deleted and counted; its blocks are
    recomputed by the engine as any miss. Never an error for a request.
 6. A directory that cannot be created or written (read-only, full, no
@@ -79,7 +81,9 @@ class WriteJob:
 
 @dataclass(slots=True)
 class ReadJob:
-    layout: BlockLayout
+    """Files to read in order, file i of `layouts[i]` under key `hashes[i]` (rule 4)."""
+
+    layouts: list[BlockLayout]
     hashes: list[int]
     deliver: Callable[[list[memoryview]], None]  # called on the reader thread
 
@@ -95,8 +99,8 @@ class DiskStats:
     num_files: int = 0
     queued_bytes: int = 0
     read_requests_total: int = 0    # prompts that asked the disk for a run of blocks
-    hit_blocks_total: int = 0       # blocks read back and verified
-    written_blocks_total: int = 0
+    hit_blocks_total: int = 0       # files read back and verified (blocks, parts, snapshots)
+    written_blocks_total: int = 0   # files written
     dropped_blocks_total: int = 0   # snapshots the queue had no room for (rule 3)
     refused_files_total: int = 0    # torn, corrupt, foreign or older files deleted (rule 5)
     evicted_files_total: int = 0    # deleted for the budget (rule 2)
@@ -328,8 +332,8 @@ class DiskTier:
 
     def _read(self, job: ReadJob) -> None:
         payloads: list[memoryview] = []
-        for block_hash in job.hashes:
-            payload = self._read_file(job.layout, block_hash)
+        for layout, block_hash in zip(job.layouts, job.hashes):
+            payload = self._read_file(layout, block_hash)
             if payload is None:
                 break
             payloads.append(payload)

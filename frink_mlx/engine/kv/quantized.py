@@ -44,9 +44,10 @@ Rules:
    None, so long rows are gathered (of packed parts: a quarter to an eighth of
    the float bytes) where float rows are read where they lie.
 4. Only attention pools are quantized: recurrent state (kv/recurrent.py) and a
-   draft model's pool stay float. A head dim that is not a multiple of 32, a
-   distributed group, and the SSD tier (its block files hold float layouts,
-   kv/spill.py) are refused, each in one line, when the model is loaded.
+   draft model's pool stay float. A head dim that is not a multiple of 32 and
+   a distributed group are refused, each in one line, when the model is
+   loaded. The SSD tier's block files hold the three parts of each pool as
+   they are (kv/diskparts.py), with the bits and group sizes in the layout.
 """
 
 from __future__ import annotations

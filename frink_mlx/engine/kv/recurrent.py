@@ -135,6 +135,14 @@ class StateStore:
             self._snapshots[snap_id] = rows
             self._unsettled += [a for row in rows for a in row]
 
+    def snapshot_rows(self, snap_id: int) -> list[list[mx.array]] | None:
+        """Rule 7: a snapshot's arrays, per recurrent layer (the SSD tier writes them)."""
+        return self._snapshots.get(snap_id)
+
+    def put_snapshot(self, snap_id: int, rows: list[list[mx.array]]) -> None:
+        """Rule 7: snapshot id holds `rows`, read back from the SSD tier (kv/spill.py)."""
+        self._snapshots[snap_id] = rows
+
     def restore(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Rule 7: slot -> snapshot id's arrays, for each (snapshot id, slot)."""
         for snap_id, slot in pairs:

@@ -50,6 +50,10 @@ Rules:
    its step count; a chat's next turn restarts at the previous row's tail
    anyway): K = max(ceil(state bytes / block K/V bytes),
    ceil(num_blocks / num_snapshots), ceil(largest chunk / block_size)).
+7. The SSD tier (kv/spill.py) writes a bound, ready snapshot out beside its
+   block (`on_bound` tells it of each binding; `find` says whether one is
+   ready), and one read back is `reserve`d and bound at once for its block's
+   hash, like a prefill snapshot: ready from the next step, evicted by rule 4.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class SnapshotIndex:
         self._tails: dict[SeqId, int] = {}
         self._unbound: dict[SeqId, list[int]] = {}
         self._step = 0
+        self.on_bound: Callable[[int], None] | None = None  # rule 7: the SSD tier listens
 
     @property
     def num_used(self) -> int:
@@ -162,6 +167,14 @@ class SnapshotIndex:
                 return index + 1, snap_id
         return 0, -1
 
+    def find(self, block_hash: int) -> tuple[int, bool] | None:
+        """The snapshot bound to `block_hash` and whether it is ready (rule 3), or None;
+        not a hit (the LRU order stays): the SSD tier asks (kv/spill.py rule 2)."""
+        snap_id = self._by_hash.get(block_hash)
+        if snap_id is None:
+            return None
+        return snap_id, self._snaps[snap_id].step < self._step
+
     def release_seq(self, seq_id: SeqId, *, preempted: bool = False) -> None:
         """`seq_id` is freed (rule 2): its unbound snapshots go, and with `preempted`
         (freed while its step is planned) those of this step; its bound tail stays."""
@@ -190,6 +203,8 @@ class SnapshotIndex:
     def _bind(self, snap_id: int, snap: _Snapshot, block_hash: int) -> None:
         snap.block_hash = block_hash
         self._by_hash[block_hash] = snap_id
+        if self.on_bound is not None:  # rule 7
+            self.on_bound(block_hash)
         if self._tails.get(snap.owner) != snap_id:
             snap.owner = None  # a kept snapshot belongs to the cache once bound
 

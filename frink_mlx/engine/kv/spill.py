@@ -1,277 +1,380 @@
-"""One engine's link to the SSD tier: idle blocks out to disk, a prompt's run back in.
+"""One engine's link to the SSD tier: idle blocks and state snapshots out to disk, a
+prompt's longest run back in.
 
 Why here and not in the block pool: the pool and the manager are integers
 (no MLX, tests/test_layering.py), while copying a block's K/V out of the
 paged pools or back into them is MLX work that must run on the engine thread
-under the decode gate. So the pool only reports a cached block going idle
+under the decode gate. So the pools only report a cached block going idle
 (`BlockPool.on_idle`), and this module, called by the step loop (loop.py),
-does the rest with disk.py's `DiskTier` and blockfile.py's format.
+does the rest with disk.py's `DiskTier`; diskparts.py says what each file
+holds (a block's full-attention part, its sliding-window part, the recurrent
+state after it) and turns arrays into its bytes and back.
 
     block goes idle ──> pending ──snapshot()──> gather K/V (async) ──> tier.offer
-    prompt added ──prefetch()──> tier.read(leading run past the RAM hits)
+      (its snapshot, if bound and ready) ──────> copy out (async) ───> tier.offer
+    prompt added ──prefetch()──> tier.read(the files of the longest hit past RAM's)
                                   ... reader thread checks, assembles numpy ...
     poll() ──> promote: copy into free blocks, publish their hashes, free them
-               (cached, at the LRU tail) ──> the scheduler admits the row with
-               them counted as cached (scheduler rule 1)
+               (cached, at the LRU tail); a state into a snapshot id, bound
+               ──> the scheduler admits the row with them counted as cached
+               (scheduler rule 1)
 
 Rules:
-1. Namespace: the scheduler's extra key carries `BlockLayout.namespace` (model
-   weights digest, models/identity.py; KV dtype; layer layout; block size;
-   backend) instead of the generation number, so a block's hash names the
-   same K/V in every process that loads the same weights (hashing.py).
-2. A block is written once it is idle (its last holder freed it) and still
-   carries the hash it was freed with; a block evicted and reused before
-   its snapshot is lost to the tier (`num_lost_blocks`), never written with
-   someone else's K/V. Blocks already on disk are only touched (disk.py rule 2).
+1. Namespace: the scheduler's extra key carries the engine's namespace
+   (diskparts.py rule 1: weights digest, models/identity.py; KV dtype and bits;
+   every layer's layout; block size; backend) instead of the generation
+   number, so a block's hash names the same K/V in every process that loads
+   the same weights (hashing.py).
+2. A block part is written once its pool's block is idle (its last holder
+   freed it) and still carries the hash it was freed with; a block evicted
+   and reused before then is lost to the tier (`num_lost_blocks`), never
+   written with someone else's K/V. Files already on disk are only touched
+   (disk.py rule 2). A state snapshot goes out once its block's full part
+   was written or found on disk, if a snapshot is bound to that block and
+   ready (kv/snapshots.py rule 3), or, bound to a block already idle, once
+   it is ready; one evicted before then is lost too. (Not at binding: a
+   decoding row's tail moves every block and only its last one is kept.)
 3. Snapshots never delay a step: a busy engine copies out at most
-   `STEP_SNAPSHOT_BYTES` per step, and only as much as the writer queue has
-   room for (disk.py rule 3); an idle engine copies out the rest while its
-   inbox stays empty (`flush`). The gather is evaluated asynchronously; the
-   writer thread only waits for its result and reads the host bytes.
+   `STEP_SNAPSHOT_BYTES` per step (of which state files, at least one a
+   step when the queue has room, so a state larger than that share still
+   goes out), and only as much as the writer queue has room for (disk.py
+   rule 3); an idle engine copies out the rest while its inbox stays empty
+   (`flush`). Copies are evaluated asynchronously; the writer thread only
+   waits for their result and reads the host bytes.
 4. A prompt whose RAM hit stops short of its rule-1 cap (manager rule 1)
-   asks the tier for the leading run of the following blocks that are on
-   disk; the row is held in the queue (`Group.loading`) until the read
-   returns, then promoted blocks are in RAM like any cached block. A read
-   that returns fewer blocks (missing, refused: disk.py rules 4-5), or a
-   pool without room for all of them, promotes what it can; the rest is
-   prefilled, so output never depends on the disk.
+   asks the tier for the files of the longest hit RAM and disk make
+   together (diskparts.py rule 3): the deepest k whose blocks' full parts,
+   window parts (lo(n)..k-1) and the state after block k-1 are each in RAM
+   or on disk; those not in RAM are read. The row is held in the queue
+   (`Group.loading`) until the read returns; what was read and checked is
+   then in RAM like any cached block or snapshot, and the admission's own
+   lookup finds the hit. A read that returns fewer files (missing, refused:
+   disk.py rules 4-5), or a pool without room for all of them, promotes what
+   it can; the rest is prefilled, so output never depends on the disk.
 5. `Group.num_disk_tokens` (set at admission, scheduler rule 1) counts the
-   admitted cached tokens that came from disk; None when the tier is off.
+   admitted cached tokens past the RAM hit the prompt had when it arrived
+   (those the read made possible); None when the tier is off.
 """
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import mlx.core as mx
 import numpy as np
 
-from ...models.identity import weights_digest
 from ..plan import Group
-from .blockfile import BlockLayout
+from .block_pool import BlockPool, KVBlock
+from .blockfile import KIND_BLOCK, KIND_STATE, KIND_WINDOW
 from .disk import DiskTier, ReadJob, WriteJob
+from .diskparts import DiskParts, PoolPart, StatePart
 from .hashing import iter_block_hashes
 from .manager import KVCacheManager
 from .paged import PagedKVStore
+from .recurrent import StateStore
 
 STEP_SNAPSHOT_BYTES = 4 * 1024 * 1024     # rule 3, per busy step
 FLUSH_CHUNK_BYTES = 64 * 1024 * 1024      # rule 3, per gather while idle
-_BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_MX_BITS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
-
-
-def disk_layout(model: object, store: PagedKVStore, backend_name: str) -> BlockLayout | None:
-    """Rule 1's layout of `store`'s blocks for `model`; None for pools the tier cannot
-    copy as one slab per layer (layers of different shapes)."""
-    shapes = {tuple(k.shape) for k in store.keys} | {("v",) + tuple(v.shape) for v in store.values}
-    if len(shapes) != 2:
-        return None
-    dtype = str(store.dtype).rpartition(".")[2]
-    identity = (f"frink-kv-disk-1|weights={weights_digest(model)}|dtype={dtype}|"
-                f"layers={store.num_layers}|kv_heads={store.n_kv_heads}|head_dim={store.head_dim}|"
-                f"v_head_dim={store.v_head_dim}|block_size={store.block_size}|"
-                f"backend={backend_name}")
-    return BlockLayout(namespace=hashlib.blake2b(identity.encode(), digest_size=16).digest(),
-                       num_layers=store.num_layers, n_kv_heads=store.n_kv_heads,
-                       head_dim=store.head_dim, v_head_dim=store.v_head_dim,
-                       block_size=store.block_size, dtype=dtype, itemsize=store.dtype.size)
+FROM_DISK = ("frink-kv-disk",)            # the row a snapshot read back is reserved for
 
 
 @dataclass(slots=True)
 class _Load:
     group: Group
     start_block: int
-    hashes: list[int]
+    end_block: int
+    hashes: list[int]                      # the prompt's block hashes 0 .. end_block - 1
+    files: list[tuple[int, int]]           # what is read: (kind, block index), in order
+    cols: dict[int, list[int]] = field(default_factory=dict)   # kind -> block indices read
+    blocks: dict[int, list[np.ndarray]] = field(default_factory=dict)  # kind -> unpacked runs
+    state: memoryview | None = None
 
 
-class _Snapshot:
-    """Block payloads of one gather, read on the writer thread (rule 3)."""
+class _Out:
+    """One pool's idle blocks waiting to be written (rule 2): block id -> its hash."""
 
-    def __init__(self, keys: mx.array, values: mx.array, block_size: int) -> None:
-        self._arrays: tuple[mx.array, mx.array] = (keys, values)
-        self._host: tuple[np.ndarray, np.ndarray] | None = None
-        self._bs = block_size
+    def __init__(self, part: PoolPart, pool: BlockPool) -> None:
+        self.part, self.pool = part, pool
+        self.pending: dict[int, int] = {}
 
-    def __call__(self, index: int) -> bytes:
-        if self._host is None:  # waits for the gather, then reads host memory: no MLX op
-            self._host = (np.asarray(self._arrays[0]), np.asarray(self._arrays[1]))
-        keys, values = self._host
-        cols = slice(index * self._bs, (index + 1) * self._bs)
-        return keys[:, :, cols].tobytes() + values[:, :, cols].tobytes()
+    def on_idle(self, block_id: int, block_hash: int) -> None:
+        self.pending[block_id] = block_hash
 
 
 class DiskLink:
     """The tier as one engine uses it (module rules); engine thread only, except
     `_deliver`, which the tier's reader thread calls."""
 
-    def __init__(self, tier: DiskTier, layout: BlockLayout, kv: KVCacheManager,
-                 store: Callable[[], PagedKVStore]) -> None:
-        self.tier, self.layout, self.kv = tier, layout, kv
-        self._store = store
-        self._pending: dict[int, int] = {}  # block id -> hash it was freed with (rule 2)
-        self._done: queue.SimpleQueue[tuple[_Load, tuple[np.ndarray, np.ndarray] | None]] = \
-            queue.SimpleQueue()
+    def __init__(self, tier: DiskTier, parts: DiskParts, kv: KVCacheManager,
+                 store: Callable[[], PagedKVStore],
+                 states: Callable[[], StateStore | None] = lambda: None) -> None:
+        self.tier, self.parts, self.kv = tier, parts, kv
+        self._store, self._states = store, states
+        self._parts: dict[int, PoolPart | StatePart] = {
+            kind: part for kind, part in ((KIND_BLOCK, parts.full), (KIND_WINDOW, parts.window),
+                                          (KIND_STATE, parts.state)) if part is not None}
+        self._outs = [_Out(parts.full, kv.pool)]
+        if parts.window is not None and kv.windows is not None:
+            self._outs.append(_Out(parts.window, kv.windows.pool))
+        self._state_pending: dict[int, None] = {}  # block hashes whose snapshot may go out
+        self._short_of_room = False
+        self._done: queue.SimpleQueue[_Load] = queue.SimpleQueue()
         self.num_loading = 0
         self.num_lost_blocks = 0
-        kv.pool.on_idle = self._on_idle
+        for out in self._outs:
+            out.pool.on_idle = out.on_idle
+        if kv.snapshots is not None and parts.state is not None:
+            kv.snapshots.on_bound = self._on_bound
 
-    def _on_idle(self, block_id: int, block_hash: int) -> None:
-        self._pending[block_id] = block_hash
+    def _on_bound(self, block_hash: int) -> None:
+        """Rule 2: a snapshot bound to a block already idle (one read back, or a block a
+        recomputed row could not publish again: block_pool.py rule 6) goes out now; one
+        bound to a held block goes when the block goes idle."""
+        block = self.kv.pool.get_cached_block(block_hash)
+        if block is None or block.ref_cnt == 0:
+            self._state_pending[block_hash] = None
 
     def forget(self) -> None:
         """The pools were rebuilt (loop.py, failure rule 3): nothing pending is valid."""
-        self._pending.clear()
+        for out in self._outs:
+            out.pending.clear()
+        self._state_pending.clear()
+
+    def _has_pending(self) -> bool:
+        return bool(self._state_pending) or any(out.pending for out in self._outs)
 
     # -- out (rules 2, 3) --------------------------------------------------------
 
     def snapshot(self, max_bytes: int) -> int:
-        """Copy out up to `max_bytes` of pending blocks; returns how many were queued."""
+        """Copy out up to `max_bytes` of pending files; returns how many were queued."""
+        self._short_of_room = False
         if not self.tier.enabled:
-            self._pending.clear()
+            self.forget()
             return 0
-        per_block = self.layout.file_nbytes
-        limit = min(max_bytes, self.tier.room_bytes()) // per_block
-        if not self._pending or not limit:
+        queued, left = 0, max_bytes
+        for out in self._outs:
+            num = self._write_blocks(out, left)
+            queued, left = queued + num, left - num * out.part.layout.file_nbytes
+        if self._state_pending:
+            queued += self._write_states(left)
+        return queued
+
+    def _write_blocks(self, out: _Out, max_bytes: int) -> int:
+        limit = max(0, min(max_bytes, self.tier.room_bytes())) // out.part.layout.file_nbytes
+        if not out.pending:
             return 0
-        pool = self.kv.pool
+        snaps = self.kv.snapshots if out.part is self.parts.full and self.parts.state else None
         ids: list[int] = []
-        hashes: list[int] = []
-        for block_id, block_hash in list(self._pending.items()):
-            if pool.blocks[block_id].block_hash != block_hash:
-                del self._pending[block_id]
+        keys: list[int] = []
+        for block_id, block_hash in list(out.pending.items()):
+            key = out.part.key(block_hash)
+            if out.pool.blocks[block_id].block_hash != block_hash:
+                del out.pending[block_id]
                 self.num_lost_blocks += 1
-            elif self.tier.has(block_hash):
-                del self._pending[block_id]
-                self.tier.touch(block_hash)
+                continue
+            if self.tier.has(key):
+                del out.pending[block_id]
+                self.tier.touch(key)
             elif len(ids) < limit:
-                del self._pending[block_id]
+                del out.pending[block_id]
                 ids.append(block_id)
-                hashes.append(block_hash)
+                keys.append(key)
+            else:
+                self._short_of_room = True
+                continue
+            if snaps is not None and snaps.find(block_hash) is not None:
+                self._state_pending[block_hash] = None
         if ids:
-            keys, values = self._gather(ids)
-            self.tier.offer(WriteJob(self.layout, hashes, _Snapshot(keys, values,
-                                                                    self.layout.block_size)))
+            self.tier.offer(WriteJob(out.part.layout, keys, out.part.gather(self._store(), ids)))
         return len(ids)
+
+    def _write_states(self, max_bytes: int) -> int:
+        """Rule 2's snapshots, as many as `max_bytes` holds, at least one if the queue has room."""
+        snaps, states, part = self.kv.snapshots, self._states(), self.parts.state
+        if snaps is None or states is None or part is None:
+            self._state_pending.clear()
+            return 0
+        size, queued = part.layout.file_nbytes, 0
+        for block_hash in list(self._state_pending):
+            found = snaps.find(block_hash)
+            if found is None or not found[1]:  # gone: lost; not ready: the next call
+                if found is None:
+                    del self._state_pending[block_hash]
+                continue
+            key = part.key(block_hash)
+            rows = states.snapshot_rows(found[0])
+            if self.tier.has(key) or rows is None:
+                del self._state_pending[block_hash]
+                self.tier.touch(key)
+                continue
+            if queued and queued * size >= max_bytes or self.tier.room_bytes() < size:
+                self._short_of_room = True
+                break
+            del self._state_pending[block_hash]
+            queued += self.tier.offer(WriteJob(part.layout, [key], part.pack(rows)))
+        return queued
 
     def flush(self, gate: AbstractContextManager[object], quiet: Callable[[], bool],
               until_s: float | None = None) -> None:
-        """Rule 3, idle: snapshot every pending block while `quiet()` (and before `until_s`,
+        """Rule 3, idle: snapshot every pending file while `quiet()` (and before `until_s`,
         time.monotonic()), waiting for room in the writer's queue when it is full."""
-        while self._pending and self.tier.enabled and quiet():
+        while self._has_pending() and self.tier.enabled and quiet():
             if until_s is not None and time.monotonic() > until_s:
                 return
             with gate:
                 queued = self.snapshot(FLUSH_CHUNK_BYTES)
-            if not queued and self._pending:
+            if not queued:
+                if not self._short_of_room:
+                    return  # what is left waits for its snapshot to be ready
                 time.sleep(0.01)  # the queue is full: the writer is busy
-
-    def _gather(self, block_ids: list[int]) -> tuple[mx.array, mx.array]:
-        """(L, H, n * block_size, D) K and V of `block_ids`, as unsigned ints of the
-        dtype's width (raw bits: numpy has no bfloat16), evaluating asynchronously."""
-        store, bs = self._store(), self.layout.block_size
-        slots = (np.asarray(block_ids)[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
-        rows = np.arange(store.n_kv_heads)[:, None] * (store.num_slots + 1) + slots[None, :]
-        index = mx.array(rows.astype(np.int32))
-        bits = _MX_BITS[self.layout.itemsize]
-
-        def take(pools: list[mx.array]) -> mx.array:
-            return mx.view(mx.stack([mx.take(p.reshape(-1, p.shape[-1]), index, axis=0)
-                                     for p in pools]), bits)
-
-        keys, values = take(store.keys), take(store.values)
-        mx.async_eval(keys, values)
-        return keys, values
 
     # -- in (rule 4) ---------------------------------------------------------------
 
     def prefetch(self, group: Group) -> None:
-        """Called when `group` joins the queue: start reading its run of disk blocks."""
+        """Called when `group` joins the queue: start reading its files from disk."""
         group.num_disk_tokens = 0
-        seq, bs = group.seqs[0], self.layout.block_size
+        seq, bs = group.seqs[0], self.kv.block_size
         if not (self.tier.enabled and group.request.cache_prompt and self.kv.enable_caching):
             return
-        cap = (len(seq.token_ids) - 1) // bs  # manager rule 1
-        held, _ = self.kv.get_computed_blocks(seq.token_ids, group.extra_key)
+        ids = seq.key_ids(len(seq.token_ids))
+        cap = (len(ids) - 1) // bs  # manager rule 1
+        held, _ = self.kv.get_computed_blocks(ids, group.extra_key)
         start = len(held)
         if start >= cap:
             return
-        parent = held[-1].block_hash if held else None
-        run: list[int] = []
-        for block_hash in iter_block_hashes(seq.token_ids, bs, group.extra_key, parent=parent,
-                                            start_block=start, stop_block=cap):
-            if not self.tier.has(block_hash):
-                break
-            run.append(block_hash)
-        load = _Load(group, start, run)
-        if run and self.tier.read(ReadJob(self.layout, run, lambda p: self._deliver(load, p))):
+        hashes = [b.block_hash or 0 for b in held] + list(iter_block_hashes(
+            ids, bs, group.extra_key, parent=held[-1].block_hash if held else None,
+            start_block=start, stop_block=cap))
+        end = self._deepest_hit(hashes, start)
+        load = _Load(group, start, end, hashes[:end], self._files(hashes, start, end))
+        if not load.files:
+            return
+        layouts = [self._parts[kind].layout for kind, _ in load.files]
+        keys = [self._parts[kind].key(hashes[i]) for kind, i in load.files]
+        if self.tier.read(ReadJob(layouts, keys, lambda p: self._deliver(load, p))):
             group.loading = True
             self.num_loading += 1
 
+    def _deepest_hit(self, hashes: Sequence[int], start: int) -> int:
+        """Rule 4: the deepest hit RAM and disk make together (diskparts.py rule 3)."""
+        pool, run = self.kv.pool, start
+        while run < len(hashes) and (pool.get_cached_block(hashes[run]) is not None
+                                     or self.tier.has(hashes[run])):
+            run += 1
+        for end in range(run, start, -1):
+            if self._state_at(hashes[end - 1]) != "none" and self._window_ok(hashes, end):
+                return end
+        return start
+
+    def _state_at(self, block_hash: int) -> str:
+        """Where the state after `block_hash` is: "ram", "disk", "none", or "ram" for a
+        model without recurrent layers (nothing needed)."""
+        snaps, part = self.kv.snapshots, self.parts.state
+        if snaps is None or part is None:
+            return "ram"
+        found = snaps.find(block_hash)
+        if found is not None and found[1]:
+            return "ram"
+        return "disk" if self.tier.has(part.key(block_hash)) else "none"
+
+    def _window_ok(self, hashes: Sequence[int], end: int) -> bool:
+        windows, part = self.kv.windows, self.parts.window
+        if windows is None or part is None:
+            return True
+        lo = windows.first_needed(end * self.kv.block_size)
+        return all(windows.pool.get_cached_block(h) is not None or self.tier.has(part.key(h))
+                   for h in hashes[lo:end])
+
+    def _files(self, hashes: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
+        """What a hit of `end` blocks reads (rule 4): full parts, window parts, the state."""
+        if end <= start:
+            return []
+        pool, windows = self.kv.pool, self.kv.windows
+        files = [(KIND_BLOCK, i) for i in range(start, end) if pool.get_cached_block(hashes[i]) is None]
+        if windows is not None and self.parts.window is not None:
+            lo = windows.first_needed(end * self.kv.block_size)
+            files += [(KIND_WINDOW, i) for i in range(lo, end)
+                      if windows.pool.get_cached_block(hashes[i]) is None]
+        if self._state_at(hashes[end - 1]) == "disk":
+            files.append((KIND_STATE, end - 1))
+        return files
+
     def _deliver(self, load: _Load, payloads: list[memoryview]) -> None:
-        """Reader thread: the checked payloads as (L, H, n * bs, D) K and V (numpy only)."""
-        if not payloads:
-            self._done.put((load, None))
-            return
-        lay, bs, n = self.layout, self.layout.block_size, len(payloads)
-        bits = _BITS[lay.itemsize]
-        keys = np.empty((lay.num_layers, lay.n_kv_heads, n * bs, lay.head_dim), bits)
-        values = np.empty((lay.num_layers, lay.n_kv_heads, n * bs, lay.v_head_dim), bits)
-        split = keys.size // n
-        for j, payload in enumerate(payloads):
-            flat = np.frombuffer(payload, bits)
-            keys[:, :, j * bs:(j + 1) * bs] = flat[:split].reshape(keys.shape[:2] + (bs, -1))
-            values[:, :, j * bs:(j + 1) * bs] = flat[split:].reshape(values.shape[:2] + (bs, -1))
-        self._done.put((load, (keys, values)))
+        """Reader thread: the checked payloads unpacked into numpy (no MLX)."""
+        read = load.files[:len(payloads)]
+        for kind, part in ((KIND_BLOCK, self.parts.full), (KIND_WINDOW, self.parts.window)):
+            mine = [p for (k, _), p in zip(read, payloads) if k == kind]
+            if mine and part is not None:
+                load.cols[kind] = [i for k, i in read if k == kind]
+                load.blocks[kind] = part.unpack(mine)
+        if read and read[-1][0] == KIND_STATE:
+            load.state = payloads[-1]
+        self._done.put(load)
 
     def poll(self, gate: AbstractContextManager[object]) -> None:
         """Promote every finished read (engine thread, each loop turn)."""
         while True:
             try:
-                load, arrays = self._done.get_nowait()
+                load = self._done.get_nowait()
             except queue.Empty:
                 return
             self.num_loading -= 1
             group = load.group
             group.loading = False
-            if arrays is not None and group.seqs and group.seqs[0].finish is None:
+            if (load.cols or load.state is not None) and group.seqs and \
+                    group.seqs[0].finish is None:
                 with gate:
-                    num = self._promote(load, arrays)
-                bs = self.layout.block_size
-                group.disk_span = (load.start_block * bs, (load.start_block + num) * bs)
+                    self._promote(load)
+                bs = self.kv.block_size
+                group.disk_span = (load.start_block * bs, load.end_block * bs)
 
-    def _promote(self, load: _Load, arrays: tuple[np.ndarray, np.ndarray]) -> int:
-        """Copy a read run into free blocks and publish it; returns the run's length."""
-        pool, bs = self.kv.pool, self.layout.block_size
-        seq = load.group.seqs[0]
-        num = arrays[0].shape[2] // bs
-        held, _ = self.kv.get_computed_blocks(seq.token_ids, load.group.extra_key)
-        pool.touch(held)  # our own RAM prefix must not be evicted for its continuation
+    def _promote(self, load: _Load) -> None:
+        """Put what was read into RAM as cached blocks and a bound snapshot (rule 4)."""
+        kept = self._protect(load)  # our own RAM prefix must not be evicted for its continuation
         try:
-            todo = [j for j, h in enumerate(load.hashes[:num]) if pool.get_cached_block(h) is None]
-            todo = todo[:pool.num_free_blocks]
-            blocks = pool.get_new_blocks(len(todo)) or []
-            if blocks:
-                self._scatter([b.block_id for b in blocks], todo, arrays)
-            for block, j in zip(blocks, todo):
-                pool.cache_full_block(block, load.hashes[j])
-            pool.free_blocks(reversed(blocks))
+            self._promote_blocks(self.parts.full, self.kv.pool, load, KIND_BLOCK)
+            windows = self.kv.windows
+            if windows is not None and self.parts.window is not None:
+                self._promote_blocks(self.parts.window, windows.pool, load, KIND_WINDOW)
+            if load.state is not None:
+                self._promote_state(load)
         finally:
-            pool.free_blocks(reversed(held))
-        return num
+            for pool, blocks in kept:
+                pool.free_blocks(reversed(blocks))
 
-    def _scatter(self, block_ids: list[int], cols: list[int],
-                 arrays: tuple[np.ndarray, np.ndarray]) -> None:
-        store, bs = self._store(), self.layout.block_size
-        slots = (np.asarray(block_ids)[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
-        index = mx.array(slots.astype(np.int32))
-        picks = (np.asarray(cols)[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
-        for pools, host in ((store.keys, arrays[0]), (store.values, arrays[1])):
-            part = host if len(picks) == host.shape[2] else host[:, :, picks]
-            for layer in range(store.num_layers):
-                pools[layer][:, index] = mx.view(mx.array(part[layer]), store.dtype)
-        mx.eval(store.arrays())
+    def _protect(self, load: _Load) -> list[tuple[BlockPool, list[KVBlock]]]:
+        """Touch the hit's blocks already in RAM, in both pools (released after)."""
+        pools = [(self.kv.pool, load.hashes)]
+        if (windows := self.kv.windows) is not None:
+            lo = windows.first_needed(load.end_block * self.kv.block_size)
+            pools.append((windows.pool, load.hashes[lo:]))
+        kept: list[tuple[BlockPool, list[KVBlock]]] = []
+        for pool, hashes in pools:
+            blocks = [b for b in map(pool.get_cached_block, hashes) if b is not None]
+            pool.touch(blocks)
+            kept.append((pool, blocks))
+        return kept
+
+    def _promote_blocks(self, part: PoolPart, pool: BlockPool, load: _Load, kind: int) -> None:
+        cols, arrays = load.cols.get(kind), load.blocks.get(kind)
+        if not cols or arrays is None:
+            return
+        todo = [j for j, i in enumerate(cols) if pool.get_cached_block(load.hashes[i]) is None]
+        blocks = pool.get_new_blocks(min(len(todo), pool.num_free_blocks)) or []
+        if blocks:
+            part.scatter(self._store(), [b.block_id for b in blocks], todo[:len(blocks)], arrays)
+        for block, j in zip(blocks, todo):
+            pool.cache_full_block(block, load.hashes[cols[j]])
+        pool.free_blocks(reversed(blocks))
+
+    def _promote_state(self, load: _Load) -> None:
+        snaps, states, part = self.kv.snapshots, self._states(), self.parts.state
+        if snaps is None or states is None or part is None or load.state is None:
+            return
+        index = load.end_block - 1
+        snap_id = snaps.reserve(FROM_DISK, (index + 1) * self.kv.block_size, load.hashes[index])
+        if snap_id is not None:  # ready from the next step (kv/snapshots.py rule 3)
+            states.put_snapshot(snap_id, part.unpack(load.state))

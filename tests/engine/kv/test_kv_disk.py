@@ -13,6 +13,8 @@ import pytest
 
 from frink_mlx.engine.kv.blockfile import (
     HEADER_NBYTES,
+    KIND_BLOCK,
+    KIND_STATE,
     BadBlockFile,
     BlockLayout,
     decode,
@@ -20,8 +22,8 @@ from frink_mlx.engine.kv.blockfile import (
 )
 from frink_mlx.engine.kv.disk import DiskTier, ReadJob, WriteJob
 
-LAYOUT = BlockLayout(namespace=b"n" * 16, num_layers=2, n_kv_heads=1, head_dim=2, v_head_dim=2,
-                     block_size=4, dtype="float32", itemsize=4)
+LAYOUT = BlockLayout(namespace=b"n" * 16, kind=KIND_BLOCK, dims=(2, 4, 0, 0, 2, 16),
+                     dtype="float32", payload_nbytes=2 * 4 * (2 + 2) * 4)
 PER_FILE = LAYOUT.file_nbytes
 
 
@@ -36,7 +38,7 @@ def whole_file(block_hash: int, seed: int) -> bytes:
 
 def test_a_file_round_trips() -> None:
     assert bytes(decode(LAYOUT, 42, whole_file(42, 1))) == payload(1)
-    assert HEADER_NBYTES == 112 and PER_FILE == HEADER_NBYTES + 2 * 4 * (2 + 2) * 4
+    assert HEADER_NBYTES == 116 and PER_FILE == HEADER_NBYTES + 2 * 4 * (2 + 2) * 4
 
 
 def _flip(data: bytes, at: int) -> bytes:
@@ -67,11 +69,15 @@ def test_another_namespace_block_or_layout_is_refused() -> None:
         decode(other, 42, data)
     with pytest.raises(BadBlockFile, match="another block"):
         decode(LAYOUT, 43, data)
-    wider = BlockLayout(**{**{f: getattr(LAYOUT, f) for f in LAYOUT.__slots__}, "head_dim": 4})
+    wider = BlockLayout(**{**{f: getattr(LAYOUT, f) for f in LAYOUT.__slots__},
+                           "dims": (2, 4, 0, 0, 2, 32), "payload_nbytes": 2 * LAYOUT.payload_nbytes})
     wide_payload = bytes(wider.payload_nbytes)
     forged = encode_header(wider, 42, wide_payload)[:12] + data[12:]  # our namespace, their body
     with pytest.raises(BadBlockFile):
         decode(LAYOUT, 42, forged + wide_payload)
+    state = BlockLayout(**{**{f: getattr(LAYOUT, f) for f in LAYOUT.__slots__}, "kind": KIND_STATE})
+    with pytest.raises(BadBlockFile, match="kind"):  # a state file under a block's name
+        decode(LAYOUT, 42, encode_header(state, 42, payload(1)) + payload(1))
 
 
 def write(tier: DiskTier, hashes: list[int]) -> None:
@@ -87,7 +93,7 @@ def read(tier: DiskTier, hashes: list[int]) -> list[bytes]:
         got.append([bytes(p) for p in payloads])
         done.set()
 
-    assert tier.read(ReadJob(LAYOUT, hashes, deliver))
+    assert tier.read(ReadJob([LAYOUT] * len(hashes), hashes, deliver))
     assert done.wait(10.0)
     return got[0]
 
@@ -178,6 +184,6 @@ def test_an_unwritable_directory_turns_the_tier_off_once(tmp_path: Path, caplog)
     tier = DiskTier(tmp_path / "file" / "kv", 1 << 20)
     assert not tier.enabled and tier.snapshot().error
     assert not tier.offer(WriteJob(LAYOUT, [1], payload)) and not tier.has(1)
-    assert not tier.read(ReadJob(LAYOUT, [1], lambda p: None))
+    assert not tier.read(ReadJob([LAYOUT], [1], lambda p: None))
     assert len([r for r in caplog.records if "KV disk tier off" in r.getMessage()]) == 1
     tier.close(1.0)

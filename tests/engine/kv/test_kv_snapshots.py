@@ -115,3 +115,27 @@ def test_without_snapshots_a_recurrent_model_caches_nothing() -> None:
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False, num_state_slots=1)
     assert kv.snapshots is None and kv.plan_snapshot("a", 4) is None
     assert kv.snapshot_stop(0, 30, 30) == 30
+
+
+def test_the_ssd_tier_hears_of_bindings_and_asks_without_touching_the_lru() -> None:
+    """Rule 7: `on_bound` hears every binding; `find` says (id, ready) and leaves the LRU
+    order alone; a snapshot read back is reserved and bound at once, ready next step."""
+    from frink_mlx.engine.kv.hashing import iter_block_hashes
+
+    kv = manager()
+    snaps = kv.snapshots
+    assert snaps is not None
+    bound: list[int] = []
+    snaps.on_bound = bound.append
+    prompt = list(range(1, 23))
+    taken = run_prompt(kv, "a", prompt)  # at 8, 16, 20
+    hashes = list(iter_block_hashes(prompt, 4, KEY))
+    assert bound == [hashes[1], hashes[3], hashes[4]]
+    assert snaps.find(hashes[1]) == (taken[0], False) and snaps.find(hashes[0]) is None
+    kv.begin_step()
+    assert snaps.find(hashes[1]) == (taken[0], True)
+    kv.free("a")
+    read_back = snaps.reserve(("disk",), 24, 12345)  # a block hash the pool does not hold
+    assert read_back is not None and snaps.find(12345) == (read_back, False) and bound[-1] == 12345
+    kv.begin_step()
+    assert snaps.find(12345) == (read_back, True)
