@@ -19,10 +19,11 @@ same slots (the trash slot included):
 Group size g: 32 for float32 pools, 64 for 16-bit pools (32 where 64 does
 not divide the head dim). Why: on the default model (SmolLM2-135M, fp32 on
 the CPU backend) the keys carry outlier features, so one scale per 64
-features rounds the rest coarsely; per group of 32 the greedy agreement with
-float KV rises from 0.57 to 0.65 of 128 tokens before the first divergence
-(teacher-forced over 20 chat prompts: benchmarks/results/kv_bits-2026-12-03.txt;
-mlx-lm's own `QuantizedKVCache` at group 64 measures 0.57). A float32 scale
+features rounds the rest coarsely; per group of 32 the engine's greedy
+agreement with float KV rose from 0.53 to 0.73 of 128 tokens before the first
+divergence (20 chat prompts; teacher-forced 0.57 -> 0.65:
+benchmarks/results/kv_bits-2026-12-03.txt; mlx-lm's own `QuantizedKVCache` at
+group 64 measures 0.57). A float32 scale
 and bias per 32 features still leave 3.2x the float tokens at 8 bits and
 5.3x at 4; 16-bit pools keep 64, since at 32 their 8-bit ceiling would be
 1.78x float (64: 1.88x). Bytes per token and head: D * bits / 8 +
