@@ -21,6 +21,11 @@ What one run prints (issue 31's targets in brackets):
 4. Which read serves quantized blocks best on this backend (kv/quantized.py
    rule 2): one layer's decode read at the default model's shape, float vs
    8-bit dequantized gathers vs 8-bit quantized products.
+5. The reference for step 2: mlx-lm's own `generate_step` on the same prompts,
+   float vs `kv_bits=8, kv_group_size=64, quantized_kv_start=0` (its default
+   start, 5000, never quantizes rows this short), one row at a time; the same
+   two figures. If mlx-lm's own agreement is as low as ours, the quantization
+   scheme, not the engine, is the bound.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import mlx.core as mx
 
 from frink_mlx.backend import MemoryBudget, select_backend
 from frink_mlx.core.request import SamplingParams
+from frink_mlx.engine.config import resolve_engine_config
 from frink_mlx.engine.engine import Engine, EngineConfig
 from frink_mlx.engine.gate import DecodeGate
 from frink_mlx.engine.types import SeqRequest
@@ -107,7 +113,7 @@ def make_engine(loaded, num_blocks: int, max_batch: int, bits: int | None, block
                        prefill_chunk_tokens=256, batching=True, context_ceiling=8192,
                        max_queue=256, queue_timeout_s=600.0, generation=1, kv_bits=bits,
                        spec=None)
-    engine = Engine(loaded, cfg, DecodeGate(), BACKEND)
+    engine = Engine(loaded, resolve_engine_config(cfg, loaded, BACKEND), DecodeGate(), BACKEND)
     if start:
         engine.start()
     return engine
@@ -141,51 +147,77 @@ def run_rows(engine: Engine, prompts: list[list[int]], num_tokens: int, tag: str
     return rows, (total - len(rows)) / max(1e-9, max(lasts) - max(firsts))
 
 
-def agreement(loaded, num_prompts: int, num_tokens: int, block_size: int) -> None:
-    """Step 2."""
+def chat_prompts(loaded, num_prompts: int) -> list[list[int]]:
     tok = loaded.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}],
-                                       add_generation_prompt=True)
-               for q in (QUESTIONS * 2)[:num_prompts]]
+    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+            for q in (QUESTIONS * 2)[:num_prompts]]
+
+
+def agreement(loaded, num_prompts: int, num_tokens: int, block_size: int,
+              widths: tuple[int | None, ...]) -> None:
+    """Step 2."""
+    prompts = chat_prompts(loaded, num_prompts)
     print(f"2. greedy agreement with float KV: {num_prompts} prompts x {num_tokens} tokens "
           f"(load {load_avg()})")
     outs = {}
-    for bits in WIDTHS:
+    for bits in widths:
         engine = make_engine(loaded, 4096, num_prompts, bits, block_size)
         outs[bits], _ = run_rows(engine, prompts, num_tokens, f"agree{bits}")
         engine.shutdown(5.0)
-    for bits in WIDTHS[1:]:
-        before, same = [], 0
-        for ref, got in zip(outs[None], outs[bits]):
-            first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), len(ref))
-            before.append(first / len(ref))
-            same += sum(a == b for a, b in zip(ref, got))
-        total = sum(len(r) for r in outs[None])
-        full = sum(1 for b in before if b == 1.0)
-        print(f"   kv_bits={bits}: mean fraction before the first divergence "
-              f"{sum(before) / len(before):.3f} ({full}/{len(before)} rows identical), "
-              f"per-token agreement {same / total:.3f}", flush=True)
+    for bits in widths[1:]:
+        print(f"   kv_bits={bits}: {agreement_line(outs[None], outs[bits])}", flush=True)
+
+
+def agreement_line(reference: list[list[int]], rows: list[list[int]]) -> str:
+    """Step 2's two figures: mean fraction before the first divergence, per-token agreement."""
+    before, same = [], 0
+    for ref, got in zip(reference, rows):
+        first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), len(ref))
+        before.append(first / len(ref))
+        same += sum(a == b for a, b in zip(ref, got))
+    full = sum(1 for b in before if b == 1.0)
+    return (f"mean fraction before the first divergence {sum(before) / len(before):.3f} "
+            f"({full}/{len(before)} rows identical), per-token agreement "
+            f"{same / sum(len(r) for r in reference):.3f}")
+
+
+def mlx_lm_agreement(loaded, num_prompts: int, num_tokens: int) -> None:
+    """Step 5: mlx-lm's own generation, float vs its quantized KV cache from token 0."""
+    from mlx_lm.generate import generate_step
+
+    def rows(**kv: int) -> list[list[int]]:
+        return [[int(t) for t, _ in generate_step(mx.array(p), loaded.model,
+                                                   max_tokens=num_tokens, **kv)]
+                for p in chat_prompts(loaded, num_prompts)]
+
+    print(f"5. mlx-lm generate_step's own agreement: {num_prompts} prompts x {num_tokens} "
+          f"tokens, one row at a time (load {load_avg()})")
+    reference = rows()
+    for bits in (8, 4):
+        quant = rows(kv_bits=bits, kv_group_size=64, quantized_kv_start=0)
+        print(f"   kv_bits={bits}, group 64, quantized_kv_start=0: "
+              f"{agreement_line(reference, quant)}", flush=True)
 
 
 def decode(loaded, clients: int, contexts: list[int], num_tokens: int, repeat: int,
-           block_size: int) -> None:
+           block_size: int, widths: tuple[int | None, ...]) -> None:
     """Step 3."""
     vocab = loaded.model.args.vocab_size
-    engines = {bits: make_engine(loaded, 4096, clients, bits, block_size) for bits in WIDTHS}
+    engines = {bits: make_engine(loaded, 4096, clients, bits, block_size) for bits in widths}
     for context in contexts:
         rng = random.Random(context)
-        best = dict.fromkeys(WIDTHS, 0.0)
+        best = dict.fromkeys(widths, 0.0)
         for r in range(repeat):
-            for bits in WIDTHS:
+            for bits in widths:
                 prompts = [[rng.randrange(100, vocab - 1) for _ in range(context)]
                            for _ in range(clients)]
                 _, rate = run_rows(engines[bits], prompts, num_tokens, f"dec{bits}-{r}")
                 best[bits] = max(best[bits], rate)
         print(f"3. decode, {clients} clients x {context}-token prompts, {num_tokens} out, "
               f"best of {repeat} (load {load_avg()}): "
-              + ", ".join(f"{b or 'float'} {best[b]:.1f} tok/s" for b in WIDTHS)
-              + f"; 8 bits {best[8] / best[None]:.2f}x float, 4 bits "
-              f"{best[4] / best[None]:.2f}x", flush=True)
+              + ", ".join(f"{b or 'float'} {best[b]:.1f} tok/s" for b in widths) + "; "
+              + ", ".join(f"{b} bits {best[b] / best[None]:.2f}x float" for b in widths[1:]),
+              flush=True)
     for engine in engines.values():
         engine.shutdown(5.0)
 
@@ -244,6 +276,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--skip", default="", help="steps to skip, e.g. 2,3")
+    ap.add_argument("--widths", default="float,8,4", help="KV widths of steps 2-3")
     args = ap.parse_args()
     settings = Settings.load()
     spec = load_registry(settings).resolve(args.model)
@@ -251,15 +284,21 @@ def main() -> None:
     print(f"model {spec.name} ({loaded.model.args.model_type}), KV dtype {loaded.dtype}, "
           f"backend {BACKEND.name}, mlx {mx.__version__}, load {load_avg()}", flush=True)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    widths = tuple(None if w == "float" else int(w) for w in args.widths.split(","))
+    if widths[0] is not None:
+        raise SystemExit("--widths starts with float (the reference)")
     if "1" not in skip:
         ceilings(loaded, args.pool_mib, args.block_size)
     if "2" not in skip:
-        agreement(loaded, args.prompts, args.tokens, args.block_size)
+        agreement(loaded, args.prompts, args.tokens, args.block_size, widths)
     if "3" not in skip:
         contexts = [args.context] + ([args.long_context] if args.long_context else [])
-        decode(loaded, args.clients, contexts, args.decode_tokens, args.repeat, args.block_size)
+        decode(loaded, args.clients, contexts, args.decode_tokens, args.repeat, args.block_size,
+               widths)
     if "4" not in skip:
         read_paths(30)
+    if "5" not in skip:
+        mlx_lm_agreement(loaded, args.prompts, args.tokens)
 
 
 BACKEND = select_backend(Settings.load().backend_config())

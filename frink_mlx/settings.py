@@ -218,10 +218,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_kv_pool_bytes: Annotated[int, doc(
         "cap on one model's KV pool, however much memory is free")] = 2 * 1024**3
     kv_bits: Annotated[KVBits | None, doc(
-        "store KV blocks in 8 or 4 bits (MLX affine quantization in groups of 64 features, 32 where the "
-        "head dim needs it): head dim 64 holds 3.6x or 6.4x the float32 context in the same memory (1.9x "
-        "or 3.6x the float16); greedy output drifts from float KV's; a models.toml entry's `kv_bits` "
-        "wins; unset: the model's float type")] = None
+        "store KV blocks in 8 or 4 bits (MLX affine quantization in groups of 32 features for float32 "
+        "models, 64 for 16-bit ones): head dim 64 holds 3.2x or 5.3x the float32 context in the same "
+        "memory (1.9x or 3.6x the float16); greedy output drifts from float KV's; a models.toml entry's "
+        "`kv_bits` wins; unset: the model's float type")] = None
     kv_disk_dir: Annotated[str | None, doc(
         "where the prefix cache's SSD tier keeps KV blocks (they survive restarts, swaps and evictions)",
         default="cache_dir/kv: ~/Library/Caches/frink-mlx/kv on macOS, else $XDG_CACHE_HOME/frink-mlx/kv or "

@@ -16,11 +16,19 @@ same slots (the trash slot included):
     x ~= scale * q + bias, q in [0, 2^bits), per group of g consecutive features
     of one head's vector of one token
 
-Group size g = 64 (mlx-lm's default; SmolLM2-135M's head dim 64 is one group a
-vector), 32 for head dims that are multiples of 32 but not of 64. Bytes per
-token and head: D * bits / 8 + 2 * (D / g) * itemsize; D = 64 in float32:
-256 float, 72 at 8 bits, 40 at 4 bits (`row_nbytes`; models/budget.py prices
-blocks with it).
+Group size g: 32 for float32 pools, 64 for 16-bit pools (32 where 64 does
+not divide the head dim). Why: on the default model (SmolLM2-135M, fp32 on
+the CPU backend) the keys carry outlier features, so one scale per 64
+features rounds the rest coarsely; per group of 32 the engine's greedy
+agreement with float KV rose from 0.53 to 0.73 of 128 tokens before the first
+divergence (20 chat prompts; teacher-forced 0.57 -> 0.65:
+benchmarks/results/kv_bits-2026-12-03.txt; mlx-lm's own `QuantizedKVCache` at
+group 64 measures 0.57). A float32 scale
+and bias per 32 features still leave 3.2x the float tokens at 8 bits and
+5.3x at 4; 16-bit pools keep 64, since at 32 their 8-bit ceiling would be
+1.78x float (64: 1.88x). Bytes per token and head: D * bits / 8 +
+2 * (D / g) * itemsize; D = 64 in float32: 256 float, 80 at 8 bits, 48 at 4
+bits (`row_nbytes`; models/budget.py prices blocks with it).
 
 Rules:
 1. Writes quantize the new tokens' K/V (one `mx.quantize` per pool per
@@ -64,19 +72,22 @@ from .paged import BatchLayout, PagedKVStore, PagedLayerCache
 from .reads import LayerRead, take_rows
 
 KV_BITS = (4, 8)
-GROUP_SIZES = (64, 32)  # the first that divides the head dim (module docstring)
+GROUP_SIZES = (64, 32)  # 16-bit pools: the first that divides the head dim (module docstring)
+FLOAT32_GROUP = 32      # float32 pools (module docstring)
 
 
-def group_size_for(dim: int) -> int | None:
-    """The quantization group of a head dim, or None if no supported group divides it."""
-    return next((g for g in GROUP_SIZES if dim % g == 0), None)
+def group_size_for(dim: int, itemsize: int = 4) -> int | None:
+    """The quantization group of a head dim in pools of `itemsize`-byte floats (module
+    docstring), or None if no supported group divides it."""
+    order = (FLOAT32_GROUP,) if itemsize >= 4 else GROUP_SIZES
+    return next((g for g in order if dim % g == 0), None)
 
 
 def row_nbytes(dim: int, bits: int | None, itemsize: int) -> int:
     """Bytes of one token's vector of one head: float, or packed + scales + biases."""
     if bits is None:
         return dim * itemsize
-    group = group_size_for(dim)
+    group = group_size_for(dim, itemsize)
     if group is None:
         raise ConfigError(f"kv_bits={bits}: head dim {dim} is not a multiple of "
                           f"{GROUP_SIZES[-1]}, the smallest quantization group")
@@ -138,8 +149,8 @@ class QuantizedKVStore(PagedKVStore):
         per_word, slots = 32 // self.bits, self.num_slots + 1
         lists: list[list[mx.array]] = [[], [], [], [], [], []]
         for heads, dim, v_dim in shapes:
-            group = group_size_for(dim)
-            if group is None or group_size_for(v_dim) != group:
+            group = group_size_for(dim, self.dtype.size)
+            if group is None or group_size_for(v_dim, self.dtype.size) != group:
                 raise ValueError(f"head dims {dim}/{v_dim} have no common quantization group")
             self.group_sizes.append(group)
             for at, width in ((0, dim), (3, v_dim)):

@@ -37,7 +37,8 @@ from conftest import make_tiny_llama  # noqa: E402
 from engine_support import BACKEND, engine_factory, loaded, random_prompt, tokens  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
-# head dim 64, the default model's (SmolLM2-135M): one quantization group of 64 per vector
+# head dim 64, the default model's (SmolLM2-135M): two quantization groups of 32 per vector
+# in float32 pools (kv/quantized.py)
 HEAD64 = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 
 
@@ -64,11 +65,23 @@ def test_pools_are_packed_words_scales_and_biases(bits):
     store = _store(bits)
     slots = 16 * 4 + 1
     assert store.keys[0].shape == (1, slots, 64 * bits // 32) and store.keys[0].dtype == mx.uint32
-    assert store.key_scales[0].shape == store.value_biases[1].shape == (1, slots, 1)
+    assert store.key_scales[0].shape == store.value_biases[1].shape == (1, slots, 2)
     assert len(store.arrays()) == 12 and len(store.layer_arrays(1)) == 6
     per_token = 2 * 2 * row_nbytes(64, bits, 4)  # K and V, two layers, one head
-    assert row_nbytes(64, bits, 4) == {8: 72, 4: 40}[bits]
+    assert row_nbytes(64, bits, 4) == {8: 80, 4: 48}[bits]
     assert store.nbytes == slots * per_token
+
+
+def test_16_bit_pools_keep_groups_of_64():
+    """The module docstring's choice: float32 pools quantize per 32 features, 16-bit pools
+    per 64 (at 32 their 8-bit ceiling would fall under 1.9x float), 32 where 64 does not
+    divide the head dim."""
+    store = QuantizedKVStore(
+        bits=8, num_layers=1, num_blocks=4, block_size=4, n_kv_heads=1, head_dim=64,
+        dtype=mx.float16)
+    assert store.group_sizes == [64] and store.key_scales[0].shape == (1, 17, 1)
+    assert row_nbytes(64, 8, 2) == 68 and row_nbytes(96, 8, 2) == 96 + 2 * 3 * 2
+    assert row_nbytes(64, 8, 4) == 64 + 2 * 2 * 4
 
 
 def test_writes_read_back_within_the_quantization_step():
@@ -77,13 +90,15 @@ def test_writes_read_back_within_the_quantization_step():
     lay = BatchLayout([RowSpan(0, 6, [3, 5])], block_size=4, trash_slot=store.trash_slot)
     keys = mx.random.normal((1, 1, 6, 64), key=mx.random.key(1))
     cache = make_layer_caches(store, lay)[0]
-    assert isinstance(cache, QuantizedLayerCache) and cache.bits == 8 and cache.group_size == 64
+    assert isinstance(cache, QuantizedLayerCache) and cache.bits == 8 and cache.group_size == 32
     k, v = cache.update_and_fetch(keys, keys * 2)
-    back = mx.dequantize(*k, group_size=64, bits=8)
-    step = (keys.max(axis=-1, keepdims=True) - keys.min(axis=-1, keepdims=True)) / 255
+    back = mx.dequantize(*k, group_size=32, bits=8)
+    groups = keys.reshape(1, 1, 6, 2, 32)
+    step = mx.repeat((groups.max(axis=-1, keepdims=True) - groups.min(axis=-1, keepdims=True))
+                     / 255, 32, axis=-1).reshape(1, 1, 6, 64)
     assert back.shape == (1, 1, 6, 64)
     assert np.array_equal(np.array(back), np.array(mx.dequantize(
-        *mx.quantize(keys, group_size=64, bits=8), group_size=64, bits=8)))
+        *mx.quantize(keys, group_size=32, bits=8), group_size=32, bits=8)))
     assert bool(mx.all(mx.abs(back - keys) <= step + 1e-6))  # within one step of 8 bits
 
 
@@ -177,7 +192,7 @@ def test_pools_give_mlx_lms_quantized_kv_cache_logits(tmp_path):
     model, _ = load(str(make_tiny_llama(tmp_path, **HEAD64)))  # stock: no backend kernels
     prompt = random_prompt(105, 58)
     for bits in (8, 4):
-        theirs = [QuantizedKVCache(group_size=64, bits=bits) for _ in range(2)]
+        theirs = [QuantizedKVCache(group_size=32, bits=bits) for _ in range(2)]
         store = _store(bits)
         ours = []
         for start, stop in ((0, 57), (57, 58)):
@@ -200,7 +215,7 @@ def test_batched_equals_alone_with_kv_bits(make_engine, bits):
 
 
 def test_plan_prices_blocks_at_their_bits(tiny64):
-    """(c) The same budget holds 256/72 (8 bits) and 256/40 (4 bits) times the blocks of
+    """(c) The same budget holds 256/80 (8 bits) and 256/48 (4 bits) times the blocks of
     float32 K/V at head dim 64; the residency price (pool_bytes) follows."""
     budget = MemoryBudget(nbytes=64 * 1024 ** 2, source="ram")
     config = Settings(max_batch=64, memory_headroom_fraction=0.0).budget_config()
@@ -209,10 +224,10 @@ def test_plan_prices_blocks_at_their_bits(tiny64):
     plans = {bits: plan_kv(subject, msgspec.structs.replace(config, kv_bits=bits), budget)
              for bits in (None, 8, 4)}
     assert plans[None].kv_bits is None and plans[8].kv_bits == 8
-    assert [plans[b].bytes_per_token for b in (None, 8, 4)] == [2 * 2 * 256, 2 * 2 * 72,
-                                                                 2 * 2 * 40]
+    assert [plans[b].bytes_per_token for b in (None, 8, 4)] == [2 * 2 * 256, 2 * 2 * 80,
+                                                                 2 * 2 * 48]
     ceiling = {b: p.context_ceiling for b, p in plans.items()}
-    assert ceiling[8] / ceiling[None] >= 3.5 and ceiling[4] / ceiling[None] >= 6.3
+    assert ceiling[8] / ceiling[None] >= 3.1 and ceiling[4] / ceiling[None] >= 5.2
     float_block = plans[None].block_size * plans[None].bytes_per_token
     assert all(abs(p.pool_bytes - plans[None].pool_bytes) < float_block  # the same bytes
                for p in plans.values())
@@ -298,5 +313,6 @@ def test_cpu_dispatch_sends_quantized_caches_to_the_quantized_kernel(monkeypatch
     got = sdpa(q, k, v, cache=cache, scale=0.125, mask="causal")
     mx.eval(got)  # before mlx-lm's, which scales `q` in place
     from mlx_lm.models.base import quantized_scaled_dot_product_attention
-    want = quantized_scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    want = quantized_scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal",
+                                                  group_size=cache.group_size)
     assert stock == [] and np.allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
