@@ -8,8 +8,6 @@ line."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,17 +20,9 @@ from frink_mlx.registry import load_registry
 from frink_mlx.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
-from hybrid_support import write  # noqa: E402
+from hybrid_support import checkpoint  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Numbers: 0 1 2", "What is the capital of"]
-
-
-def checkpoint(family: str, tokenizer_dir: Path, out: Path) -> Path:
-    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
-    write(family, out, vocab_size=vocab)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    return out
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])

@@ -30,12 +30,15 @@ Rules:
      one machine) with little on the wire: one hidden state per rank boundary
      and one all-gather per forward, instead of two all-reduces per layer.
    The crossing happens inside the forward, so the followers' replay of the
-   step plan (engine/leader.py, engine/follower.py) serves both unchanged.
+   step plan (engine/leader.py, engine/follower.py) serves both unchanged,
+   and so does each rank's recurrent state: its slice of a tensor-split
+   layer's state (its heads), or its own stage's layers' states.
 4. Which: `distributed_split` (settings.py) is "tensor", "pipeline" or
    "auto" (tensor where the model allows it, else pipeline), decided by
    `choose_split` before anything is split. Tensor needs `shard` and query
-   and KV heads that divide by the group size (else the shard would silently
-   drop heads); pipeline needs `model.model.pipeline` and at least one layer
+   and KV heads that divide by the group size, and so must a GatedDeltaNet's
+   key and value heads (qwen3_5, read from a nested `text_config` too), else
+   the shard would silently drop heads; pipeline needs `model.model.pipeline` and at least one layer
    per rank. A model allowing neither is refused by name with both reasons.
    Every rank decides for itself, so a load's commit round compares the
    kinds (`split_code`; serving/distributed.py rule 2): ranks configured
@@ -132,7 +135,8 @@ def choose_split(model: Any, size: int, choice: SplitChoice = "auto") -> ShardKi
         if why_not[kind] is None:
             return kind
     reasons = "; ".join(f"{kind} parallel: {why_not[kind]}" for kind in kinds)
-    raise ModelFormatError(f"{type(model).__module__} cannot be split over {size} ranks "
+    family = type(model).__module__.rsplit(".", 1)[-1]
+    raise ModelFormatError(f"model file {family} cannot be split over {size} ranks "
                            f"({reasons})")
 
 
@@ -144,13 +148,25 @@ def split_code(kind: str | None) -> int:
 def _tensor_refusal(model: Any, size: int) -> str | None:
     if not callable(getattr(model, "shard", None)):
         return "the model file has no `shard`"
-    args = getattr(model, "args", None)
-    heads = getattr(args, "num_attention_heads", None)
-    kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+    args = _text_args(model)
+    heads = args.get("num_attention_heads")
+    counts = {"num_attention_heads": heads,
+              "num_key_value_heads": args.get("num_key_value_heads") or heads}
+    for name in ("linear_num_key_heads", "linear_num_value_heads"):  # GatedDeltaNet (qwen3_5)
+        if args.get(name) is not None:
+            counts[name] = args[name]
+    for name, count in counts.items():
         if count is None or count % size:
             return f"{name}={count} does not divide by the group size {size}"
     return None
+
+
+def _text_args(model: Any) -> dict[str, Any]:
+    """The model's args as a dict, a nested `text_config` (qwen3_5) taking precedence."""
+    args = getattr(model, "args", None)
+    fields = dict(vars(args)) if args is not None and hasattr(args, "__dict__") else {}
+    nested = fields.get("text_config")
+    return {**fields, **nested} if isinstance(nested, dict) else fields
 
 
 def _pipeline_refusal(model: Any, size: int) -> str | None:

@@ -2,7 +2,7 @@
 
 Why a module of its own: what an engine runs with depends on more than the
 settings -- on the backend (whether steps pipeline), the model (recurrent
-layers turn speculation off), the draft model (its KV pool and step cost) and
+layers need state slots and snapshots), the draft model (its KV pool and step cost) and
 on whether it leads a distributed group. `resolve_engine_config` decides all
 of it in one place, once per generation (serving/generation.py
 `build_generation`, serving/distributed.py for a group's rank 0); the engine
@@ -21,8 +21,11 @@ Rules:
    engine/speculative/ rule 8), but never with a draft model that has
    recurrent layers itself.
 3. A distributed group never speculates (the step plan the followers replay
-   carries no drafts) and keeps one uniform paged cache per layer: a model
-   with recurrent layers is refused there (UnsupportedModel).
+   carries no drafts). Its cache kinds are rank 0's part's (the loader's
+   probe of the split model, kv/specs.py rule 2): recurrent layers get their
+   slots and snapshots as in rule 2, sliding windows their tables, and the
+   plan names every slot, snapshot and window block, so each follower's own
+   pools stay the same as rank 0's (engine/follower.py).
 4. Speculation with a draft model (engine/speculative/ rule 7): its KV pool
    holds `draft_rows` full contexts, never more blocks than the target's,
    unless given; its step cost is its weights over the target's unless
@@ -43,7 +46,7 @@ from mlx.utils import tree_flatten
 from ..backend import Backend
 from ..errors import ConfigError
 from .kv.snapshots import interval_blocks
-from .kv.specs import ModelCacheSpec, UnsupportedModel, has_recurrent_layers, model_cache_spec, model_family
+from .kv.specs import ModelCacheSpec, has_recurrent_layers, model_cache_spec
 from .speculative import SpecConfig
 
 log = logging.getLogger("frink_mlx.engine.engine")
@@ -79,14 +82,11 @@ class EngineConfig:
     resolved: bool = False                   # set by resolve_engine_config only
 
 
-def engine_cache_spec(loaded: EngineModel, distributed: bool) -> ModelCacheSpec | None:
-    """The model's cache entries (kv/specs.py); None for a distributed group (rule 3)."""
-    if not distributed:
-        return getattr(loaded, "cache_spec", None) or model_cache_spec(loaded.model)
-    if has_recurrent_layers(loaded.model):
-        raise UnsupportedModel(f"{model_family(loaded.model)}: distributed serving of "
-                               "recurrent layers is not supported")
-    return None
+def engine_cache_spec(loaded: EngineModel, distributed: bool) -> ModelCacheSpec:
+    """The model's cache entries (kv/specs.py); a split model's probe is never evaluated
+    (rule 3: its collectives would run on this rank alone)."""
+    return getattr(loaded, "cache_spec", None) or model_cache_spec(
+        loaded.model, evaluate=not distributed)
 
 
 def resolve_engine_config(config: EngineConfig, loaded: EngineModel, backend: Backend, *,
@@ -96,7 +96,7 @@ def resolve_engine_config(config: EngineConfig, loaded: EngineModel, backend: Ba
     pipeline = False if distributed else (
         backend.pipelines_steps() if config.pipeline is None else config.pipeline)
     cache_spec = engine_cache_spec(loaded, distributed)
-    if cache_spec is not None and cache_spec.has_state:  # rule 2
+    if cache_spec.has_state:  # rule 2 (rule 3 on a group)
         config = _with_state(config, cache_spec, model_dtype(loaded))
         if draft is not None and has_recurrent_layers(draft.model):
             draft = None

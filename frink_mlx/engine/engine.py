@@ -50,8 +50,7 @@ A model with recurrent layers keeps its prefix cache through
 state of the tokens it covers), decided with the rest of the config (config.py rule 2); its
 speculation rolls a rejected draft's state back (engine/speculative/ rule 8).
 Sliding-window entries get window tables (kv/window.py): blocks outside the
-window go back to their own pool (not on a distributed group, whose ranks
-keep one table).
+window go back to their own pool.
 SSD tier (`disk` given, kv/disk.py): the engine's prefix cache spills to the
 daemon's block files and reads prompts' runs back (kv/spill.py), window parts
 and state snapshots included (kv/diskparts.py); not for a distributed group
@@ -61,7 +60,9 @@ files too); refused on a distributed group (config.py rule 5).
 
 Distributed (rank 0 of a group, `channel` given): the runner is leader.py's,
 which posts each plan to the followers; steps are never pipelined (leader.py
-rule 1); once the channel is lost (channel.py) `submit` answers `Unavailable`
+rule 1); the cache kinds are rank 0's part's (config.py rule 3), and the
+followers keep the same slots, snapshots and window tables, as the plan
+names them (follower.py); once the channel is lost (channel.py) `submit` answers `Unavailable`
 (503) and the requests in flight end with it; shutting down tells the
 followers to free the generation.
 """
@@ -130,7 +131,7 @@ class Engine:
         self.config = config
         self.gate = gate
         self._stream: Any = workers.stream_for(mx.default_device())
-        has_state = self.cache_spec is not None and self.cache_spec.has_state
+        has_state = self.cache_spec.has_state
         num_snapshots = (config.num_snapshots or 0) if has_state else 0
         self.kv = KVCacheManager(config.num_blocks, config.block_size,
                                  enable_caching=not has_state or num_snapshots > 0,
@@ -145,9 +146,8 @@ class Engine:
             idle_prefill_tokens=config.idle_prefill_tokens, spec=config.spec,
             shared_prefill_tokens=config.shared_prefill_tokens)
         self.runner = self._new_runner(model, backend)
-        if self.kv.windows is not None and self.cache_spec is not None:
-            self.runner.windowed_layers = [j for j, a in enumerate(self.cache_spec.attention)
-                                           if a.window]
+        if self.kv.windows is not None:
+            self.runner.windowed_layers = self.cache_spec.windowed_pools()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._depth = QueueDepth()
         self._stats = EngineStats(num_blocks_total=config.num_blocks, block_size=config.block_size,
@@ -165,10 +165,9 @@ class Engine:
         self._stopping = False
 
     def _window(self) -> int | None:
-        """The largest sliding window of a mixed model's entries (kv/window.py rule 4)."""
-        windows = [a.window for a in self.cache_spec.attention if a.window] \
-            if self.cache_spec is not None else []
-        return max(windows) + 1 if windows else None  # kv/window.py rule 4: one more
+        """The largest sliding window of a mixed model's entries, plus one (kv/window.py
+        rule 4)."""
+        return self.cache_spec.window_tokens
 
     def _link_disk(self, disk: DiskTier, backend: Backend) -> None:
         """The SSD tier, under the namespace of this model's content (kv/spill.py rule 1):
@@ -187,15 +186,15 @@ class Engine:
 
     def _new_runner(self, model: Any, backend: Backend) -> Runner:
         forward, masks = backend.prepare_decoder(model), backend.device_token_masks()
+        spec = self.cache_spec
+        states = StateStore(spec.states, self.config.num_state_slots) if spec.has_state else None
         if self._channel is None:
-            spec = self.cache_spec
-            states = StateStore(spec.states, self.config.num_state_slots) \
-                if spec is not None and spec.has_state else None
             return Runner(model, self._new_store(), forward, device_masks=masks,
                           draft=self._new_draft(backend), cache_spec=spec, states=states)
         self._channel.on_lost.append(self._fail_in_flight)
         return LeaderRunner(model, self._new_store(), forward, channel=self._channel,
-                            generation=self.config.generation, device_masks=masks)
+                            generation=self.config.generation, device_masks=masks,
+                            cache_spec=spec, states=states)
 
     def _fail_in_flight(self, reason: str) -> None:
         """The channel was lost (called from its watchdog): end every request in flight.

@@ -55,8 +55,10 @@ Rules:
    cache entries are read (engine/kv/specs.py, `LoadedModel.cache_spec`); a
    model file the engine cannot run is refused there as one line naming the
    entry, the family and why (`UnsupportedModel`). A split model (rule 9)
-   is not probed (its forward would issue collectives); the engine checks
-   it (engine.py). A warm-up that raises (mlx-lm's own forward cannot run
+   is probed without evaluating (engine/kv/specs.py rule 2: the forward's
+   graph is built and dropped, so its collectives never run), and its spec
+   is this rank's part: its layers (pipeline), its heads and state slices
+   (tensor). A warm-up that raises (mlx-lm's own forward cannot run
    here, e.g. bitnet's Metal-only kernel on the CPU) is refused the same way.
 11. A vision checkpoint (models/vision.py rule 1) loads its whole model with
    mlx-vlm; the engine runs its language model (`VisionLM`) and
@@ -113,7 +115,7 @@ class LoadedModel:
     encoder: Encoder | None = None
     parallel: str | None = None   # rule 9: "tensor" or "pipeline" when split over a group
     num_ranks: int = 1
-    cache_spec: ModelCacheSpec | None = None  # rule 10; None for encoders and split models
+    cache_spec: ModelCacheSpec | None = None  # rule 10; None for encoders
     vision: Vision | None = None  # rule 11: a vision checkpoint's processor and tower
 
 
@@ -205,19 +207,19 @@ def _load(spec: ModelSpec, config: LoadConfig, backend: Backend,
         progress.phase("dequantize", "to float32")
         dequantize_to_float32(model, evaluate=shard is None)
     parallel, num_ranks = shard(model) if shard is not None else (None, 1)
-    cache_spec = None
     if shard is None:
         progress.phase("warm-up")
-        try:
+    try:
+        if shard is None:
             _warm_up(model, tokenizer)  # rule 10: a forward that cannot run is a refusal
-            cache_spec = model_cache_spec(model)
-        except UnsupportedModel as exc:
-            raise UnsupportedModel(f"model {spec.name!r}: the engine cannot run model file "
-                                   f"{exc}") from None
-        except Exception as exc:  # noqa: BLE001 - rule 10: one line naming the family and why
-            raise UnsupportedModel(f"model {spec.name!r}: mlx-lm's own forward of model file "
-                                   f"{model_family(model)} fails here ({type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        cache_spec = model_cache_spec(model, evaluate=shard is None)  # rule 10
+    except UnsupportedModel as exc:
+        raise UnsupportedModel(f"model {spec.name!r}: the engine cannot run model file "
+                               f"{exc}") from None
+    except Exception as exc:  # noqa: BLE001 - rule 10: one line naming the family and why
+        raise UnsupportedModel(f"model {spec.name!r}: mlx-lm's own forward of model file "
+                               f"{model_family(model)} fails here ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
     return LoadedModel(
         spec=spec, kind="generative", model=model, tokenizer=tokenizer, config=model_config,
         path=path, context_length=context_length(model_config, spec),

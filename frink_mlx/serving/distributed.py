@@ -8,18 +8,23 @@ plan channel:
 1. Load: rank 0 posts `Load(g, name)` first, so every follower loads its
    shard while rank 0 loads its own (backend/distributed.py splits each,
    tensor or pipeline parallel, rules 3-4 there).
-2. Commit: rank 0 posts `Commit(g)` and all ranks `gather` [loaded ok,
-   affordable KV blocks, split kind]. Every rank loaded, split the same way
-   -> each builds a pool of the smallest affordable size (the same block ids
-   must exist everywhere) and g goes live; any rank failed or split
-   differently (its own `distributed_split`) -> every rank drops g and rank
-   0's hub keeps the old generation (the swap happens everywhere or nowhere).
+2. Commit: rank 0 posts `Commit(g)` and all ranks `gather` their
+   `commit_row` (engine/follower.py: loaded ok, affordable KV blocks, split
+   kind, affordable state snapshots, cache kinds). Every rank loaded, split
+   the same way and holds the same kinds -> each builds pools of the
+   smallest affordable size (the same block ids must exist everywhere), rank
+   0 takes the fewest snapshots any rank affords (their ids too must exist
+   everywhere) and g goes live; any rank failed or disagrees (its own
+   `distributed_split`, pipeline stages of other kinds) -> every rank drops g
+   and rank 0's hub keeps the old generation (the swap happens everywhere or
+   nowhere).
 3. Each rank prices its own memory, measured on the model after its split:
    its weights (tensor: 1/N of every layer's attention and MLP; pipeline: its
    run of layers) and its KV bytes per token (tensor: 1/N of the KV heads;
-   pipeline: its layers only), against its own budget (models/budget.py), so
-   a model too large for one machine's budget loads on two. Either way every
-   rank also holds the embeddings and the LM head whole.
+   pipeline: its layers only) and its recurrent state per slot and snapshot
+   (tensor: its heads' slice; pipeline: its layers'), against its own budget
+   (models/budget.py), so a model too large for one machine's budget loads on
+   two. Either way every rank also holds the embeddings and the LM head whole.
 4. Encoders (embeddings side-cars) are not sharded: rank 0 loads them alone.
    `embeddings = "self"` (embedding with the generative model itself) is
    refused by name: its forwards would run on rank 0 alone and issue
@@ -40,13 +45,13 @@ import threading
 import time
 from typing import Any
 
-from ..backend import Backend
+from ..backend import Backend, ForwardScope, no_scope
 from ..backend.distributed import DistributedGroup, shard_model, split_code
 from ..config import HubConfig
 from ..engine.channel import Commit, Load, PlanChannel
 from ..engine.config import resolve_engine_config
 from ..engine.engine import Engine
-from ..engine.follower import Follower, ShardOffer
+from ..engine.follower import Follower, ShardOffer, commit_row, disagreement
 from ..errors import ModelFormatError
 from ..models.budget import KVPlan, plan_kv
 from ..models.loader import LoadedModel, load_model
@@ -88,22 +93,18 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
         plan = plan_kv(loaded, config.budget, backend.memory_budget())
     except Exception as exc:  # noqa: BLE001 - reported at commit, re-raised below
         error = exc
+    # rank 0's own row; its forwards are the engine's, so its offer prepares none
+    offer = _offer(loaded, plan, no_scope) if loaded and plan else None
     with channel.exclusive(channel.load_timeout_s):
         channel.post(Commit(number))
-        rows = channel.gather([int(plan is not None), plan.num_blocks if plan else 0,
-                               split_code(loaded.parallel if loaded else None)])
+        rows = channel.gather(commit_row(offer))
     if error is not None:
         raise error
-    failed = [rank for rank, row in enumerate(rows) if not row[0]]
-    if failed or loaded is None or plan is None:
-        raise ModelFormatError(f"model {spec.name!r}: rank(s) {failed} could not load their "
-                               "shard (see their logs); the previous model keeps serving")
-    mixed = [rank for rank, row in enumerate(rows) if row[2] != rows[0][2]]
-    if mixed:
-        raise ModelFormatError(f"model {spec.name!r}: rank(s) {mixed} split it otherwise than "
-                               f"rank 0 ({loaded.parallel}); give every rank the same "
-                               "distributed_split")
-    plan = _agreed_plan(plan, min(row[1] for row in rows), loaded.context_length)
+    reason = disagreement(rows)
+    if reason is not None or loaded is None or plan is None:
+        raise ModelFormatError(f"model {spec.name!r}: {reason}; the previous model keeps "
+                               "serving")
+    plan = _agreed_plan(plan, rows, loaded)
     # No speculation nor pipelining in a group (engine/config.py rules 1, 3).
     group_config = resolve_engine_config(engine_config(config, plan, number), loaded, backend,
                                          distributed=True)
@@ -114,9 +115,22 @@ def _build_leader_generation(channel: PlanChannel, group: DistributedGroup, spec
     return Generation(number, loaded.spec, loaded, engine, plan, time.monotonic())
 
 
-def _agreed_plan(plan: KVPlan, num_blocks: int, trained: int) -> KVPlan:
-    return dataclasses.replace(plan, num_blocks=num_blocks,
-                               context_ceiling=min(trained, num_blocks * plan.block_size))
+def _agreed_plan(plan: KVPlan, rows: list[list[int]], loaded: LoadedModel) -> KVPlan:
+    """Rule 2: the fewest blocks and snapshots any rank affords (its `commit_row`)."""
+    num_blocks, num_snapshots = min(row[1] for row in rows), min(row[3] for row in rows)
+    row_bytes = loaded.cache_spec.state_bytes_per_row if loaded.cache_spec is not None else 0
+    return dataclasses.replace(
+        plan, num_blocks=num_blocks, num_snapshots=num_snapshots,
+        state_bytes=plan.state_bytes - (plan.num_snapshots - num_snapshots) * row_bytes,
+        context_ceiling=min(loaded.context_length, num_blocks * plan.block_size))
+
+
+def _offer(loaded: LoadedModel, plan: KVPlan, forward: ForwardScope) -> ShardOffer:
+    """What this rank loaded and affords (rule 3), as the commit round reads it."""
+    return ShardOffer(model=loaded.model, dtype=loaded.dtype, forward=forward,
+                      num_blocks=plan.num_blocks, block_size=plan.block_size,
+                      split=split_code(loaded.parallel), cache_spec=loaded.cache_spec,
+                      num_state_slots=plan.num_state_slots, num_snapshots=plan.num_snapshots)
 
 
 def follower_loader(registry: Registry, config: HubConfig, backend: Backend,
@@ -127,10 +141,7 @@ def follower_loader(registry: Registry, config: HubConfig, backend: Backend,
         spec = registry.resolve(name)
         loaded = load_model(spec, config.load, backend, shard=functools.partial(_shard, group))
         plan = plan_kv(loaded, config.budget, backend.memory_budget())
-        return ShardOffer(model=loaded.model, dtype=loaded.dtype,
-                          forward=backend.prepare_decoder(loaded.model),
-                          num_blocks=plan.num_blocks, block_size=plan.block_size,
-                          split=split_code(loaded.parallel))
+        return _offer(loaded, plan, backend.prepare_decoder(loaded.model))
 
     return load_shard
 

@@ -93,9 +93,15 @@ def test_the_setting_is_checked_and_reaches_the_group_config():
 
 
 @pytest.mark.parametrize(("rank", "kept"), [(0, 2), (1, 1)])
-def test_a_pipeline_stage_loads_and_prices_only_its_layers(tmp_path: Path, rank: int, kept: int):
+def test_a_pipeline_stage_loads_and_prices_only_its_layers(tmp_path: Path, rank: int, kept: int,
+                                                           monkeypatch: pytest.MonkeyPatch):
     """Rank 0 keeps the last two of three layers, rank 1 the first (mlx-lm's split); the
-    other layers are never read from disk (models/loader.py rule 9)."""
+    other layers are never read from disk (models/loader.py rule 9). The cache-spec probe
+    (loader rule 10) builds a stage's send and receive, which a fake group cannot: the
+    group tests (tests/serving/test_distributed*.py) run it over a real one."""
+    import frink_mlx.models.loader as loader
+
+    monkeypatch.setattr(loader, "model_cache_spec", lambda model, evaluate: None)
     path = make_tiny_qwen2(tmp_path / "q", num_hidden_layers=3)
     spec = ModelSpec(name="q", source=str(path))
     backend = select_backend(Settings().backend_config())  # this machine's (backend/select.py)
@@ -136,3 +142,35 @@ def test_a_layer_cache_takes_back_its_keys_plus_a_dependency_only():
     assert _address(store.keys[1]) == address
     with pytest.raises(ValueError, match="rule 6"):
         cache.keys = mx.zeros((1, 8, 4))
+
+
+def _family(family: str, **text: int) -> object:
+    """hybrid_support.py's tiny config of `family` (text_config fields overridden), unweighted."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from hybrid_support import config
+
+    cfg = config(family)
+    cfg.get("text_config", cfg).update(text)
+    module = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+    return module.Model(module.ModelArgs.from_dict(cfg))
+
+
+def test_hybrid_families_split_as_their_model_files_allow():
+    """Rule 4 over issue 29's families: qwen3_5 (and its MoE) has both, its heads read from
+    its text_config, its GatedDeltaNet heads must divide too; qwen3_next has a pipeline only;
+    the others have neither and are refused naming the model file."""
+    assert choose_split(_family("qwen3_5"), 2) == "tensor"
+    assert choose_split(_family("qwen3_5_moe"), 2) == "tensor"
+    assert choose_split(_family("qwen3_5", linear_num_key_heads=1), 2) == "pipeline"
+    with pytest.raises(ModelFormatError, match="linear_num_key_heads=1 does not divide"):
+        choose_split(_family("qwen3_5", linear_num_key_heads=1), 2, "tensor")
+    assert choose_split(_family("qwen3_next"), 2) == "pipeline"
+    for family in ("lfm2", "nemotron_h", "granitemoehybrid", "falcon_h1", "gemma3_text"):
+        with pytest.raises(ModelFormatError) as info:
+            choose_split(_family(family), 2)
+        line = str(info.value)
+        assert "\n" not in line and line.startswith(f"model file {family} cannot be split")
+        assert "no `shard`" in line and "no `pipeline`" in line

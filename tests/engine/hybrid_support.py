@@ -16,6 +16,7 @@ import functools
 import importlib
 import json
 import random
+import shutil
 import types
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,16 @@ def write(family: str, path: Path, vocab_size: int = VOCAB) -> Path:
     weights: dict[str, mx.array] = dict(tree_flatten(model.parameters()))  # type: ignore[arg-type]
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
+
+
+def checkpoint(family: str, tokenizer_dir: Path, out: Path) -> Path:
+    """`write(family, out)` with the vocabulary and tokenizer of the checkpoint at
+    `tokenizer_dir`, so a daemon can serve it."""
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    write(family, out, vocab_size=vocab)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
 
 
 # --- what the family tests share (test_hybrid_families.py, test_window_blocks.py) ---------

@@ -15,7 +15,6 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from frink_mlx.engine.config import EngineConfig, resolve_engine_config
 from frink_mlx.engine.engine import Engine
 from frink_mlx.engine.gate import DecodeGate
-from frink_mlx.engine.kv.specs import UnsupportedModel
 from frink_mlx.engine.speculative import SpecConfig
 
 BASE = EngineConfig(block_size=4, num_blocks=100, max_batch=8, prefill_chunk_tokens=16,
@@ -87,10 +86,14 @@ def test_a_distributed_group_never_pipelines_nor_speculates() -> None:
     assert resolved.pipeline is False and resolved.spec is None
 
 
-def test_a_distributed_group_refuses_recurrent_layers() -> None:
-    with pytest.raises(UnsupportedModel):
-        resolve_engine_config(BASE, _loaded(recurrent=True), _Backend(True),
-                              distributed=True)
+def test_a_distributed_group_gives_recurrent_layers_slots_and_snapshots() -> None:
+    """Rule 3: rank 0's part keeps its state slots and snapshots (rule 2's numbers); the
+    group still never speculates nor pipelines."""
+    resolved = resolve_engine_config(BASE, _loaded(recurrent=True), _Backend(True),
+                                     distributed=True)
+    assert resolved.num_state_slots == BASE.max_batch and resolved.num_snapshots == 32
+    assert resolved.snapshot_interval_blocks == 10
+    assert resolved.spec is None and resolved.pipeline is False
 
 
 def test_a_draft_model_gets_its_pool_and_step_cost() -> None:

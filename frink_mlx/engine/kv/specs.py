@@ -17,7 +17,9 @@ Rules:
    the model made one, falcon_h1), so each model file finds what it indexes.
 2. Geometry comes from a probe: one 2-token forward over mlx-lm's own caches;
    the shapes of what each cache was handed are read off its graph (so a
-   probe left lazy costs nothing; the loader evaluates it, as a warm-up).
+   probe left lazy costs nothing; the loader evaluates it, as a warm-up,
+   except for a model split over a group: there the graph is only built, so
+   the collectives in it never run on one rank alone).
    A KV entry gives (n_kv_heads, head_dim, v_head_dim); a `RotatingKVCache`
    its window (`max_size`); an `ArraysCache` the per-row shape and dtype of
    each array it was given.
@@ -127,6 +129,17 @@ class ModelCacheSpec:
     @property
     def state_bytes_per_row(self) -> int:
         return sum(s.nbytes for s in self.states)
+
+    def windowed_pools(self) -> list[int]:
+        """The attention pools of sliding-window entries (kv/window.py's tables)."""
+        return [j for j, a in enumerate(self.attention) if a.window]
+
+    @property
+    def window_tokens(self) -> int | None:
+        """The window tables' `w` (kv/window.py rule 4: the largest window plus one);
+        None: no sliding-window entry."""
+        windows = [a.window for a in self.attention if a.window]
+        return max(windows) + 1 if windows else None
 
     def geometries(self) -> list[tuple[int, int, int]]:
         """(n_kv_heads, head_dim, v_head_dim) of each attention pool."""
