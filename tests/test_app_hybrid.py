@@ -1,6 +1,7 @@
 """Hybrid families through the daemon (issue 29): Qwen3.5's nested text_config loads,
 its context comes from that text_config, /completions gives mlx-lm's greedy text alone
-and four at once, /health counts the recurrent-state slots; a daemon restarted on the
+and four at once, a schema-bound completion reads as its schema says, /health counts
+the recurrent-state slots; a daemon restarted on the
 same cache directory restores a prompt's blocks and state snapshot from the SSD tier; a
 model file the engine cannot run (llama4's chunked attention) is refused at load in one
 line."""
@@ -63,6 +64,7 @@ def test_hybrid_served_with_mlx_lm_greedy_text(family: str, tiny_llama_dir: Path
         assert plan.num_state_slots == 4 and plan.state_bytes > 0
         assert health["kv"]["state_snapshots_total"] == plan.num_snapshots > 0
         second_turn(server.url, PROMPTS[0] + want[0] + " and then", model, tokenizer)
+        structured(server.url)
     finally:
         server.stop()
 
@@ -81,6 +83,38 @@ def second_turn(url: str, prompt: str, model, tokenizer) -> None:
     body = r.json()
     assert body["choices"][0]["text"] == want
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def structured(url: str) -> None:
+    """Structured output on a hybrid (issue 29): the grammar masks the logits whatever the
+    layers' cache kinds, so a schema-bound completion reads as the schema says, alone and
+    beside a free row, and the rows' state slots come back."""
+    import json
+
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+                                                "n": {"type": "integer", "minimum": 0,
+                                                      "maximum": 9}},
+              "required": ["answer", "n"], "additionalProperties": False}
+
+    def bound(prompt: str) -> dict:
+        r = httpx.post(url + "/completion", timeout=120, json={
+            "prompt": prompt, "n_predict": 40, "temperature": 0, "json_schema": schema})
+        assert r.status_code == 200, r.text
+        return json.loads(r.json()["content"])
+
+    def free(prompt: str) -> str:
+        r = httpx.post(url + "/v1/completions", timeout=120, json={
+            "model": "h", "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got, _ = pool.submit(bound, PROMPTS[1]), pool.submit(free, PROMPTS[2])
+        for answer in (got.result(), bound(PROMPTS[3])):
+            assert answer["answer"] in ("yes", "no") and 0 <= answer["n"] <= 9, answer
+            assert set(answer) == {"answer", "n"}
+    health = httpx.get(url + "/health", timeout=10).json()
+    assert health["kv"]["state_slots_used"] == 0
 
 
 def test_a_model_file_the_engine_cannot_run_is_refused_at_load(tiny_llama_dir: Path,
