@@ -116,7 +116,7 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     for name, res in results.items():
         lvl, turns = res["level"], res["turns"]
         if lvl is not None:
-            print(f"  {name:14s} aggregate {lvl['agg_tps']:.1f} tok/s")
+            print(f"  {name:14s} aggregate {lvl['agg_tps']:.2f} tok/s")
         if turns is not None:
             cached = [row["cached2"] for row in turns["rows"]]
             print(f"  {name:14s} turn 1 TTFT {turns['t1']:.3f} s, turn 2 {turns['t2']:.3f} s "

@@ -226,7 +226,7 @@ async def measure_level(server: Server, clients: int, args: argparse.Namespace,
     cpu1 = server.cpu_s()
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     lvl = summarize_level(replies, args.tokens, cpu)
-    print(f"  {server.name:14s} {clients:2d} clients: {lvl['agg_tps']:6.1f} tok/s  TTFT p50 "
+    print(f"  {server.name:14s} {clients:2d} clients: {lvl['agg_tps']:6.2f} tok/s  TTFT p50 "
           f"{lvl['ttft_p50']:.2f} s p95 {lvl['ttft_p95']:.2f} s  ({lvl['tokens']} tokens, "
           f"{lvl['short']}/{lvl['requests']} replies short, server CPU "
           f"{fmt(lvl['cpu_ms_per_token'], '.0f')} ms/token, load {load_average()})", flush=True)
