@@ -55,11 +55,29 @@ def fq(x, group, bits):
         return x.astype(mx.float16).astype(x.dtype)
     if bits == "bf16":
         return x.astype(mx.bfloat16).astype(x.dtype)
+    if isinstance(bits, str) and bits.startswith("pc"):
+        return per_channel(x, group, int(bits[2:]))
     if isinstance(bits, str) and bits.startswith("had"):
         b = int(bits[3:])
         r = x @ HAD
         return mx.dequantize(*mx.quantize(r, group_size=group, bits=b), group_size=group, bits=b) @ HAD.T
     return mx.dequantize(*mx.quantize(x, group_size=group, bits=bits), group_size=group, bits=bits)
+
+
+def per_channel(x, group, bits):
+    """KIVI's key layout: each channel quantized over groups of `group` consecutive tokens
+    (a block's worth), so one outlier channel no longer widens every other channel's step.
+    The last partial group is padded with its own last token (the range it already has)."""
+    t = x.shape[2]
+    xt = mx.swapaxes(x, 2, 3)
+    pad = (-t) % group
+    if pad:
+        xt = mx.concatenate([xt, mx.repeat(xt[..., -1:], pad, axis=-1)], axis=-1)
+    g = xt.reshape(*xt.shape[:-1], -1, group)  # affine, min/max per group (any group size)
+    lo, hi = g.min(axis=-1, keepdims=True), g.max(axis=-1, keepdims=True)
+    step = mx.maximum(hi - lo, 1e-12) / (2 ** bits - 1)
+    back = (mx.round((g - lo) / step) * step + lo).reshape(xt.shape)
+    return mx.swapaxes(back[..., :t], 2, 3)
 
 
 class Sim:
@@ -152,6 +170,11 @@ cases = [
     ("hadamard 4-bit g32", NONE, dict(kb="had4", vb="had4", kg=32, vg=32)),
     ("4-bit g64 all", NONE, dict(kb=4, vb=4)),
     ("4-bit g32 all", NONE, dict(kb=4, vb=4, kg=32, vg=32)),
+    ("K per channel over 16 tokens, V g32", NONE, dict(kb="pc8", kg=16, vg=32)),
+    ("K per channel over 32 tokens, V g32", NONE, dict(kb="pc8", kg=32, vg=32)),
+    ("K per channel 16 + recent16 float", RECENT(16), dict(kb="pc8", kg=16, vg=32)),
+    ("K per channel 16, V per channel 16", NONE, dict(kb="pc8", kg=16, vb="pc8", vg=16)),
+    ("4-bit: K per channel 16, V g32", NONE, dict(kb="pc4", kg=16, vb=4, vg=32)),
 ]
 sel = os.environ.get("CASES")
 for i, (name, own, kw) in enumerate(cases):
