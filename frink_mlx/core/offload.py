@@ -12,6 +12,10 @@ Rules:
    one per element), tool names, descriptions and schemas (encoded to JSON, which is
    cheap beside rendering it). It is an estimate, not a count of tokens, and
    it stops counting once past the threshold, so sizing costs little on the loop.
+   `texts_chars(texts)` sizes a batch of separately tokenized texts (llama.cpp's
+   text logit_bias keys, a mixed prompt's pieces): each text's length plus
+   TEXT_CHARS, one encode call's fixed cost (about 40 us, what 64 characters
+   cost), so a thousand short texts are large work, as they are.
 2. `Offload.run(size, fn, *args)` calls `fn` inline when `size` is below
    `threshold` (OFFLOAD_CHARS), else in a worker thread. At most `max_threads`
    large jobs run at once (the others wait their turn, on the loop, costing
@@ -27,7 +31,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import anyio
 import msgspec
@@ -38,6 +42,7 @@ T = TypeVar("T")
 
 OFFLOAD_CHARS = 64 * 1024   # rule 2: about 10 ms of tokenizing, against a hop of ~50 us
 OFFLOAD_THREADS = 2
+TEXT_CHARS = 64             # rule 1: one encode call's fixed cost, in characters
 _ENCODE = msgspec.json.Encoder()
 
 
@@ -57,6 +62,11 @@ def input_chars(request: GenRequest, enough: int = OFFLOAD_CHARS) -> int:
         if size >= enough:
             return size
     return size
+
+
+def texts_chars(texts: Sequence[str]) -> int:
+    """Rule 1: about what tokenizing each of `texts` by itself costs, in characters."""
+    return sum(len(text) for text in texts) + TEXT_CHARS * len(texts)
 
 
 def _json_chars(value: object) -> int:
