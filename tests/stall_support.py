@@ -17,10 +17,15 @@ within max(100 ms, 3 x the slowest alone) -- the second term only matters on a m
 so loaded that /health alone is slower than the issue's figure.
 
 Noise: a full collection of Python's cyclic GC pauses every thread of this process for
-as long as its heap takes to walk (pytest's heap dwarfs an in-process daemon's), so each
-window starts right after `gc.collect()`; and a window that fails is measured once more
-before the test fails -- a stall the requests cause repeats, a burst of load from
-elsewhere on a shared machine does not. Bodies are encoded up front (`encoded`): the
+as long as its heap takes to walk, and pytest's heap (about 300,000 objects, 100-200 ms a
+walk on a loaded machine) dwarfs an in-process daemon's. A served daemon freezes its
+start-up heap (cli/serve.py rule 12), so its full collections walk only what came after;
+each window here starts right after `gc.collect()` and `gc.freeze()` and unfreezes at its
+end, so an in-process daemon's collections are what a served one's are. (Without it, the
+20,000-message request of test_offload_http set off full collections in its worker thread
+that held /health 150-200 ms.) And a window that fails is measured once more before the
+test fails -- a stall the requests cause repeats, a burst of load from elsewhere on a
+shared machine does not. Bodies are encoded up front (`encoded`): the
 test's own json.dumps of a large body would hold this process's GIL, the daemon's too
 when it runs in process.
 """
@@ -133,6 +138,7 @@ def measure(neighbour: Neighbour, during: Callable[[], None] | None = None) -> W
     with httpx.Client(base_url=neighbour.url, timeout=120) as client:
         client.get("/health")
         gc.collect()
+        gc.freeze()   # module docstring: as cli/serve.py rule 12 leaves a served daemon
         poller = threading.Thread(target=_poll_health, args=(neighbour.url, window, ready, done))
         poller.start()
         ready.wait(30)
@@ -150,6 +156,7 @@ def measure(neighbour: Neighbour, during: Callable[[], None] | None = None) -> W
         finally:
             done.set()
             poller.join(30)
+            gc.unfreeze()
     if failure:
         raise failure[0]
     return window
