@@ -6,6 +6,9 @@ logit_bias keys "²" and a 4,400-digit number, tools[0].function.parameters
 nested 100,000 deep and Ollama keep_alive 1e308 (then GET /api/ps) were 500s
 with tracebacks. Bounds: core/checks.py rules 4-5, http/depth.py, the Ollama
 adapter's keep_alive; through the real server here (tests/adapters/conftest.py).
+Requests just at each bound are accepted, and neither they, the refused ones, nor
+strangers flooding the gates of a daemon with a key and a connection cap (`gated`, as
+`frink-mlx serve` serves it) stall a neighbour (tests/stall_support.py).
 """
 
 from __future__ import annotations
