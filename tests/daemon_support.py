@@ -221,6 +221,41 @@ def start_guarded_server(app: Any, settings: Any, *, sndbuf: int | None = None) 
     return LiveServer(f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread, app)
 
 
+def first_line_of_a_new_connection(url: str) -> bytes:
+    """The status line a new connection gets for `GET /health` with a foreign Host:
+    503 at the connection cap (before a byte of it is read), else 421; closed after."""
+    import socket
+    from urllib.parse import urlparse
+
+    address = urlparse(url)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def fill_the_cap(url: str, cap: int) -> list[Any]:
+    """Idle connections opened until a new one is refused (503): the daemon is at its
+    connection cap while the caller holds them (at most `cap`; the caller closes them)."""
+    import socket
+    from urllib.parse import urlparse
+
+    address = urlparse(url)
+    held: list[socket.socket] = []
+    try:
+        while not first_line_of_a_new_connection(url).startswith(b"HTTP/1.1 503"):
+            if len(held) >= cap:
+                raise AssertionError(f"{cap} connections held and still no refusal")
+            held.append(socket.create_connection((address.hostname, address.port), timeout=10))
+    except BaseException:
+        for sock in held:
+            sock.close()
+        raise
+    return held
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -170,6 +170,16 @@ def test_max_tokens_is_capped_by_the_registry_and_clamped_to_the_context(
         assert 0 < budget < ceiling and r.headers["frink-max-tokens-requested"] == str(10**12)
 
 
+def test_the_start_up_heap_is_frozen_before_the_ready_line(daemon: DaemonProcess) -> None:
+    """cli/serve.py rule 12: logged before the ready line is written (ready() has read it),
+    so by then the daemon's own heap -- modules, the model, its tokenizer -- is frozen, and
+    a full collection walks only what came after."""
+    lines = [line for line in daemon.log_lines_at("INFO") if "start-up heap frozen: " in line]
+    assert len(lines) == 1, lines
+    frozen = int(lines[0].split("start-up heap frozen: ")[1].split()[0])
+    assert frozen > 50_000, lines[0]   # a daemon with the tiny model in: about 105,000
+
+
 def test_client_errors_log_nothing_at_error(daemon: DaemonProcess) -> None:
     assert daemon.log_lines_at("ERROR") == []
 

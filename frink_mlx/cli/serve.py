@@ -58,6 +58,14 @@ Rules:
    same socket and the ready line's URL says https (http/binding.py
    `check_tls` refuses half a pair or an unreadable file first; a
    non-loopback address without TLS is one warning).
+12. Once the default model is in, before the ready line, the start-up heap
+   (modules, the model's Python objects, tokenizer and template tables) is
+   collected once and frozen (`gc.freeze`): the cyclic GC's full collections
+   then walk only what was made since. Each one pauses every thread -- the
+   event loop, /health with it -- for as long as the heap takes to walk: 54 ms
+   for the 105,000 objects of a daemon with a tiny model in on a loaded 2-core
+   machine, 8 ms once frozen (the line logged says both). Models loaded later
+   (swaps) are not frozen: they come and go.
 """
 
 from __future__ import annotations
@@ -66,6 +74,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import gc
 import json
 import logging
 import os
@@ -182,8 +191,23 @@ async def _announce(server: DaemonServer, url: str, host: str, port: int, app: S
             return
     if server.should_exit:
         return
+    frozen, walked_s, after_s = freeze_startup_heap()
+    log.info("start-up heap frozen: %d objects left out of full collections (one took %.0f ms, "
+             "%.0f ms once frozen)", frozen, walked_s * 1000, after_s * 1000)
     sys.stdout.write(ready_line(url, host, port, app) + "\n")
     sys.stdout.flush()
+
+
+def freeze_startup_heap() -> tuple[int, float, float]:
+    """Rule 12: one full collection, then what survived is frozen. How many objects are,
+    and what a full collection took before and after (seconds)."""
+    started = time.perf_counter()
+    gc.collect()
+    walked_s = time.perf_counter() - started
+    gc.freeze()
+    started = time.perf_counter()
+    gc.collect()
+    return gc.get_freeze_count(), walked_s, time.perf_counter() - started
 
 
 async def _serve(server: DaemonServer, sock: socket.socket, url: str, host: str, port: int,

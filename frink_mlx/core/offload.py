@@ -10,8 +10,15 @@ Rules:
 1. `input_chars(request)` sizes a request by the text it renders: message
    contents, reasoning and tool-call arguments, the prompt (a list of ids counts
    one per element), tool names, descriptions and schemas (encoded to JSON, which is
-   cheap beside rendering it). It is an estimate, not a count of tokens, and
+   cheap beside rendering it), and what the template wraps around each message
+   (MESSAGE_CHARS) and each tool (TOOL_CHARS) -- 512 bare tools render to 150,000
+   characters, not the 10,600 of their names and schemas, and took 30 ms on the
+   loop (120 ms on a loaded machine). It is an estimate, not a count of tokens, and
    it stops counting once past the threshold, so sizing costs little on the loop.
+   `texts_chars(texts)` sizes a batch of separately tokenized texts (llama.cpp's
+   text logit_bias keys, a mixed prompt's pieces): each text's length plus
+   TEXT_CHARS, one encode call's fixed cost (about 40 us, what 64 characters
+   cost), so a thousand short texts are large work, as they are.
 2. `Offload.run(size, fn, *args)` calls `fn` inline when `size` is below
    `threshold` (OFFLOAD_CHARS), else in a worker thread. At most `max_threads`
    large jobs run at once (the others wait their turn, on the loop, costing
@@ -27,7 +34,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import anyio
 import msgspec
@@ -38,6 +45,9 @@ T = TypeVar("T")
 
 OFFLOAD_CHARS = 64 * 1024   # rule 2: about 10 ms of tokenizing, against a hop of ~50 us
 OFFLOAD_THREADS = 2
+TEXT_CHARS = 64             # rule 1: one encode call's fixed cost, in characters
+MESSAGE_CHARS = 32          # rule 1: a message's role markers as a ChatML template renders them
+TOOL_CHARS = 256            # rule 1: a tool's JSON wrapping and the template's lines around it
 _ENCODE = msgspec.json.Encoder()
 
 
@@ -48,15 +58,20 @@ def input_chars(request: GenRequest, enough: int = OFFLOAD_CHARS) -> int:
     if prompt is not None:
         size += len(prompt) if isinstance(prompt, str) else len(prompt)
     for message in request.messages or ():
-        size += len(message.content) + len(message.reasoning or "")
+        size += MESSAGE_CHARS + len(message.content) + len(message.reasoning or "")
         size += sum(len(call.arguments) + len(call.name) for call in message.tool_calls)
         if size >= enough:
             return size
     for tool in request.tools:
-        size += len(tool.name) + len(tool.description) + _json_chars(tool.parameters)
+        size += TOOL_CHARS + len(tool.name) + len(tool.description) + _json_chars(tool.parameters)
         if size >= enough:
             return size
     return size
+
+
+def texts_chars(texts: Sequence[str]) -> int:
+    """Rule 1: about what tokenizing each of `texts` by itself costs, in characters."""
+    return sum(len(text) for text in texts) + TEXT_CHARS * len(texts)
 
 
 def _json_chars(value: object) -> int:

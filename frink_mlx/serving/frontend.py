@@ -5,11 +5,12 @@ could not be followed past the HTTP edge by reading or by mypy, and every
 protocol would write its own lease-render-submit sequence. Here it is written
 once: `generate()` leases a generation, takes its decode handles, renders and
 tokenizes, compiles any grammar, and submits, raising `FrinkError`s before a
-single byte of the answer is sent; `count_tokens`, `tokenize`, `detokenize`,
-`embed` and `drain` are the other verbs. Adapters reach it only through
-`frontend(request)` (http/frontend.py); the composition root (app.py) builds
-it in the lifespan. What belongs to one generation (its grammar compiler, its
-turn memory) lives on that `Generation`, not here.
+single byte of the answer is sent; `count_tokens`, `tokenize` (`tokenize_many`
+for many texts in one job), `detokenize`, `embed` and `drain` are the other
+verbs. Adapters reach it only through `frontend(request)` (http/frontend.py);
+the composition root (app.py) builds it in the lifespan. What belongs to one
+generation (its grammar compiler, its turn memory) lives on that `Generation`,
+not here.
 
 Rules:
 1. The start-up load (`startup`, app.py rule 1) is a task the server watches
@@ -30,13 +31,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import anyio
 
 from ..config import FrontendConfig, ImageLimits
 from ..core.checks import check_request
-from ..core.offload import Offload, input_chars
+from ..core.offload import Offload, input_chars, texts_chars
 from ..core.prompt import check_token_ids, encode_text
 from ..core.request import GenRequest
 from ..engine import constraints
@@ -163,13 +164,24 @@ class Frontend:
             return rendered.text or ""
 
     async def tokenize(self, model: str | None, text: str, *, add_special: bool) -> list[int]:
+        return (await self.tokenize_many(model, [text], add_special=add_special))[0]
+
+    async def tokenize_many(self, model: str | None, texts: Sequence[str], *,
+                            add_special: bool) -> list[list[int]]:
+        """Each of `texts` tokenized by itself, under one lease and in one job: a request
+        naming a thousand texts (llama.cpp's text logit_bias keys, a mixed prompt's pieces)
+        paid a lease, its handles and an encode on the loop per text -- a second in which
+        nothing else was answered. Sized by core/offload.py `texts_chars`."""
+        if not texts:
+            return []
         async with self.hub.lease(model) as gen:
             encoder = _active_encoder(gen)  # an active encoder tokenizes with its own tokenizer
             if encoder is not None:
-                return list(await self.offload.run(
-                    len(text), lambda: encoder.tokenize_plain(text, add_special=add_special)))
+                return await self.offload.run(texts_chars(texts), lambda: [
+                    list(encoder.tokenize_plain(t, add_special=add_special)) for t in texts])
             tokenizer = DecodeHandles.take(gen).tokenizer
-            return await self.offload.run(len(text), _encode, tokenizer, text, add_special)
+            return await self.offload.run(texts_chars(texts), lambda: [
+                _encode(tokenizer, t, add_special) for t in texts])
 
     async def token_pieces(self, model: str | None, ids: list[int]) -> list[str]:
         async with self.hub.lease(model) as gen:

@@ -105,7 +105,8 @@ _HEX_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2's bytes_to_unicode), inverted."""
+    """The byte-level BPE alphabet (GPT-2's bytes_to_unicode), inverted; built once
+    (0.45 ms, once paid by every DecodeHandles.take: per piece of a llama.cpp request)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     chars, n = list(keep), 0
     for b in range(256):
@@ -116,9 +117,12 @@ def _gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars)}
 
 
+GPT2_BYTE_DECODER = _gpt2_byte_decoder()   # a constant table
+
+
 def token_text(tokenizer: Any) -> TokenText:
     """decode / piece / piece_bytes for core.output, from the tokenizer."""
-    byte_decoder = _gpt2_byte_decoder()
+    byte_decoder = GPT2_BYTE_DECODER
 
     def decode(ids: Any) -> str:
         return tokenizer.decode(list(ids), skip_special_tokens=False,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from frink_mlx.adapters.llamacpp import fim_style, resolve_prompt, wire
+from frink_mlx.adapters.llamacpp import fim_style, resolve_logit_bias, resolve_prompt, wire
 from frink_mlx.adapters.llamacpp.translate import (
     BANNED_BIAS,
     CompletionBuilder,
@@ -143,10 +143,17 @@ class FakeState:
 
     def __init__(self, specials: list[str]) -> None:
         self.specials = {s: 1000 + i for i, s in enumerate(specials)}
+        self.calls = 0   # tokenize and tokenize_many calls: leases and hops
 
     async def tokenize(self, model: Any, text: str, *, add_special: bool) -> list[int]:
-        ids = [self.specials[text]] if text in self.specials else [ord(c) for c in text]
-        return ([1] if add_special else []) + ids
+        return (await self.tokenize_many(model, [text], add_special=add_special))[0]
+
+    async def tokenize_many(self, model: Any, texts: list[str], *, add_special: bool
+                            ) -> list[list[int]]:
+        self.calls += 1
+        return [([1] if add_special else [])
+                + ([self.specials[t]] if t in self.specials else [ord(c) for c in t])
+                for t in texts]
 
     async def token_pieces(self, model: Any, ids: list[int]) -> list[str]:
         inverse = {v: k for k, v in self.specials.items()}
@@ -159,6 +166,21 @@ def test_mixed_prompt_resolution() -> None:
     assert got == [1, ord("a"), ord("b"), 5, ord("c")]
     assert asyncio.run(resolve_prompt(state, None, [5, "c"])) == [5, ord("c")]
     assert asyncio.run(resolve_prompt(state, None, ["solo"])) == "solo"
+
+
+def test_many_texts_are_tokenized_in_one_job() -> None:
+    """A mixed prompt of 600 pieces and 1023 text logit_bias keys (and an id): a lease and a hop per
+    piece held the loop for a second (benchmarks/results/hostile-2026-12-04.txt)."""
+    state = FakeState([])
+    mixed: list[int | str] = [p for i in range(300) for p in (f"w{i}", 5)]
+    got = asyncio.run(resolve_prompt(state, None, mixed))
+    assert got[:4] == [1, ord("w"), ord("0"), 5] and got[-4:] == [ord("2"), ord("9"), ord("9"), 5]
+    assert state.calls == 2   # the leading piece with BOS, then all the others
+    state.calls = 0
+    bias = asyncio.run(resolve_logit_bias(state, None, [[f"w{i}", -1] for i in range(1023)]
+                                          + [[7, 2]]))
+    assert bias is not None and bias[:2] == [[ord("w"), -1], [ord("0"), -1]]
+    assert bias[-1] == [7, 2] and state.calls == 1
 
 
 def test_fim_detection_and_prompt() -> None:

@@ -9,7 +9,15 @@ import time
 import anyio
 import pytest
 
-from frink_mlx.core.offload import OFFLOAD_CHARS, Offload, input_chars
+from frink_mlx.core.offload import (
+    MESSAGE_CHARS,
+    OFFLOAD_CHARS,
+    TEXT_CHARS,
+    TOOL_CHARS,
+    Offload,
+    input_chars,
+    texts_chars,
+)
 from frink_mlx.core.prompt import HEAD_CHARS_PER_TOKEN, render_prompt
 from frink_mlx.core.request import GenRequest, Message, Tool
 from frink_mlx.errors import ContextLengthExceeded
@@ -52,10 +60,20 @@ def test_large_jobs_run_at_most_max_threads_at_once() -> None:
 def test_input_chars_counts_what_renders_and_stops_past_enough() -> None:
     req = GenRequest(model="m", messages=[Message("user", "x" * 10, reasoning="yy")],
                      tools=[Tool("t", "desc", {"type": "object"})])
-    assert input_chars(req) == 10 + 2 + 1 + 4 + len('{"type":"object"}')
+    assert input_chars(req) == (MESSAGE_CHARS + 10 + 2 + TOOL_CHARS + 1 + 4
+                                + len('{"type":"object"}'))
     assert input_chars(GenRequest(model="m", prompt=[1, 2, 3])) == 3
     many = GenRequest(model="m", messages=[Message("user", "x" * 1000)] * 100_000)
-    assert OFFLOAD_CHARS <= input_chars(many) < OFFLOAD_CHARS + 1000
+    assert OFFLOAD_CHARS <= input_chars(many) < OFFLOAD_CHARS + 1000 + MESSAGE_CHARS
+
+
+def test_what_a_template_wraps_around_messages_and_tools_counts() -> None:
+    """Rule 1: 512 bare tools or 2,000 short messages are large work, one of each is not."""
+    tools = [Tool(f"f{i}", "", {"type": "object"}) for i in range(512)]
+    hi = [Message("user", "hi")]
+    assert input_chars(GenRequest(model="m", messages=hi, tools=tools)) >= OFFLOAD_CHARS
+    assert input_chars(GenRequest(model="m", messages=hi * 2000)) >= OFFLOAD_CHARS
+    assert input_chars(GenRequest(model="m", messages=hi, tools=tools[:1])) < OFFLOAD_CHARS
 
 
 class WordTokenizer:
@@ -72,6 +90,13 @@ class WordTokenizer:
 
     def __len__(self) -> int:
         return 7
+
+
+def test_texts_chars_counts_an_encode_call_per_text() -> None:
+    """Rule 1: a thousand short texts (llama.cpp's text logit_bias keys) are large work."""
+    assert texts_chars(["ab", "c"]) == 3 + 2 * TEXT_CHARS
+    assert texts_chars([f"w{i}" for i in range(1024)]) >= OFFLOAD_CHARS
+    assert texts_chars(["w1"]) < OFFLOAD_CHARS
 
 
 def test_a_text_far_past_the_ceiling_is_refused_from_its_head() -> None:

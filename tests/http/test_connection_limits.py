@@ -1,6 +1,7 @@
 """Connection and log limits on real sockets against `frink-mlx serve`: the connection cap
 (http/timeouts.py rule 7), the open-files limit (cli/serve.py rule 9), the rotated access log
-(cli/serve.py rule 10) and what strangers can make it log (http/access.py rule 9)."""
+(cli/serve.py rule 10) and what strangers can make it log (http/access.py rule 9); none of
+them stalls a neighbour (tests/stall_support.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from daemon_support import ROOT, DaemonProcess, write_registry
+from daemon_support import (
+    ROOT,
+    DaemonProcess,
+    fill_the_cap,
+    first_line_of_a_new_connection,
+    write_registry,
+)
+from stall_support import assert_nobody_stalled
 
 from frink_mlx.http.log_budget import LogBudget
 
@@ -104,6 +112,33 @@ def test_pre_auth_refusals_are_rate_limited_and_their_paths_cut(daemon: DaemonPr
     assert all(len(str(x["path"])) < 300 and "...(+" in str(x["path"]) for x in refused)
     metrics = httpx.get(daemon.url + "/metrics", timeout=10).text
     assert 'frink_requests_rejected_total{reason="host"} 60.0' in metrics
+
+
+def test_refusals_and_connections_past_the_cap_stall_nobody(daemon: DaemonProcess) -> None:
+    """Issue 32, what must hold, on the daemon as a process: while strangers are refused
+    (a foreign Host with a 16 KiB path) and connections past the cap get their 503 -- the
+    cap is filled with idle ones first, beside the neighbour's, the poller's and the
+    flood's own -- a neighbour streams with the TTFT it has alone and /health answers
+    within 100 ms (tests/stall_support.py)."""
+    heads: list[bytes] = []
+
+    def flood() -> None:
+        with httpx.Client(base_url=daemon.url, timeout=10) as client:
+            client.get("/health")   # its connection is in before the cap fills
+            held = fill_the_cap(daemon.url, CAP)
+            try:
+                for k in range(30):
+                    for _ in range(3):
+                        r = client.get("/v1/models/" + "x" * 16_000 + str(k),
+                                       headers={"host": "evil.example"})
+                        assert r.status_code == 421
+                    heads.append(first_line_of_a_new_connection(daemon.url))
+            finally:
+                for sock in held:
+                    sock.close()
+
+    assert_nobody_stalled(daemon.url, flood, model="tiny-a")
+    assert heads and set(heads) == {b"HTTP/1.1 503 Service Unavailable"}, heads
 
 
 def test_the_access_log_rotates_by_size_and_keeps_its_backups(daemon: DaemonProcess) -> None:

@@ -3,23 +3,20 @@ and a text far past the ceiling is refused from its head (core/prompt.py rule 8)
 each request below runs, GET /health keeps answering. Real sockets, the real app.
 
 Before: a 1.6 MiB prompt held the loop (and every /health) for 11 s on this tokenizer,
-and an 8 MiB one for about a minute. The figure the issue asks for is 100 ms; on a
-shared, loaded test machine the median is held to it and the worst to a second.
+and an 8 MiB one for about a minute. What must hold is issue 32's: a neighbour keeps the
+TTFT it has alone and /health answers within 100 ms (tests/stall_support.py).
 """
 
 from __future__ import annotations
 
-import json
 import random
-import statistics
-import threading
-import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 from daemon_support import LiveServer, generation_factory, start_guarded_server, write_registry
+from stall_support import assert_nobody_stalled, encoded
 
 from frink_mlx.app import create_app
 from frink_mlx.registry import load_registry
@@ -45,31 +42,17 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path
     live.stop()
 
 
-def timed_health_during(daemon: LiveServer, path: str, body: dict[str, Any]
-                        ) -> tuple[httpx.Response, list[float]]:
-    """POST `body` while another client polls /health; the poll latencies in seconds."""
-    data = json.dumps(body).encode()
-    latencies: list[float] = []
-    done = threading.Event()
+def posting(daemon: LiveServer, path: str, body: dict[str, Any], status: int,
+            answers: list[httpx.Response] | None = None) -> Callable[[], None]:
+    """`during` for stall_support: POST `body` (encoded now, not in the window), check its status."""
+    request = encoded(body)
 
-    def poll() -> None:
-        with httpx.Client(timeout=300) as client:
-            while not done.is_set():
-                started = time.monotonic()
-                assert client.get(daemon.url + "/health").status_code == 200
-                latencies.append(time.monotonic() - started)
-                time.sleep(0.01)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        time.sleep(0.1)
-        response = httpx.post(daemon.url + path, content=data, timeout=300,
-                              headers={"content-type": "application/json"})
-    finally:
-        done.set()
-        poller.join()
-    return response, latencies
+    def post() -> None:
+        response = httpx.post(daemon.url + path, timeout=300, **request)
+        assert response.status_code == status, response.text[:300]
+        if answers is not None:
+            answers.append(response)
+    return post
 
 
 SHAPES = {
@@ -84,28 +67,27 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_a_large_prompt_is_refused_while_health_answers(daemon: LiveServer, shape: str) -> None:
+def test_a_large_prompt_is_refused_while_nobody_stalls(daemon: LiveServer, shape: str) -> None:
+    """Refused (the ceiling, in the protocol's words) while a neighbour streams with its
+    TTFT alone and /health answers within 100 ms (tests/stall_support.py)."""
     path, body = SHAPES[shape]
-    response, latencies = timed_health_during(daemon, path, body)
-    assert response.status_code == 400, response.text[:300]
-    assert "2048" in response.text  # the ceiling, in the protocol's words:
-    assert "at least" in response.text or "prompt is too long" in response.text
-    assert latencies, "no /health answered"
-    assert statistics.median(latencies) < 0.1, latencies
-    assert max(latencies) < 1.0, max(latencies)
+    answers: list[httpx.Response] = []
+    assert_nobody_stalled(daemon.url, posting(daemon, path, body, 400, answers), model="tiny-a")
+    assert "2048" in answers[0].text  # the ceiling, in the protocol's words:
+    assert "at least" in answers[0].text or "prompt is too long" in answers[0].text
 
 
-def test_large_tokenize_and_detokenize_answer_while_health_answers(daemon: LiveServer) -> None:
+def test_large_tokenize_and_detokenize_stall_nobody(daemon: LiveServer) -> None:
     content = text(20_000)
-    response, latencies = timed_health_during(daemon, "/tokenize", {"content": content})
-    assert response.status_code == 200
-    tokens = response.json()["tokens"]
+    answers: list[httpx.Response] = []
+    assert_nobody_stalled(daemon.url, posting(daemon, "/tokenize", {"content": content}, 200,
+                                              answers), model="tiny-a")
+    tokens = answers[0].json()["tokens"]
     assert len(tokens) > 20_000
-    response, more = timed_health_during(daemon, "/detokenize", {"tokens": tokens})
-    assert response.status_code == 200 and response.json()["content"] == content
-    latencies += more
-    assert statistics.median(latencies) < 0.1, latencies
-    assert max(latencies) < 1.0, max(latencies)
+    answers.clear()
+    assert_nobody_stalled(daemon.url, posting(daemon, "/detokenize", {"tokens": tokens}, 200,
+                                              answers), model="tiny-a")
+    assert answers[0].json()["content"] == content
 
 
 def test_a_small_request_still_answers(daemon: LiveServer) -> None:

@@ -75,38 +75,50 @@ LLAMACPP = Protocol("llamacpp", llamacpp_error)
 
 async def resolve_prompt(front: Frontend, model: str | None, prompt: str | list[int | str]
                          ) -> str | list[int | str]:
-    """Rule 1: a mixed prompt's ids, each text piece tokenized (BOS only for a leading one)."""
+    """Rule 1: a mixed prompt's ids, each text piece tokenized (BOS only for a leading one);
+    the pieces after the first in one Frontend.tokenize_many job, not one hop each."""
     if isinstance(prompt, str):
         return prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0]
-    ids: list[int | str] = []
-    for i, piece in enumerate(prompt):
-        if isinstance(piece, str):
-            ids += await front.tokenize(model, piece, add_special=i == 0)
-        else:
-            ids.append(piece)
+    head: list[int | str] = []
+    if prompt and isinstance(prompt[0], str):
+        head += await front.tokenize(model, prompt[0], add_special=True)
+        prompt = prompt[1:]
+    texts = [piece for piece in prompt if isinstance(piece, str)]
+    pieces = iter(await front.tokenize_many(model, texts, add_special=False))
+    ids = head
+    for piece in prompt:
+        ids += next(pieces) if isinstance(piece, str) else [piece]
     return ids
 
 
 async def resolve_logit_bias(front: Frontend, model: str | None,
                              raw: list[list[Any]] | dict[str, Any] | None
                              ) -> list[list[Any]] | None:
-    """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text."""
+    """Rule 6: `[[text, bias]]` / `{"text": bias}` -> one `[id, bias]` per token of the text,
+    every text in one Frontend.tokenize_many job."""
     if raw is None:
         return None
     if len(raw) > MAX_LOGIT_BIAS:   # before any text is tokenized (core/checks.py rule 4)
         raise InvalidRequest(f"'logit_bias' holds {len(raw)} entries; at most {MAX_LOGIT_BIAS} "
                              "are accepted.", param="logit_bias")
     pairs = [list(p) for p in raw.items()] if isinstance(raw, dict) else raw
+    texts = [pair[0] for pair in pairs if _text_key(pair)]
+    tokenized = iter(await front.tokenize_many(model, texts, add_special=False))
     out: list[list[Any]] = []
     for pair in pairs:
-        token = pair[0] if isinstance(pair, list) and pair else None
-        if not isinstance(token, str) or token_id_of(token) is not None or len(pair) != 2:
+        if _text_key(pair):
+            out += [[i, pair[1]] for i in next(tokenized)]
+        else:
             out.append(pair)   # ids (and malformed pairs, refused by translate.py)
-            continue
-        out += [[i, pair[1]] for i in await front.tokenize(model, token, add_special=False)]
     return out
+
+
+def _text_key(pair: Any) -> bool:
+    """Rule 6: a well-formed `[text, bias]` pair whose text is not a token id."""
+    return (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+            and token_id_of(pair[0]) is None)
 
 
 async def fim_style(front: Frontend, model: str | None) -> tuple[str, str, str, str | None] | None:
