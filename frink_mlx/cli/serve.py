@@ -64,8 +64,10 @@ Rules:
    then walk only what was made since. Each one pauses every thread -- the
    event loop, /health with it -- for as long as the heap takes to walk: 54 ms
    for the 105,000 objects of a daemon with a tiny model in on a loaded 2-core
-   machine, 8 ms once frozen (the line logged says both). Models loaded later
-   (swaps) are not frozen: they come and go.
+   machine, 8 ms once frozen (the line logged says both). The default model's
+   generation is frozen with it; when it is retired, serving/release.py rule 2
+   unfreezes the heap for the collections that free it and freezes what is
+   alive again.
 """
 
 from __future__ import annotations

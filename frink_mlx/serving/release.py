@@ -20,6 +20,11 @@ Rules:
    generation until its memory is back.
 2. `hand_back`: collect garbage until the traced model is gone, backing off
    from RELEASE_POLL_S, for at most GONE_WAIT_S; then release the memory.
+   A frozen heap (cli/serve.py rule 12 freezes the start-up heap, the default
+   model's generation in it) is unfrozen before each of these collections and
+   frozen again after: the collector never walks frozen objects, so a
+   generation frozen with the start-up heap would otherwise be held for good
+   once retired, its weights with it.
 3. A model still referenced after that is `lingering` (/admin/models lists
    its generation number) and logged once with the kinds of its referrers;
    when its last reference goes, the weak reference's callback hands the
@@ -64,14 +69,20 @@ def free_held(held: list[Generation], timeout_s: float) -> None:
 def wait_gone(tracer: Tracer, wait_s: float) -> bool:
     """Rule 2: collect until `tracer` reads None; False if it still does not after wait_s."""
     deadline, pause = time.monotonic() + wait_s, RELEASE_POLL_S
-    while True:
-        gc.collect()
-        if tracer() is None:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.5)
+    frozen = gc.get_freeze_count() > 0
+    try:
+        while True:
+            gc.unfreeze()  # rule 2: the retired generation may be in the frozen heap
+            gc.collect()
+            if tracer() is None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def holders(tracer: Tracer) -> str:
