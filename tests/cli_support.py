@@ -46,9 +46,15 @@ def alnum(text: str) -> str:
     return "".join(ch for ch in text if ch.isascii() and ch.isalnum())
 
 
-# Run in the child (a new session): take stdin, the pty, as the controlling terminal, then
-# exec the command. A wrapper instead of preexec_fn, which is unsafe beside threads.
-_CTTY_EXEC = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+# Run in the child (a new session): take stdin, the pty, as the controlling terminal, put
+# SIGINT and SIGQUIT back to their defaults, then exec the command. A wrapper instead of
+# preexec_fn, which is unsafe beside threads. The defaults are what a shell gives the job in
+# a user's terminal; a suite started in the background by a non-interactive shell (`make
+# test &`) inherits both as ignored (POSIX, for asynchronous lists), exec keeps an ignored
+# signal ignored, and every Ctrl-C these tests type would then do nothing.
+_CTTY_EXEC = ("import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+              "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              "signal.signal(signal.SIGQUIT, signal.SIG_DFL); "
               "os.execv(sys.argv[1], sys.argv[1:])")
 
 
