@@ -50,7 +50,7 @@ def test_the_daemon_serves_https_and_its_ready_line_says_so(tls_daemon: tuple[Da
     with httpx.Client(verify=str(cert), timeout=60) as client:
         assert client.get(daemon.url + "/health").status_code == 200
         body = {"model": "tiny-a", "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 4, "stream": True}
+                "max_tokens": 4, "stream": True, "ignore_eos": True}
         with client.stream("POST", daemon.url + "/v1/chat/completions", json=body) as r:
             frames = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert frames[-1] == "data: [DONE]"
