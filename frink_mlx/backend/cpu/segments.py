@@ -13,16 +13,25 @@ Rules:
    and the products add up (`mx.addmm`).
 2. With side streams (split.py: the matmuls' streams, one per core), the
    columns are cut into one range per stream, the calling one included, each
-   at least `SPLIT_COLUMNS` wide, and each range's products (scores and
-   weights @ values) run on its stream: attention over a long context is
-   memory-bound, and one core alone streams it at a fraction of what the
-   cores together do. The elementwise passes stay on the calling stream.
-   Every number is the one the unsplit call computes, but for the order in
-   which the ranges' products are added.
+   at least `SPLIT_COLUMNS` wide, and each range runs its whole chain on its
+   stream: its scores (rule 1 within the range) and their max, then, against
+   the row max (the ranges' maxima combined, a few numbers), its numerator,
+   its sum and its weights @ values. The calling stream only adds the ranges'
+   products and sums and divides. Why the whole chain: attention over a long
+   context is memory-bound, and one core alone streams it at a fraction of
+   what the cores together do; when only the products were cut and the
+   softmax and the value products' sum ran on the calling stream, the value
+   products ran one after the other (each `addmm` waited for the last) and
+   a decode step at 8k tokens of context spent 103 ms in attention instead
+   of 77 (30 layers of the default model's shape, its K/V out of DRAM:
+   benchmarks/results/long_context-2026-12-04-nospec.txt). Every number is
+   the one the unsplit call computes, but for the order in which the ranges'
+   products and sums are added.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,23 +53,43 @@ def segment_attention(queries: mx.array, keys: Sequence[mx.array], values: Seque
     group = heads // kv_heads
     q = (queries * scale).reshape(1, kv_heads, group * length, dim)
     pieces = _column_ranges(keys, values, 1 + len(streams))
-    parts = [mx.matmul(q, k.swapaxes(-1, -2), stream=_stream(streams, p))
-             for p, (ks, _) in enumerate(pieces) for k in ks]
-    scores = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)
-    if bias is not None:
-        width = scores.shape[-1]
-        scores = (scores.reshape(1, kv_heads, group, length, width) + bias).reshape(
-            1, kv_heads, group * length, width)
-    weights = softmax_numerator(scores, scores.max(axis=-1, keepdims=True))
-    out, at = None, 0
-    for p, (_, vs) in enumerate(pieces):
+    scores, at = [], 0
+    for p, (ks, _) in enumerate(pieces):
         stream = _stream(streams, p)
-        for v in vs:
-            w = weights if len(parts) == 1 else weights[..., at:at + v.shape[2]]
-            out = mx.matmul(w, v, stream=stream) if out is None else mx.addmm(out, w, v, stream=stream)
-            at += v.shape[2]
-    out = out * mx.reciprocal(weights.sum(axis=-1, keepdims=True))  # type: ignore[operator]
+        parts = [mx.matmul(q, k.swapaxes(-1, -2), stream=stream) for k in ks]
+        s = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1, stream=stream)
+        width = s.shape[-1]
+        if bias is not None:
+            b = bias if len(pieces) == 1 else bias[..., at:at + width]
+            s = mx.add(s.reshape(1, kv_heads, group, length, width), b, stream=stream).reshape(
+                1, kv_heads, group * length, width)
+        scores.append(s)
+        at += width
+    maxima = [mx.max(s, axis=-1, keepdims=True, stream=_stream(streams, p))
+              for p, s in enumerate(scores)]
+    row_max = maxima[0]
+    for m in maxima[1:]:
+        row_max = mx.maximum(row_max, m)
+    out = total = None
+    for p, ((_, vs), s) in enumerate(zip(pieces, scores)):
+        with _on(streams, p):
+            weights = softmax_numerator(s, row_max)
+            product, col = None, 0
+            for v in vs:
+                w = weights if len(vs) == 1 else weights[..., col:col + v.shape[2]]
+                product = mx.matmul(w, v) if product is None else mx.addmm(product, w, v)
+                col += v.shape[2]
+            part_sum = weights.sum(axis=-1, keepdims=True)
+        out = product if out is None else out + product
+        total = part_sum if total is None else total + part_sum
+    out = out * mx.reciprocal(total)  # type: ignore[operator]
     return out.reshape(1, heads, length, values[0].shape[-1])
+
+
+def _on(streams: Sequence[Any], part: int) -> Any:
+    """The default stream for part `part`'s ops (rule 2): a side stream, or the caller's."""
+    stream = _stream(streams, part)
+    return mx.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _stream(streams: Sequence[Any], part: int) -> Any:
