@@ -235,6 +235,8 @@ def main() -> int:
                          "4 streams start from a cached prefix and decode together (step 3)")
     ap.add_argument("--pool-mib", type=int, default=None, help="frink-mlx's --max-kv-pool-bytes")
     ap.add_argument("--only", choices=("frink", "mlx_lm"), default=None)
+    ap.add_argument("--no-speculative", action="store_true",
+                    help="frink-mlx without speculation (mlx_lm.server never speculates)")
     ap.add_argument("--worker-prepare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker_prepare:
@@ -264,7 +266,8 @@ def main() -> int:
     servers: list[Server] = []
     try:
         if args.only != "mlx_lm":
-            servers.append(start_frink(str(models), "--max-kv-pool-bytes", str(pool)))
+            servers.append(start_frink(str(models), "--max-kv-pool-bytes", str(pool),
+                                       *(("--no-speculative",) if args.no_speculative else ())))
         if args.only != "frink":
             servers.append(start_mlx_lm(model_dir))
         results = asyncio.run(bench(servers, tokenizer, args))
