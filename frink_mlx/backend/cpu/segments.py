@@ -70,20 +70,30 @@ def segment_attention(queries: mx.array, keys: Sequence[mx.array], values: Seque
     row_max = maxima[0]
     for m in maxima[1:]:
         row_max = mx.maximum(row_max, m)
-    out = total = None
+    products, sums = [], []
     for p, ((_, vs), s) in enumerate(zip(pieces, scores)):
         with _on(streams, p):
             weights = softmax_numerator(s, row_max)
-            product, col = None, 0
-            for v in vs:
-                w = weights if len(vs) == 1 else weights[..., col:col + v.shape[2]]
-                product = mx.matmul(w, v) if product is None else mx.addmm(product, w, v)
-                col += v.shape[2]
-            part_sum = weights.sum(axis=-1, keepdims=True)
-        out = product if out is None else out + product
-        total = part_sum if total is None else total + part_sum
-    out = out * mx.reciprocal(total)  # type: ignore[operator]
+            products.append(_weighted_values(weights, vs))
+            sums.append(weights.sum(axis=-1, keepdims=True))
+    out, total = products[0], sums[0]
+    for product, part_sum in zip(products[1:], sums[1:]):
+        out, total = out + product, total + part_sum
+    out = out * mx.reciprocal(total)
     return out.reshape(1, heads, length, values[0].shape[-1])
+
+
+def _weighted_values(weights: mx.array, values: Sequence[mx.array]) -> mx.array:
+    """weights @ values over one range's segments, the products added up (rule 1)."""
+    if len(values) == 1:
+        return mx.matmul(weights, values[0])
+    product, col = None, 0
+    for v in values:
+        w = weights[..., col:col + v.shape[2]]
+        product = mx.matmul(w, v) if product is None else mx.addmm(product, w, v)
+        col += v.shape[2]
+    assert product is not None
+    return product
 
 
 def _on(streams: Sequence[Any], part: int) -> Any:
