@@ -21,7 +21,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import httpx
 
 from frink_mlx.engine.types import EngineStats, SeqRequest, StepOutput
 
@@ -254,6 +256,28 @@ def fill_the_cap(url: str, cap: int) -> list[Any]:
             sock.close()
         raise
     return held
+
+
+
+def flood_at_the_cap(url: str, cap: int, rounds: int,
+                     refusals: Callable[[httpx.Client, int], None],
+                     timeout: float = 10) -> list[bytes]:
+    """Strangers refused while the daemon is at its connection cap: a client's connection
+    goes in first, the cap is filled with idle ones (`fill_the_cap`), then each of `rounds`
+    runs `refusals(client, k)` on that connection and opens one new connection, whose
+    status line is returned (503 at the cap); the idle ones are closed at the end."""
+    heads: list[bytes] = []
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        client.get("/health")   # its connection is in before the cap fills
+        held = fill_the_cap(url, cap)
+        try:
+            for k in range(rounds):
+                refusals(client, k)
+                heads.append(first_line_of_a_new_connection(url))
+        finally:
+            for sock in held:
+                sock.close()
+    return heads
 
 
 ROOT = Path(__file__).resolve().parents[1]

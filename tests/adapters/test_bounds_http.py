@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from daemon_support import fill_the_cap, first_line_of_a_new_connection, start_guarded_server
+from daemon_support import flood_at_the_cap, start_guarded_server
 from stall_support import assert_nobody_stalled, encoded
 
 from adapters.scripted import write_models_toml
@@ -310,19 +310,13 @@ def test_strangers_flooding_the_gates_stall_nobody(gated: Any,
     a new one is refused; from then on every new one is."""
     heads: list[bytes] = []
 
+    def strangers(client: httpx.Client, _: int) -> None:
+        for method, path, headers, status in STRANGERS:
+            resp = client.request(method, path, headers=headers)
+            assert resp.status_code == status, (method, path[:30], resp.text[:200])
+
     def flood() -> None:
-        with httpx.Client(base_url=gated.url, timeout=30) as client:
-            client.get("/health")   # its connection is in before the cap fills
-            held = fill_the_cap(gated.url, CAP)
-            try:
-                for _ in range(25):
-                    for method, path, headers, status in STRANGERS:
-                        resp = client.request(method, path, headers=headers)
-                        assert resp.status_code == status, (method, path[:30], resp.text[:200])
-                    heads.append(first_line_of_a_new_connection(gated.url))
-            finally:
-                for sock in held:
-                    sock.close()
+        heads.extend(flood_at_the_cap(gated.url, CAP, 25, strangers, timeout=30))
 
     with caplog.at_level(logging.WARNING):
         assert_nobody_stalled(gated.url, flood, headers={"x-api-key": KEY})

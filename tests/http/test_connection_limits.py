@@ -19,8 +19,7 @@ import pytest
 from daemon_support import (
     ROOT,
     DaemonProcess,
-    fill_the_cap,
-    first_line_of_a_new_connection,
+    flood_at_the_cap,
     write_registry,
 )
 from stall_support import assert_nobody_stalled
@@ -122,20 +121,13 @@ def test_refusals_and_connections_past_the_cap_stall_nobody(daemon: DaemonProces
     within 100 ms (tests/stall_support.py)."""
     heads: list[bytes] = []
 
+    def foreign_hosts(client: httpx.Client, k: int) -> None:
+        for _ in range(3):
+            r = client.get("/v1/models/" + "x" * 16_000 + str(k), headers={"host": "evil.example"})
+            assert r.status_code == 421
+
     def flood() -> None:
-        with httpx.Client(base_url=daemon.url, timeout=10) as client:
-            client.get("/health")   # its connection is in before the cap fills
-            held = fill_the_cap(daemon.url, CAP)
-            try:
-                for k in range(30):
-                    for _ in range(3):
-                        r = client.get("/v1/models/" + "x" * 16_000 + str(k),
-                                       headers={"host": "evil.example"})
-                        assert r.status_code == 421
-                    heads.append(first_line_of_a_new_connection(daemon.url))
-            finally:
-                for sock in held:
-                    sock.close()
+        heads.extend(flood_at_the_cap(daemon.url, CAP, 30, foreign_hosts))
 
     assert_nobody_stalled(daemon.url, flood, model="tiny-a")
     assert heads and set(heads) == {b"HTTP/1.1 503 Service Unavailable"}, heads
