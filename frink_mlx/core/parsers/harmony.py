@@ -40,7 +40,8 @@ from typing import Literal
 
 from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd
 from ..request import GenRequest
-from .calls import CallBook, arguments_text, safe_prefix_len
+from .calls import arguments_text, safe_prefix_len
+from .machine import StepMachine
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -66,12 +67,12 @@ def _kind_of(header: str) -> tuple[Kind, str | None]:
     return ("reasoning" if channel and channel.group(1) == "analysis" else "text"), None
 
 
-class HarmonyStreamParser:
+class HarmonyStreamParser(StepMachine):
+    """The rules above, as modes of a StepMachine (machine.py)."""
+
     def __init__(self, request: GenRequest, index: int = 0) -> None:
-        self.index = index
-        self._book = CallBook(request, index)
+        super().__init__(request, index)
         self._mode: Mode = "header"
-        self._buf = ""
         self._at_reply_start = True
         self._kind: Kind = "text"
         self._call_name: str | None = None
@@ -80,24 +81,8 @@ class HarmonyStreamParser:
         self._sent_len = 0
         self._lead = 0               # where the arguments begin in the body
         self._scan = 0           # where to look for the end of the body next
-
-    @property
-    def saw_tool_call(self) -> bool:
-        return self._book.saw_tool_call
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Event]:
-        return self._drain(final=True)
-
-    def _drain(self, final: bool) -> list[Event]:
-        out: list[Event] = []
-        step = {"header": self._step_header, "body": self._step_body, "text": self._step_text}
-        while step[self._mode](out, final):
-            pass
-        return out
+        self._steps = {"header": self._step_header, "body": self._step_body,
+                       "text": self._step_text}
 
     # -- header / raw text ------------------------------------------------
     def _step_header(self, out: list[Event], final: bool) -> bool:

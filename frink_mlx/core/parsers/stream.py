@@ -32,7 +32,8 @@ from typing import Literal
 
 from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd
 from ..request import GenRequest
-from .calls import CallBook, allowed_tool_names, safe_prefix_len
+from .calls import allowed_tool_names, safe_prefix_len
+from .machine import StepMachine
 from .tool_formats import ToolFormat
 
 __all__ = ["MarkupStreamParser", "allowed_tool_names", "safe_prefix_len"]
@@ -59,43 +60,24 @@ class _OpenCall:
         self.head_end = 0                    # where the arguments begin in the body
 
 
-class MarkupStreamParser:
+class MarkupStreamParser(StepMachine):
+    """The rules above, as modes of a StepMachine (machine.py)."""
+
     def __init__(self, *, think: tuple[str, str] | None, tool_format: ToolFormat | None,
                  request: GenRequest, prompt_opens_thinking: bool, index: int = 0) -> None:
-        self.index = index
+        super().__init__(request, index)
         self._think = think
         self._fmt = tool_format
-        self._book = CallBook(request, index)
         self._reply_start: tuple[str, ...] = ()
         if tool_format and self._book.allowed and request.response_format is None:
             self._reply_start = tool_format.reply_start
         self._mode: Mode = "reasoning" if (think and prompt_opens_thinking) else "start"
         self._thought = self._mode == "reasoning"
         self._skip_ws = False
-        self._buf = ""
         self._call: _OpenCall | None = None
-
-    @property
-    def saw_tool_call(self) -> bool:
-        return self._book.saw_tool_call
-
-    # -- public protocol -------------------------------------------------
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Event]:
-        return self._drain(final=True)
-
-    # -- the state machine -----------------------------------------------
-    def _drain(self, final: bool) -> list[Event]:
-        out: list[Event] = []
-        step = {"start": self._step_start, "reasoning": self._step_reasoning,
-                "text": self._step_text, "tool": self._step_tool,
-                "tool_tail": self._step_tool_tail}
-        while step[self._mode](out, final):
-            pass
-        return out
+        self._steps = {"start": self._step_start, "reasoning": self._step_reasoning,
+                       "text": self._step_text, "tool": self._step_tool,
+                       "tool_tail": self._step_tool_tail}
 
     def _step_start(self, out: list[Event], final: bool) -> bool:
         """Before any text: decide between a think block, a reply-start call and text."""
