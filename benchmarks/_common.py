@@ -128,20 +128,25 @@ def start_mlx_lm(model_dir: str, timeout_s: float = 300.0) -> Server:
     log_path, log = _log_file("mlx_lm")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=ROOT,
                             env=bench_env())
-    url = f"http://127.0.0.1:{port}"
+    return wait_healthy(Server("mlx_lm.server", proc, f"http://127.0.0.1:{port}", None, log_path),
+                        timeout_s)
+
+
+def wait_healthy(server: Server, timeout_s: float) -> Server:
+    """`server` once its /health answers 200 (rule 2); exits with its log if it dies first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"mlx_lm.server exited with {proc.returncode}:\n"
-                             f"{log_path.read_text()[-3000:]}")
+        if server.proc.poll() is not None:
+            raise SystemExit(f"{server.name} exited with {server.proc.returncode}:\n"
+                             f"{server.log_tail()}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return Server("mlx_lm.server", proc, url, None, log_path)
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("mlx_lm.server did not answer /health in time")
+    server.proc.kill()
+    raise SystemExit(f"{server.name} did not answer /health in time")
 
 
 @dataclass
@@ -170,7 +175,7 @@ class Reply:
         return self.first - self.sent
 
 
-def chat_body(server: Server, messages: list[dict[str, str]], max_tokens: int,
+def chat_body(server: Server, messages: list[dict[str, Any]], max_tokens: int,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"messages": messages, "max_tokens": max_tokens, "temperature": 0,
                             "stream": True, "stream_options": {"include_usage": True}}

@@ -48,9 +48,11 @@ from _common import (  # noqa: E402 - after the path entry
     Reply,
     Server,
     bench_env,
+    chat_body,
     free_port,
     start_frink,
     stream_chat,
+    wait_healthy,
 )
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -79,14 +81,6 @@ def user_turn(b64: str) -> dict[str, Any]:
         {"type": "text", "text": TEXT}]}
 
 
-def body(server: Server, messages: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"messages": messages, "max_tokens": tokens, "temperature": 0,
-                           "stream": True, "stream_options": {"include_usage": True}}
-    if server.model is not None:
-        out["model"] = server.model
-    return out
-
-
 def start_mlx_vlm(model_dir: str, site: Path, timeout_s: float = 300.0) -> Server:
     """`python -m mlx_vlm.server --model DIR`, polled on /health (it preloads the model)."""
     if not (site / "fastapi").is_dir() or not (site / "mlx_audio").is_dir():
@@ -100,20 +94,8 @@ def start_mlx_vlm(model_dir: str, site: Path, timeout_s: float = 300.0) -> Serve
                              "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
                             stdout=subprocess.DEVNULL, stderr=log_path.open("w"), text=True,
                             cwd=ROOT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"mlx_vlm.server exited with {proc.returncode}:\n"
-                             f"{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return Server("mlx_vlm.server", proc, url, model_dir, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("mlx_vlm.server did not answer /health in time")
+    return wait_healthy(Server("mlx_vlm.server", proc, f"http://127.0.0.1:{port}", model_dir,
+                               log_path), timeout_s)
 
 
 def decode_tps(reply: Reply) -> float | None:
@@ -135,7 +117,7 @@ async def run_server(server: Server, args: argparse.Namespace) -> dict[str, Any]
     async with httpx.AsyncClient(timeout=600) as client:
 
         async def ask(messages: list[dict[str, Any]]) -> Reply:
-            return checked(await stream_chat(client, server, body(server, messages, args.tokens)),
+            return checked(await stream_chat(client, server, chat_body(server, messages, args.tokens)),
                            server)
 
         await ask([user_turn(images[next(seed)])])             # warm-up (loads, compiles)
