@@ -288,9 +288,7 @@ def _apply_generation_fields(gen: GenRequest, req: wire.MessagesRequest) -> None
         if not 0.0 <= req.temperature <= 1.0:
             raise InvalidRequest("'temperature' must be between 0 and 1.", param="temperature")
         sampling.temperature = req.temperature
-    if req.top_p is not None:
-        if not 0.0 < req.top_p <= 1.0:
-            raise InvalidRequest("'top_p' must be in (0, 1].", param="top_p")
+    if req.top_p is not None:   # its range is every protocol's (core/checks.py rule 3)
         sampling.top_p = req.top_p
     if req.top_k is not None:
         if req.top_k < 0:

@@ -184,9 +184,7 @@ def to_sampling(req: w.ResponsesRequest) -> SamplingParams:
         if not 0.0 <= req.temperature <= 2.0:
             raise InvalidRequest("'temperature' must be between 0 and 2.", param="temperature")
         sampling.temperature = req.temperature
-    if req.top_p is not None:
-        if not 0.0 < req.top_p <= 1.0:
-            raise InvalidRequest("'top_p' must be in (0, 1].", param="top_p")
+    if req.top_p is not None:   # its range is every protocol's (core/checks.py rule 3)
         sampling.top_p = req.top_p
     return sampling
 
