@@ -65,8 +65,19 @@ def test_verify_rows_padding_and_short_rows_batched_match_the_gathered_read():
     rows = [RowSpan(30, 4, [10, 11, 12, 13, 14, 15, 16, 17, 18]), RowSpan(6, 1, [1, 2]),
             RowSpan(21, 2, [30, 31, 33, 32, 34, 35]), RowSpan(2, 3, [40, 41])]
     got, want, read = _both(rows, min_tokens=20)
-    assert [seg.row for seg in read.direct] == [0, 2] and read.batched == (1, 3)
+    assert [seg.rows for seg in read.direct] == [(0,), (2,)] and read.batched == (1, 3)
     assert read.batched_keys.shape == (2, KV_HEADS, 7, DIM)   # as wide as the short rows
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_read_together_over_shared_blocks_match_the_gathered_read():
+    """kv/reads.py rule 5: a decode row, a 3-query verify row and a padded decode row over
+    the same 8 leading blocks are one read; a row over other blocks stays alone."""
+    shared = list(range(10, 18))
+    rows = [RowSpan(40, 1, shared + [20, 21, 22]), RowSpan(36, 3, shared + [30, 31]),
+            RowSpan(33, 1, shared + [40]), RowSpan(30, 1, list(range(50, 58)))]
+    got, want, read = _both(rows)
+    assert [seg.rows for seg in read.direct] == [(0, 1, 2), (3,)]
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

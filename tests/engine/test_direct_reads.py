@@ -5,7 +5,8 @@ of 4) take the in-place read, with runs short enough that some of each row's blo
 sliced and the rest gathered, their columns cut over the matmuls' side streams, beside
 short rows batched over their own gather: every row
 must still equal mlx-lm's greedy run alone, through concurrent rows (their decode blocks
-interleave in the pool), prefix hits, n = 2 forks and speculation's verify rows.
+interleave in the pool), prefix hits, n = 2 forks, rows read together over the blocks
+they share (kv/reads.py rule 5) and speculation's verify rows.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def direct(monkeypatch):
     monkeypatch.setattr(kernels, "DIRECT_MIN_TOKENS", 20)
     monkeypatch.setattr(kernels, "DIRECT_MAX_RUNS", 2)
     monkeypatch.setattr(kernels, "DIRECT_MIN_RUN_BLOCKS", 2)
-    seen = {"rows": 0, "segments": 0, "batched": 0, "streams": 0}
+    seen = {"rows": 0, "segments": 0, "batched": 0, "streams": 0, "shared": 0}
     real = kernels.segment_attention
     real_paged = kernels.paged_attention
 
@@ -50,6 +51,7 @@ def direct(monkeypatch):
 
     def counting_paged(queries, read, scale):
         seen["batched"] += len(read.batched)
+        seen["shared"] = max([seen["shared"], *(len(seg.rows) for seg in read.direct)])
         return real_paged(queries, read, scale)
 
     monkeypatch.setattr(kernels, "segment_attention", counting)
@@ -103,3 +105,23 @@ def test_verify_rows_read_in_place_equal_greedy(tiny, direct, monkeypatch):
         stats = engine.stats()
         assert 0 < stats.draft_accepted_tokens_total < stats.draft_tokens_total
     assert direct["rows"] > 0
+
+
+def test_rows_over_one_cached_prompt_read_its_blocks_together_and_equal_greedy(
+        tiny, make_engine, direct):
+    """kv/reads.py rule 5: four requests over one 64-token prompt (the first one's blocks
+    cached for the others), two of them n = 2, decode side by side over the shared blocks;
+    the rows are read as groups and every row equals mlx-lm's greedy run alone."""
+    engine = make_engine(tiny)
+    base = random_prompt(77, 64)
+    assert tokens(engine.submit(SeqRequest("warm", base + [5], GREEDY, 2)))[0] == \
+        greedy(tiny, base + [5], 2)
+    prompts = [base + tail for tail in ([5], [6, 7], [8], [9, 10, 11])]
+    requests = [SeqRequest(f"s{i}", p, GREEDY, 12, n=2 if i % 2 else 1)
+                for i, p in enumerate(prompts)]
+    streams = [engine.submit(r) for r in requests]
+    for req, rows in zip(requests, [tokens(s) for s in streams]):
+        ref = greedy(tiny, req.prompt_ids, 12)
+        assert all(rows[i] == ref for i in range(req.n)), req.request_id
+    assert direct["shared"] >= 4      # at least four rows read as one
+    assert engine.stats().prefix_hit_tokens_total >= 4 * 64

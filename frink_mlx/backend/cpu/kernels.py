@@ -30,8 +30,10 @@ Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
     whole context every step: one score matmul per segment, the scores (D
     times smaller than the keys) concatenated so the softmax stays one exact
     pass, then each segment's weights times its values, summed, the products
-    cut over the matmuls' streams (segments.py). The call's shorter rows are
-    batched over a gather only as wide as they are.
+    cut over the matmuls' streams (segments.py). Rows the plan reads together
+    over the blocks they share (kv/reads.py rule 5) are one such call, their
+    queries stacked row after row, the output cut back into rows. The call's
+    shorter rows are batched over a gather only as wide as they are.
 SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
     (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
     absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
@@ -296,9 +298,13 @@ def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
         for j, r in enumerate(rows):
             outs[r] = out[j:j + 1]
     streams = side_streams()
-    for seg in read.direct:
-        outs[seg.row] = segment_attention(queries[seg.row:seg.row + 1], seg.keys, seg.values,
-                                          scale, seg.bias, streams)
+    length = queries.shape[2]
+    for seg in read.direct:  # several rows: their queries stacked (kv/reads.py rule 5)
+        q = mx.concatenate([queries[r:r + 1] for r in seg.rows], axis=2) \
+            if len(seg.rows) > 1 else queries[seg.rows[0]:seg.rows[0] + 1]
+        out = segment_attention(q, seg.keys, seg.values, scale, seg.bias, streams)
+        for i, r in enumerate(seg.rows):
+            outs[r] = out if len(seg.rows) == 1 else out[:, :, i * length:(i + 1) * length]
     if batch == 1:
         return outs[0]  # type: ignore[return-value]
     return mx.concatenate(outs, axis=0)  # type: ignore[arg-type]

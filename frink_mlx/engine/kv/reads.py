@@ -39,6 +39,21 @@ Rules:
 4. Nothing here keeps a pool array: the plan holds slot ranges and index
    arrays; each layer's views are made from the store when asked
    (paged.py rule 1).
+5. Rows that share their leading blocks (n > 1 forks, agents' requests over
+   one cached prompt) are read as one: without a sliding window, rows whose
+   tables begin with the same block ids share the common prefix's blocks
+   that lie wholly before every one of their first queries (each query sees
+   all of them), and when those are at least `min_run_blocks` blocks and at
+   least as many as the rows' other blocks together, the rows become one
+   read (`RowRead.rows`): the shared blocks once, then each row's own, runs
+   cut as in rule 2 over them all; the mask is rule 3's per row, over the
+   call's queries stacked row after row, and hides every row's own columns
+   from the other rows' queries. So the kernel streams the shared keys once
+   for all of them instead of once per row (a decode step at a long context
+   is bound by that stream); the price, the rows' own columns scored for
+   every row's queries, is bounded by the second condition. The masked
+   columns weigh exactly 0, so each row's attention is the one it has alone,
+   but for the order in which its products add up.
 """
 
 from __future__ import annotations
@@ -51,12 +66,12 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class RowRead:
-    """Where one row's keys lie (rules 2-3)."""
+    """Where one row's keys lie (rules 2-3), or several rows' that share blocks (rule 5)."""
 
-    row: int
+    rows: tuple[int, ...]
     runs: tuple[tuple[int, int], ...]  # [start, stop) slot ranges, read as slices
     rest: mx.array | None              # (H, 1, n) pool rows of the remaining blocks (rule 2)
-    bias: mx.array | None              # (1, 1, 1, L, n) additive, None: all visible
+    bias: mx.array | None              # (1, 1, 1, R * L, n) additive, None: all visible
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +102,12 @@ def plan_reads(starts: np.ndarray, num_new: np.ndarray, tables: list[np.ndarray]
     long_rows = [r for r in range(len(starts)) if ends[r] >= min_tokens]
     if not long_rows:
         return None
+    groups = [((r,), 0) for r in long_rows] if window is not None else \
+        _share_groups(long_rows, starts, ends, tables, shape.block_size, min_run_blocks)
     direct = tuple(
-        _row_read(r, int(starts[r]), int(num_new[r]), tables[r], shape, window=window,
+        _row_read(rows, shared, starts, num_new, tables, shape, window=window,
                   max_runs=max_runs, min_run_blocks=min_run_blocks, masked=masked)
-        for r in long_rows)
+        for rows, shared in groups)
     batched = tuple(r for r in range(len(starts)) if ends[r] < min_tokens)
     if not batched:
         return ReadPlan(direct, (), None, None)
@@ -107,19 +124,56 @@ def _pool_rows(slots: np.ndarray, shape: ReadShape) -> mx.array:
     return mx.array((base * shape.slots_per_head + slots[None]).astype(np.int32))
 
 
-def _row_read(row: int, start: int, num_new: int, table: np.ndarray, shape: ReadShape, *,
-              window: int | None, max_runs: int, min_run_blocks: int, masked: float) -> RowRead:
+def _share_groups(rows: list[int], starts: np.ndarray, ends: np.ndarray,
+                  tables: list[np.ndarray], block_size: int, min_blocks: int
+                  ) -> list[tuple[tuple[int, ...], int]]:
+    """Rule 5: the rows as (rows, shared leading blocks) groups, in order of their first row;
+    a row that shares nothing worth it is a group of one sharing 0."""
+    by_first: dict[int, list[int]] = {}
+    for r in rows:
+        key = int(tables[r][0]) if starts[r] >= block_size * min_blocks else -1 - r
+        by_first.setdefault(key, []).append(r)
+    groups: list[tuple[tuple[int, ...], int]] = []
+    for members in by_first.values():
+        shared = _shared_blocks(members, starts, tables, block_size) if len(members) > 1 else 0
+        own = sum(-(-int(ends[r]) // block_size) - shared for r in members)
+        if shared >= min_blocks and shared >= own:
+            groups.append((tuple(members), shared))
+        else:
+            groups.extend(((r,), 0) for r in members)
+    return sorted(groups, key=lambda g: g[0][0])
+
+
+def _shared_blocks(members: list[int], starts: np.ndarray, tables: list[np.ndarray],
+                   block_size: int) -> int:
+    """How many leading blocks the members' tables have in common, wholly before every
+    member's first query (rule 5)."""
+    cap = min(int(starts[r]) // block_size for r in members)
+    heads = np.stack([tables[r][:cap] for r in members])
+    same = (heads == heads[0]).all(axis=0)
+    return cap if same.all() else int(np.argmin(same))
+
+
+def _row_read(rows: tuple[int, ...], shared: int, starts: np.ndarray, num_new: np.ndarray,
+              tables: list[np.ndarray], shape: ReadShape, *, window: int | None,
+              max_runs: int, min_run_blocks: int, masked: float) -> RowRead:
     block_size, length = shape.block_size, shape.length
-    end = start + num_new
-    blocks = table[:-(-end // block_size)]
-    first_pos = np.arange(len(blocks)) * block_size          # position of each block's slot 0
-    if window is not None:  # rule 3: blocks no real query can see are not read
+    parts, owners_of, poses = [], [], []
+    for i, r in enumerate(rows):   # rule 5: the shared blocks once (owner -1), then each row's
+        end = int(starts[r] + num_new[r])
+        lo = shared if i else 0
+        parts.append(tables[r][lo:-(-end // block_size)])
+        poses.append(np.arange(lo, lo + len(parts[-1])) * block_size)  # each block's slot 0
+        owners_of.append(np.where(np.arange(lo, lo + len(parts[-1])) < shared, -1, i))
+    blocks, first_pos, owner = (np.concatenate(x) for x in (parts, poses, owners_of))
+    if window is not None:  # rule 3 (one row): blocks no real query can see are not read
+        start, new = int(starts[rows[0]]), int(num_new[rows[0]])
         lowest = start - window + 1                            # the first query's first key
         seen = first_pos + block_size > lowest
-        seen[0] |= length > num_new                            # padding queries see position 0
-        blocks, first_pos = blocks[seen], first_pos[seen]
+        seen[0] |= length > new                                # padding queries see position 0
+        blocks, first_pos, owner = blocks[seen], first_pos[seen], owner[seen]
     order = np.argsort(blocks, kind="stable")
-    blocks, first_pos = blocks[order], first_pos[order]
+    blocks, first_pos, owner = blocks[order], first_pos[order], owner[order]
     cuts = np.flatnonzero(np.diff(blocks) != 1) + 1
     bounds = np.concatenate([[0], cuts, [len(blocks)]])
     spans = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -131,17 +185,21 @@ def _row_read(row: int, start: int, num_new: int, table: np.ndarray, shape: Read
     runs = tuple((int(blocks[a]) * block_size, int(blocks[b - 1] + 1) * block_size)
                  for a, b in sliced)
     offsets = np.arange(block_size)
-    segments = [first_pos[a:b, None] + offsets for a, b in sliced]
+    columns: list[slice | np.ndarray] = [slice(a, b) for a, b in sliced]
     rest = None
     if not picked.all():
-        segments.append(first_pos[~picked, None] + offsets)
+        columns.append(~picked)
         rest = _pool_rows((blocks[~picked, None] * block_size + offsets).reshape(1, -1), shape)
-    k_pos = np.concatenate([s.reshape(-1) for s in segments])[None, :]
-    allowed = _allowed(np.array([start]), np.array([num_new]), k_pos, length, window)
+    k_pos = np.concatenate([(first_pos[c, None] + offsets).reshape(-1) for c in columns])
+    k_owner = np.concatenate([np.repeat(owner[c], block_size) for c in columns])
+    allowed = np.concatenate([
+        _allowed(starts[r:r + 1], num_new[r:r + 1], k_pos[None, :], length, window)
+        & ((k_owner == -1) | (k_owner == i))[None, None, :]
+        for i, r in enumerate(rows)], axis=1)                 # (1, R * L, n)
     bias = None
     if not allowed.all():
         bias = mx.array(np.where(allowed, 0.0, masked).astype(np.float32)[:, None, None])
-    return RowRead(row, runs, rest, bias)
+    return RowRead(rows, runs, rest, bias)
 
 
 def _allowed(starts: np.ndarray, num_new: np.ndarray, k_pos: np.ndarray, length: int,
@@ -159,12 +217,13 @@ def _allowed(starts: np.ndarray, num_new: np.ndarray, k_pos: np.ndarray, length:
 
 @dataclass(frozen=True, slots=True)
 class SegmentedRow:
-    """One row's keys and values in one layer, as segments (views where they lie)."""
+    """One row's keys and values in one layer, as segments (views where they lie); or the
+    rows of one rule-5 read, their queries stacked row after row."""
 
-    row: int
+    rows: tuple[int, ...]
     keys: list[mx.array]     # each (1, H, n_i, D)
     values: list[mx.array]
-    bias: mx.array | None    # (1, 1, 1, L, sum n_i) additive
+    bias: mx.array | None    # (1, 1, 1, R * L, sum n_i) additive
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +247,7 @@ def layer_read(plan: ReadPlan, keys: mx.array, values: mx.array) -> LayerRead:
         if read.rest is not None:
             ks.append(take_rows(keys, read.rest).transpose(1, 0, 2, 3))
             vs.append(take_rows(values, read.rest).transpose(1, 0, 2, 3))
-        direct.append(SegmentedRow(read.row, ks, vs, read.bias))
+        direct.append(SegmentedRow(read.rows, ks, vs, read.bias))
     bk = bv = None
     if plan.batched_rows is not None:
         bk = take_rows(keys, plan.batched_rows).transpose(1, 0, 2, 3)

@@ -70,7 +70,7 @@ def test_verify_rows_see_causally_and_padding_queries_see_position_zero():
 def test_rows_below_min_tokens_are_batched_over_their_own_width():
     rows = [RowSpan(40, 1, list(range(11))), RowSpan(2, 1, [20]), RowSpan(5, 1, [30, 31])]
     plan = _plan(rows, min_tokens=20)
-    assert [r.row for r in plan.direct] == [0] and plan.batched == (1, 2)
+    assert [r.rows for r in plan.direct] == [(0,)] and plan.batched == (1, 2)
     batched = np.array(plan.batched_rows)
     assert batched.shape == (2, 2, 6)                          # width 6, not the layout's 41
     assert batched[0].tolist() == [[80, 81, 82, 100, 100, 100], [120, 121, 122, 123, 124, 125]]
@@ -109,9 +109,38 @@ def test_only_the_fetched_arrays_and_this_layouts_masks_are_read_in_place():
     kw = dict(min_tokens=1, max_runs=8, min_run_blocks=1, masked=MASKED)
     mask = cache.make_mask(1)
     read = cache.read_in_place(keys, values, mask, **kw)
-    assert read is not None and [seg.row for seg in read.direct] == [0]
+    assert read is not None and [seg.rows for seg in read.direct] == [(0,)]
     (seg,) = read.direct
     assert [k.shape for k in seg.keys] == [(1, 2, 8, 8)]
     assert np.array_equal(np.array(seg.keys[0][0, :, 5]), np.ones((2, 8)))  # this step's write
     assert cache.read_in_place(keys + 0, values, mask, **kw) is None        # not the fetched keys
     assert cache.read_in_place(keys, values, mx.array([[True]]), **kw) is None  # a foreign mask
+
+
+def test_rows_over_the_same_leading_blocks_are_read_once_with_their_own_columns_masked():
+    """kv/reads.py rule 5: two decode rows forked from one 24-token prompt (blocks 10-15),
+    each with its own last block: one read, the shared run once, each row's queries blind
+    to the other row's block."""
+    shared = [10, 11, 12, 13, 14, 15]
+    plan = _plan([RowSpan(25, 1, shared + [40]), RowSpan(26, 1, shared + [50])])
+    (read,) = plan.direct
+    assert read.rows == (0, 1) and read.rest is None
+    assert read.runs == ((40, 64), (160, 164), (200, 204))   # blocks 10-15, 40, 50
+    visible = _visible(read.bias, 32)
+    assert visible.shape == (2, 32)                           # one query per row, stacked
+    assert visible[0].tolist() == [True] * 24 + [True, True, False, False] + [False] * 4
+    assert visible[1].tolist() == [True] * 24 + [False] * 4 + [True, True, True, False]
+
+
+def test_rows_share_a_read_only_where_the_shared_blocks_outweigh_their_own():
+    shared = [10, 11, 12]
+    own = [[40, 41, 42, 43], [50, 51, 52, 53]]          # 3 shared blocks, 8 of their own
+    plan = _plan([RowSpan(27, 1, shared + own[0]), RowSpan(27, 1, shared + own[1])])
+    assert [r.rows for r in plan.direct] == [(0,), (1,)]
+    long = list(range(10, 20))                            # 10 shared blocks, 2 of their own
+    rows = [RowSpan(41, 1, long + [40]), RowSpan(41, 1, long + [50])]
+    assert [r.rows for r in _plan(rows).direct] == [(0, 1)]
+    assert [r.rows for r in _plan(rows, min_run_blocks=11).direct] == [(0,), (1,)]
+    assert [r.rows for r in _plan(rows, window=64).direct] == [(0,), (1,)]  # windows: rule 3 alone
+    a_row_alone = _plan([rows[0]]).direct[0]
+    assert a_row_alone.rows == (0,) and a_row_alone.runs == ((40, 80), (160, 164))
