@@ -32,6 +32,10 @@ What one run does:
      cache, mlx_lm.server up to --prompt-cache-size 10), so that the 4 streams
      start together from a cached prefix and the window is pure batched decode
      at that context. Such a level's TTFT is a cache hit's, not a prefill's.
+     `--shared-4` draws the C prompts' notes from one tag, so they differ only
+     in their last line: C requests over one long prefix, as an agent's
+     parallel requests over one repository context are (frink-mlx reads the
+     shared blocks once for all rows: kv/reads.py rule 5).
 4. A table, and the issue's targets as ratios: decode at the longest levels
    (6,000+ tokens; 32k with --tiny-32k) / mlx_lm.server's (>= 1.1, per client
    count), frink-mlx's own decode at the longest level / at 512 (>= 0.6), TTFT
@@ -73,11 +77,13 @@ def notes(tag: str, num_words: int) -> str:
     return " ".join(f"{w}." if i % 12 == 11 else w for i, w in enumerate(words))
 
 
-def messages(tokenizer: Any, tag: str, num_tokens: int) -> list[dict[str, str]]:
-    """A user turn of about `num_tokens` tokens (the template adds a few)."""
+def messages(tokenizer: Any, tag: str, num_tokens: int, notes_tag: str | None = None
+             ) -> list[dict[str, str]]:
+    """A user turn of about `num_tokens` tokens (the template adds a few): notes drawn from
+    `notes_tag` (default `tag`), then an ask naming `tag`."""
     ask = f" [{tag}] Now write a long, detailed story in many paragraphs about these notes."
     budget = max(8, num_tokens - len(tokenizer.encode(ask).ids) - 24)
-    ids = tokenizer.encode(notes(tag, budget * 2)).ids[:budget]
+    ids = tokenizer.encode(notes(notes_tag or tag, budget * 2)).ids[:budget]
     return [{"role": "user", "content": "Notes: " + tokenizer.decode(ids) + ask}]
 
 
@@ -98,9 +104,11 @@ def decode_rate(replies: list[Reply]) -> float | None:
 
 
 async def run_level(server: Server, tokenizer: Any, level: int, clients: int, tokens: int,
-                    extra: dict[str, Any], warm: bool = False) -> dict[str, Any]:
+                    extra: dict[str, Any], warm: bool = False, shared: bool = False
+                    ) -> dict[str, Any]:
     tag = f"{server.name}-{level}-{clients}-{random.random():.6f}"
-    prompts = [messages(tokenizer, f"{tag}-{c}", level) for c in range(clients)]
+    prompts = [messages(tokenizer, f"{tag}-{c}", level, tag if shared else None)
+               for c in range(clients)]
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as http:
         for prompt in prompts if warm else ():  # step 3's --warm-4: each prompt cached alone first
             await stream_chat(http, server, chat_body(server, prompt, 1, extra))
@@ -125,7 +133,8 @@ async def bench(servers: list[Server], tokenizer: Any, args: argparse.Namespace
         for level in levels:
             for server in servers:
                 res = await run_level(server, tokenizer, level, clients, tokens, extras[server.name],
-                                      warm=clients > 1 and args.warm_4)
+                                      warm=clients > 1 and args.warm_4,
+                                      shared=clients > 1 and args.shared_4)
                 out.setdefault((clients, level), {})[server.name] = res
                 print(f"  {server.name:14s} {clients} client(s) {level:6d} tokens: decode "
                       f"{fmt(res['decode_tps'], '.2f')} tok/s  TTFT {fmt(res['ttft_s'], '.2f')} s  "
@@ -233,6 +242,9 @@ def main() -> int:
     ap.add_argument("--warm-4", action="store_true",
                     help="4-client levels: send each prompt alone first (1 token out), so that the "
                          "4 streams start from a cached prefix and decode together (step 3)")
+    ap.add_argument("--shared-4", action="store_true",
+                    help="4-client levels: the prompts share their notes and differ in the last "
+                         "line (one long prefix under several requests, as agents send it)")
     ap.add_argument("--pool-mib", type=int, default=None, help="frink-mlx's --max-kv-pool-bytes")
     ap.add_argument("--only", choices=("frink", "mlx_lm"), default=None)
     ap.add_argument("--no-speculative", action="store_true",
