@@ -258,7 +258,6 @@ def fill_the_cap(url: str, cap: int) -> list[Any]:
     return held
 
 
-
 def flood_at_the_cap(url: str, cap: int, rounds: int,
                      refusals: Callable[[httpx.Client, int], None],
                      timeout: float = 10) -> list[bytes]:

@@ -81,8 +81,6 @@ class HarmonyStreamParser(StepMachine):
         self._sent_len = 0
         self._lead = 0               # where the arguments begin in the body
         self._scan = 0           # where to look for the end of the body next
-        self._steps = {"header": self._step_header, "body": self._step_body,
-                       "text": self._step_text}
 
     # -- header / raw text ------------------------------------------------
     def _step_header(self, out: list[Event], final: bool) -> bool:

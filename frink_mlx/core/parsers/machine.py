@@ -4,9 +4,12 @@ Why: the markup parser (stream.py) and Harmony's (harmony.py) are each a state
 machine over a text buffer, and only their modes and steps differ. The loop is
 one piece here:
 
-1. `feed(text)` appends to the buffer and runs the current mode's step until it
-   returns False (it needs more text); a step may switch the mode and return
-   True to go on in the new one.
+1. `feed(text)` appends to the buffer and runs the current mode's step (mode
+   `m` is the subclass's method `_step_m`) until it returns False (it needs
+   more text); a step may switch the mode and return True to go on in the new
+   one. The step is looked up by name, not kept in a table of bound methods:
+   such a table would tie every parser to itself in a reference cycle, one
+   more object per request left for the cyclic collector.
 2. `finish()` runs the same with `final` set: there is no more text, so each
    step flushes what it held back (their rules say as what) and returns False
    once the buffer is spent.
@@ -16,20 +19,15 @@ one piece here:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 from ..events import Event
 from ..request import GenRequest
 from .calls import CallBook
 
-Step = Callable[[list[Event], bool], bool]   # (events out, final) -> go on?
-
 
 class StepMachine:
-    """Base of the two parsers: subclasses set `_mode` and `_steps` (mode -> step)."""
+    """Base of the two parsers: subclasses set `_mode` and define `_step_<mode>(out, final)`."""
 
     _mode: str
-    _steps: Mapping[str, Step]
 
     def __init__(self, request: GenRequest, index: int) -> None:
         self.index = index
@@ -49,6 +47,6 @@ class StepMachine:
 
     def _drain(self, final: bool) -> list[Event]:
         out: list[Event] = []
-        while self._steps[self._mode](out, final):
+        while getattr(self, "_step_" + self._mode)(out, final):   # rule 1
             pass
         return out

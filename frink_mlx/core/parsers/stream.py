@@ -75,9 +75,6 @@ class MarkupStreamParser(StepMachine):
         self._thought = self._mode == "reasoning"
         self._skip_ws = False
         self._call: _OpenCall | None = None
-        self._steps = {"start": self._step_start, "reasoning": self._step_reasoning,
-                       "text": self._step_text, "tool": self._step_tool,
-                       "tool_tail": self._step_tool_tail}
 
     def _step_start(self, out: list[Event], final: bool) -> bool:
         """Before any text: decide between a think block, a reply-start call and text."""
