@@ -133,6 +133,55 @@ def test_columns_cut_over_side_streams_give_the_same_numbers(monkeypatch):
     assert len(segments._column_ranges(keys, values, 3)) == 1
 
 
+def test_narrow_rows_dealt_over_side_streams_give_the_same_numbers(monkeypatch):
+    """segments.py rule 3: rows too narrow to split each run whole on one stream in turn;
+    a row wide enough keeps rule 2's split; the output is the one-stream call's."""
+    from frink_mlx.backend.cpu import segments, split
+
+    assert segments.row_lanes([10, 10, 10], 1) == [0, 1, 0]
+    assert segments.row_lanes([10, 5000, 10], 1) == [0, None, 1]
+    assert segments.row_lanes([10], 1) == [None] and segments.row_lanes([10, 10], 0) == [None, None]
+    rows = [RowSpan(30, 1, list(range(10, 18))), RowSpan(26, 2, list(range(20, 27))),
+            RowSpan(40, 1, list(range(30, 41))), RowSpan(6, 1, [1, 2])]
+    alone, want, read = _both(rows, min_tokens=20)
+    assert [seg.rows for seg in read.direct] == [(0,), (1,), (2,)]
+    streams = [mx.new_thread_local_stream(mx.cpu)]
+    dealt = []
+    real = segments.row_lanes
+    monkeypatch.setattr(cpu_kernels, "row_lanes", lambda w, n: dealt.append(real(w, n)) or dealt[-1])
+    with split.split_forward(streams):
+        got, _, _ = _both(rows, min_tokens=20)
+    assert dealt == [[0, 1, 0]]
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.allclose(got, alone, rtol=1e-6, atol=1e-6)
+
+
+def test_a_gathered_batch_cut_over_side_streams_gives_the_same_numbers(monkeypatch):
+    """segments.py rule 3, gathered: a batch of rows cut into one part per stream."""
+    from frink_mlx.backend.cpu import segments
+
+    rng = np.random.default_rng(5)
+    q = mx.array(rng.standard_normal((3, HEADS, 1, DIM)).astype(np.float32))
+    k, v = (mx.array(rng.standard_normal((3, KV_HEADS, 50, DIM)).astype(np.float32))
+            for _ in range(2))
+    bias = mx.array(np.where(rng.random((3, 1, 1, 1, 50)) < 0.3, cpu_kernels.MASKED, 0.0)
+                    .astype(np.float32))
+    streams = [mx.new_thread_local_stream(mx.cpu)]
+    whole = cpu_kernels.attention(q, k, v, 0.25, bias)
+    monkeypatch.setattr(cpu_kernels, "SPLIT_COLUMNS", 10)
+    parts = []
+    real = cpu_kernels.attention
+    monkeypatch.setattr(cpu_kernels, "attention",
+                        lambda q, *a: parts.append(q.shape[0]) or real(q, *a))
+    cut = cpu_kernels.batch_attention(q, k, v, 0.25, bias, streams)
+    assert parts == [1, 2]
+    assert np.allclose(np.array(cut), np.array(whole), rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(cpu_kernels, "SPLIT_COLUMNS", 100)     # 150 columns: not worth a cut
+    parts.clear()
+    cpu_kernels.batch_attention(q, k, v, 0.25, bias, streams)
+    assert parts == [3] and segments.SPLIT_COLUMNS == 1024
+
+
 def _data_pointer(a: mx.array) -> int:
     return np.asarray(memoryview(a)).__array_interface__["data"][0]
 

@@ -33,7 +33,10 @@ Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
     cut over the matmuls' streams (segments.py). Rows the plan reads together
     over the blocks they share (kv/reads.py rule 5) are one such call, their
     queries stacked row after row, the output cut back into rows. The call's
-    shorter rows are batched over a gather only as wide as they are.
+    shorter rows are batched over a gather only as wide as they are. Several
+    rows too short for a split of their columns are dealt over the streams
+    instead, a row (or, gathered, a part of the batch) per stream
+    (segments.py rule 3).
 SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
     (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
     absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
@@ -75,7 +78,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache, partial
 from typing import Any
 
@@ -84,7 +87,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .fastexp import exp_nonpositive, softmax_numerator
-from .segments import segment_attention
+from .segments import SPLIT_COLUMNS, row_lanes, segment_attention
 from .split import on_cpu, side_streams
 
 _MARK = "_frink_cpu_kernel"
@@ -94,7 +97,13 @@ MASKED = -1e9  # additive mask: finite, see the module docstring
 # Reads where the keys lie (kv/paged.py rule 7, kv/reads.py rules 1-2): rows of at
 # least DIRECT_MIN_TOKENS, calls of at most DIRECT_MAX_QUERIES queries per row (decode
 # and verify rows), up to DIRECT_MAX_RUNS slices of at least DIRECT_MIN_RUN_BLOCKS blocks.
-DIRECT_MIN_TOKENS = 512
+# DIRECT_MIN_TOKENS is where the in-place read starts to beat the gathered batch cut over
+# the streams (segments.py rule 3), in the engine: 4 decode rows of 3000 tokens read 0.95x
+# the gathered rate in place, of 4000 1.09x; one row is even from 2k to 4k (2026-12-07
+# figures in benchmarks/results/long_context-2026-12-07.txt). Below it a row's extra
+# segments (its decode blocks, interleaved with other rows', are a gathered rest), its
+# mask and its own calls cost more than the copy they save.
+DIRECT_MIN_TOKENS = 3584
 DIRECT_MAX_QUERIES = 32
 DIRECT_MAX_RUNS = 8
 DIRECT_MIN_RUN_BLOCKS = 16
@@ -286,23 +295,45 @@ def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
             and queries.dtype == mx.float32 and on_cpu())
 
 
+def batch_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+                    bias: mx.array | None, streams: Sequence[Any]) -> mx.array:
+    """`attention` over a gathered batch, its rows cut into one part per stream when the
+    batch is wide enough (segments.py rule 3: at least 2 * SPLIT_COLUMNS key columns in all
+    and two rows): each part's whole attention on its own stream, the parts joined."""
+    batch, width = queries.shape[0], keys.shape[2]
+    parts = min(batch, 1 + len(streams))
+    if parts < 2 or batch * width < 2 * SPLIT_COLUMNS:
+        return attention(queries, keys, values, scale, bias)
+    cuts = [batch * i // parts for i in range(parts + 1)]
+    outs = []
+    for p, (a, b) in enumerate(zip(cuts, cuts[1:])):
+        with mx.stream(streams[p - 1]) if p else contextlib.nullcontext():
+            part_bias = None if bias is None else bias if bias.shape[0] == 1 else bias[a:b]
+            outs.append(attention(queries[a:b], keys[a:b], values[a:b], scale, part_bias))
+    return mx.concatenate(outs, axis=0)
+
+
 def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
     """Attention over a `LayerRead` (kv/reads.py): each long row over its segments, the
     short rows batched over their own gather; rows come back in batch order."""
     batch = queries.shape[0]
     outs: list[mx.array | None] = [None] * batch
+    streams = side_streams()
     if read.batched:
         rows = read.batched
         q = queries if len(rows) == batch else queries[mx.array(rows, dtype=mx.int32)]
-        out = attention(q, read.batched_keys, read.batched_values, scale, read.batched_bias)
+        out = batch_attention(q, read.batched_keys, read.batched_values, scale,
+                              read.batched_bias, streams)
         for j, r in enumerate(rows):
             outs[r] = out[j:j + 1]
-    streams = side_streams()
     length = queries.shape[2]
-    for seg in read.direct:  # several rows: their queries stacked (kv/reads.py rule 5)
-        q = mx.concatenate([queries[r:r + 1] for r in seg.rows], axis=2) \
-            if len(seg.rows) > 1 else queries[seg.rows[0]:seg.rows[0] + 1]
-        out = segment_attention(q, seg.keys, seg.values, scale, seg.bias, streams)
+    lanes = row_lanes([sum(k.shape[2] for k in seg.keys) for seg in read.direct], len(streams))
+    for seg, lane in zip(read.direct, lanes):  # rule 5 reads: their queries stacked
+        with mx.stream(streams[lane - 1]) if lane else contextlib.nullcontext():
+            q = mx.concatenate([queries[r:r + 1] for r in seg.rows], axis=2) \
+                if len(seg.rows) > 1 else queries[seg.rows[0]:seg.rows[0] + 1]
+            out = segment_attention(q, seg.keys, seg.values, scale, seg.bias,
+                                    () if lane is not None else streams)
         for i, r in enumerate(seg.rows):
             outs[r] = out if len(seg.rows) == 1 else out[:, :, i * length:(i + 1) * length]
     if batch == 1:
@@ -334,8 +365,8 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
         read = _read_in_place(queries, keys, values, cache, mask)
         if read is not None:
             return paged_attention(queries, read, scale)
-        return attention(queries, keys, values, scale,
-                         _bias(cache, mask, queries.shape[2], keys.shape[2]))
+        return batch_attention(queries, keys, values, scale,
+                               _bias(cache, mask, queries.shape[2], keys.shape[2]), side_streams())
 
     setattr(scaled_dot_product_attention, _MARK, True)
     scaled_dot_product_attention.__wrapped__ = stock  # type: ignore[attr-defined]

@@ -27,6 +27,20 @@ Rules:
    benchmarks/results/long_context-2026-12-04-nospec.txt). Every number is
    the one the unsplit call computes, but for the order in which the ranges'
    products and sums are added.
+3. Rows, not columns, are what a step of several short rows cuts over the
+   streams: rule 2 splits no row under 2 * SPLIT_COLUMNS columns, so a
+   4-client decode step at 0.5-2k tokens ran every row's attention on the
+   calling stream while the other core waited. When a call has at least two
+   such rows read in place, each runs its whole attention on one stream, the
+   rows dealt to the calling stream and the side streams in turn
+   (`row_lanes`); wider rows keep rule 2's split. A gathered batch (the rows
+   kv/reads.py rule 1 leaves short, or a call with no plan) of at least two
+   rows and 2 * SPLIT_COLUMNS key columns in all is cut the same way, one part
+   of its rows per stream (kernels.py `batch_attention`). The rows are
+   independent, so every number is the one the single-stream call makes.
+   Measured (4 clients, SmolLM2, 48 tokens out, decode tok/s): in place 36.6
+   -> 40.9 at 1k tokens, 29 -> 34.8 at 1.5k; gathered 27 -> 32.7 at 2k
+   (benchmarks/results/long_context-2026-12-07.txt).
 """
 
 from __future__ import annotations
@@ -81,6 +95,17 @@ def segment_attention(queries: mx.array, keys: Sequence[mx.array], values: Seque
         out, total = out + product, total + part_sum
     out = out * mx.reciprocal(total)
     return out.reshape(1, heads, length, values[0].shape[-1])
+
+
+def row_lanes(widths: Sequence[int], num_streams: int) -> list[int | None]:
+    """Rule 3: for rows of `widths` columns, the stream each runs on whole (0: the calling
+    one, i: side stream i - 1), or None for a row left to rule 2's split."""
+    narrow = [i for i, w in enumerate(widths) if w < 2 * SPLIT_COLUMNS]
+    lanes: list[int | None] = [None] * len(widths)
+    if num_streams and len(narrow) > 1:
+        for j, i in enumerate(narrow):
+            lanes[i] = j % (num_streams + 1)
+    return lanes
 
 
 def _weighted_values(weights: mx.array, values: Sequence[mx.array]) -> mx.array:

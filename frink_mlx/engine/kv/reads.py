@@ -16,10 +16,12 @@ a row over several key segments (the CPU backend's: backend/cpu/kernels.py).
 The stock path, and Metal, never ask for it and keep rule 2's gather.
 
 Rules:
-1. Only rows with at least `min_tokens` positions are read directly; the
-   others are gathered together as one batch, as rule 2 does, but only as wide
-   as the longest of *them* (not padded to the long rows' width). No row long
-   enough: no plan (None), and the caller keeps rule 2's read untouched.
+1. Only rows with at least `min_tokens` positions, and rows rule 5 reads
+   together (at any length: the shared blocks streamed once beat a gather of
+   them per row), are read directly; the others are gathered together as one
+   batch, as rule 2 does, but only as wide as the longest of *them* (not
+   padded to the long rows' width). No row read directly: no plan (None), and
+   the caller keeps rule 2's read untouched.
 2. Attention does not care in which order it sees a row's keys, so a row's
    blocks are sorted by id and cut into runs of consecutive ids; a run of k
    blocks starting at block b is the slice of slots [b*bs, (b+k)*bs). The
@@ -99,16 +101,19 @@ def plan_reads(starts: np.ndarray, num_new: np.ndarray, tables: list[np.ndarray]
                max_runs: int, min_run_blocks: int, masked: float) -> ReadPlan | None:
     """The plan of module rules 1-3; `slot_of` is the layout's (B, width) slot matrix."""
     ends = starts + num_new
-    long_rows = [r for r in range(len(starts)) if ends[r] >= min_tokens]
-    if not long_rows:
+    every = list(range(len(starts)))
+    groups = [((r,), 0) for r in every] if window is not None else \
+        _share_groups(every, starts, ends, tables, shape.block_size, min_run_blocks)
+    groups = [(rows, shared) for rows, shared in groups            # rule 1, and rule 5's
+              if len(rows) > 1 or ends[rows[0]] >= min_tokens]     # groups at any length
+    if not groups:
         return None
-    groups = [((r,), 0) for r in long_rows] if window is not None else \
-        _share_groups(long_rows, starts, ends, tables, shape.block_size, min_run_blocks)
     direct = tuple(
         _row_read(rows, shared, starts, num_new, tables, shape, window=window,
                   max_runs=max_runs, min_run_blocks=min_run_blocks, masked=masked)
         for rows, shared in groups)
-    batched = tuple(r for r in range(len(starts)) if ends[r] < min_tokens)
+    read = {r for rows, _ in groups for r in rows}
+    batched = tuple(r for r in every if r not in read)
     if not batched:
         return ReadPlan(direct, (), None, None)
     sub = np.array(batched)

@@ -144,3 +144,15 @@ def test_rows_share_a_read_only_where_the_shared_blocks_outweigh_their_own():
     assert [r.rows for r in _plan(rows, window=64).direct] == [(0,), (1,)]  # windows: rule 3 alone
     a_row_alone = _plan([rows[0]]).direct[0]
     assert a_row_alone.rows == (0,) and a_row_alone.runs == ((40, 80), (160, 164))
+
+
+def test_rows_read_together_are_read_in_place_below_min_tokens():
+    """kv/reads.py rule 1: a rule-5 group is read in place at any length (its shared blocks
+    once beat a gather of them per row); a short row sharing nothing stays batched."""
+    long = list(range(10, 20))                            # 10 shared blocks, 2 of their own
+    rows = [RowSpan(41, 1, long + [40]), RowSpan(41, 1, long + [50]),
+            RowSpan(9, 1, [60, 61, 62])]
+    plan = _plan(rows, min_tokens=100)
+    assert [r.rows for r in plan.direct] == [(0, 1)] and plan.batched == (2,)
+    lone = _plan([rows[0], RowSpan(41, 1, list(range(70, 80)) + [50])], min_tokens=100)
+    assert lone is None                                   # nothing shared, nothing long
