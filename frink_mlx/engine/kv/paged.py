@@ -76,12 +76,12 @@ Rules:
 7. Reads where the keys lie (reads.py): an attention kernel that can score a
    row over several key segments (the CPU backend's) may ask a layer's cache
    for `read_in_place(keys, values, mask, ...)` instead of using rule 2's
-   gather: long rows come back as slices of the pool (its runs of adjacent
-   blocks) with the mask over their columns, the short rows gathered only as
-   wide as they need. It answers only for the very arrays `update_and_fetch`
+   gather: long rows, and rows read together over shared blocks, come back as
+   slices of the pool (its runs of adjacent blocks) with the mask over their
+   columns, the other rows gathered only as wide as they need. It answers only for the very arrays `update_and_fetch`
    just returned (compared by id, never kept: rule 1) and a mask this layout
    made (its window is read back from the memo); otherwise, or when no row is
-   long enough, None. The gathers `update_and_fetch` returned are lazy and
+   read in place (reads.py rule 1), None. The gathers `update_and_fetch` returned are lazy and
    nothing else reads them, so MLX never runs them. Metal and the stock path
    never ask, and read as rule 2 says, as do tables with freed blocks (-1: window.py).
 8. Quantized pools (`kv_bits`, quantized.py): a `QuantizedKVStore` holds each
