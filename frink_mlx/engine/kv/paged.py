@@ -78,11 +78,12 @@ Rules:
    for `read_in_place(keys, values, mask, ...)` instead of using rule 2's
    gather: long rows, and rows read together over shared blocks, come back as
    slices of the pool (its runs of adjacent blocks) with the mask over their
-   columns, the other rows gathered only as wide as they need. It answers only for the very arrays `update_and_fetch`
-   just returned (compared by id, never kept: rule 1) and a mask this layout
-   made (its window is read back from the memo); otherwise, or when no row is
-   read in place (reads.py rule 1), None. The gathers `update_and_fetch` returned are lazy and
-   nothing else reads them, so MLX never runs them. Metal and the stock path
+   columns, the other rows gathered only as wide as they need. It answers
+   only for the very arrays `update_and_fetch` just returned (compared by id,
+   never kept: rule 1) and a mask this layout made (its window is read back
+   from the memo); otherwise, or when no row is read in place (reads.py rule
+   1), None. The gathers `update_and_fetch` returned are lazy and nothing
+   else reads them, so MLX never runs them. Metal and the stock path
    never ask, and read as rule 2 says, as do tables with freed blocks (-1: window.py).
 8. Quantized pools (`kv_bits`, quantized.py): a `QuantizedKVStore` holds each
    pool as packed words, scales and biases over the same slots and hands out
