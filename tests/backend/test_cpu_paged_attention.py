@@ -176,6 +176,15 @@ def test_a_gathered_batch_cut_over_side_streams_gives_the_same_numbers(monkeypat
     cut = cpu_kernels.batch_attention(q, k, v, 0.25, bias, streams)
     assert parts == [1, 2]
     assert np.allclose(np.array(cut), np.array(whole), rtol=1e-6, atol=1e-6)
+    quant = (32, 8)                                            # kv_bits triples, cut the same
+    q32 = mx.array(rng.standard_normal((3, HEADS, 1, 32)).astype(np.float32))
+    qk, qv = (mx.quantize(mx.array(rng.standard_normal((3, KV_HEADS, 50, 32)).astype(np.float32)),
+                          group_size=32, bits=8) for _ in range(2))
+    parts.clear()
+    cut = cpu_kernels.batch_attention(q32, qk, qv, 0.25, bias, streams, quant)
+    assert parts == [1, 2]
+    assert np.allclose(np.array(cut), np.array(real(q32, qk, qv, 0.25, bias, quant)),
+                       rtol=1e-6, atol=1e-6)
     monkeypatch.setattr(cpu_kernels, "SPLIT_COLUMNS", 100)     # 150 columns: not worth a cut
     parts.clear()
     cpu_kernels.batch_attention(q, k, v, 0.25, bias, streams)

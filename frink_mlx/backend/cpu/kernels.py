@@ -295,22 +295,30 @@ def _wants_fast_path(queries: mx.array, cache: Any, sinks: Any) -> bool:
             and queries.dtype == mx.float32 and on_cpu())
 
 
-def batch_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
-                    bias: mx.array | None, streams: Sequence[Any]) -> mx.array:
-    """`attention` over a gathered batch, its rows cut into one part per stream when the
-    batch is wide enough (segments.py rule 3: at least 2 * SPLIT_COLUMNS key columns in all
-    and two rows): each part's whole attention on its own stream, the parts joined."""
-    batch, width = queries.shape[0], keys.shape[2]
+def batch_attention(queries: mx.array, keys: KV, values: KV, scale: float,
+                    bias: mx.array | None, streams: Sequence[Any],
+                    quant: Quant | None = None) -> mx.array:
+    """`attention` over a gathered batch (float, or quantized triples with `quant`), its
+    rows cut into one part per stream when the batch is wide enough (segments.py rule 3:
+    at least 2 * SPLIT_COLUMNS key columns in all and two rows): each part's whole
+    attention on its own stream, the parts joined."""
+    batch, width = queries.shape[0], (keys[0] if quant else keys).shape[2]
     parts = min(batch, 1 + len(streams))
     if parts < 2 or batch * width < 2 * SPLIT_COLUMNS:
-        return attention(queries, keys, values, scale, bias)
+        return attention(queries, keys, values, scale, bias, quant)
     cuts = [batch * i // parts for i in range(parts + 1)]
     outs = []
     for p, (a, b) in enumerate(zip(cuts, cuts[1:])):
         with mx.stream(streams[p - 1]) if p else contextlib.nullcontext():
             part_bias = None if bias is None else bias if bias.shape[0] == 1 else bias[a:b]
-            outs.append(attention(queries[a:b], keys[a:b], values[a:b], scale, part_bias))
+            outs.append(attention(queries[a:b], _rows(keys, a, b, quant), _rows(values, a, b, quant),
+                                  scale, part_bias, quant))
     return mx.concatenate(outs, axis=0)
+
+
+def _rows(kv: KV, a: int, b: int, quant: Quant | None) -> KV:
+    """Rows a..b of K or V (of each part of a quantized triple)."""
+    return tuple(x[a:b] for x in kv) if quant else kv[a:b]
 
 
 def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
@@ -361,7 +369,8 @@ def make_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
             return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         if hasattr(cache, "bits"):  # quantized triples (kv/quantized.py rule 2)
             bias = _bias(cache, mask, queries.shape[2], keys[0].shape[2])
-            return attention(queries, keys, values, scale, bias, (cache.group_size, cache.bits))
+            return batch_attention(queries, keys, values, scale, bias, side_streams(),
+                                   (cache.group_size, cache.bits))
         read = _read_in_place(queries, keys, values, cache, mask)
         if read is not None:
             return paged_attention(queries, read, scale)

@@ -34,9 +34,10 @@ Rules:
    such rows read in place, each runs its whole attention on one stream, the
    rows dealt to the calling stream and the side streams in turn
    (`row_lanes`); wider rows keep rule 2's split. A gathered batch (the rows
-   kv/reads.py rule 1 leaves short, or a call with no plan) of at least two
-   rows and 2 * SPLIT_COLUMNS key columns in all is cut the same way, one part
-   of its rows per stream (kernels.py `batch_attention`). The rows are
+   kv/reads.py rule 1 leaves short, or a call with no plan, float or
+   quantized: kv_bits) of at least two rows and 2 * SPLIT_COLUMNS key columns
+   in all is cut the same way, one part of its rows per stream (kernels.py
+   `batch_attention`). The rows are
    independent, so every number is the one the single-stream call makes.
    Measured (4 clients, SmolLM2, 48 tokens out, decode tok/s): in place 36.6
    -> 40.9 at 1k tokens, 29 -> 34.8 at 1.5k; gathered 27 -> 32.7 at 2k
