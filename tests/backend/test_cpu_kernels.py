@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from frink_mlx.backend.cpu import kernels as cpu_kernels
+from frink_mlx.backend.cpu import rope as cpu_rope
 from frink_mlx.engine.kv.paged import (
     BatchLayout,
     PagedKVStore,
@@ -133,7 +134,7 @@ def test_swiglu_matches_mlx_lm_and_only_runs_inside_the_engine_forward(monkeypat
     calls = []
     dispatch = cpu_kernels.make_swiglu_dispatch(lambda g, v: calls.append(1) or stock_swiglu(g, v))
     dispatch(gate, x)                                   # outside: stock
-    with cpu_kernels.engine_forward():
+    with cpu_rope.engine_forward():
         got = dispatch(gate, x)                         # inside: ours
         dispatch(gate.astype(mx.float16), x.astype(mx.float16))  # not float32: stock
     dispatch(gate, x)
@@ -146,8 +147,8 @@ def test_rope_matches_mx_fast_rope_with_per_row_offsets(traditional, dims, base,
     rng = np.random.default_rng(5)
     x = mx.array(rng.standard_normal((3, 4, 6, 16)).astype(np.float32))
     offsets = mx.array([0, 700, 5000])
-    cos, sin = cpu_kernels.rope_tables(offsets, 6, dims, base, scale)
-    got = cpu_kernels.rope(x, cos, sin, dims, traditional)
+    cos, sin = cpu_rope.rope_tables(offsets, 6, dims, base, scale)
+    got = cpu_rope.rope(x, cos, sin, dims, traditional)
     want = mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale, offset=offsets)
     assert np.max(np.abs(np.array(got) - np.array(want))) < 1e-6
 
@@ -156,22 +157,22 @@ def test_rope_dispatch_runs_inside_the_engine_forward_and_shares_tables(monkeypa
     import mlx.nn as nn
 
     stock = nn.RoPE(16, traditional=True, base=10000.0)
-    rope = cpu_kernels.RoPEDispatch(stock)
+    rope = cpu_rope.RoPEDispatch(stock)
     built = []
-    real_tables = cpu_kernels.rope_tables
-    monkeypatch.setattr(cpu_kernels, "rope_tables", lambda *a: built.append(a[1:]) or real_tables(*a))
+    real_tables = cpu_rope.rope_tables
+    monkeypatch.setattr(cpu_rope, "rope_tables", lambda *a: built.append(a[1:]) or real_tables(*a))
     x = mx.array(np.random.default_rng(6).standard_normal((2, 4, 3, 16)).astype(np.float32))
     offsets = mx.array([4, 9])
     want = np.array(stock(x, offset=offsets))
     assert np.allclose(np.array(rope(x, offset=offsets)), want, atol=1e-6) and built == []
-    with cpu_kernels.engine_forward():
+    with cpu_rope.engine_forward():
         first = rope(x, offset=offsets)
         second = rope(x[:, :1], offset=offsets)            # keys of another layer, fewer heads
         rope(x, offset=7)                                  # an int offset: stock
     assert built == [(3, 16, 10000.0, 1.0)]               # one table for both calls
     assert np.allclose(np.array(first), want, atol=1e-6)
     assert np.allclose(np.array(second), want[:, :1], atol=1e-6)
-    with cpu_kernels.engine_forward():
+    with cpu_rope.engine_forward():
         rope(x, offset=offsets)
     assert len(built) == 2                                 # a new forward builds its own
 
@@ -183,7 +184,7 @@ def test_install_wraps_each_layers_rope_once():
     model = types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=attn)])
     cpu_kernels.install(model)
     wrapped = attn.rope
-    assert isinstance(wrapped, cpu_kernels.RoPEDispatch)
+    assert isinstance(wrapped, cpu_rope.RoPEDispatch)
     cpu_kernels.install(model)
     assert attn.rope is wrapped
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from ..base import Backend, BackendName, ForwardScope, MemoryBudget, physical_ram_bytes
-from . import kernels, split
+from . import kernels, rope, split
 
 DEQUANT_RAM_FRACTION = 0.25
 
@@ -78,5 +78,5 @@ class CpuBackend(Backend):
 
 @contextlib.contextmanager
 def _decoder_forward(streams: Sequence[Any]) -> Iterator[None]:
-    with kernels.engine_forward(), split.split_forward(streams):
+    with rope.engine_forward(), split.split_forward(streams):
         yield

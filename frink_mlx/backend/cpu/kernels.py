@@ -1,4 +1,4 @@
-"""Attention, SwiGLU and RoPE for the engine's forward on MLX's CPU backend.
+"""Attention and SwiGLU for the engine's forward on MLX's CPU backend (RoPE: rope.py).
 
 Why: on MLX's Linux CPU backend `mx.exp` is scalar, ~25 ns per element
 (numpy's vectorised exp: ~0.5 ns); `mx.fast.scaled_dot_product_attention`,
@@ -40,10 +40,7 @@ Attention where the keys lie (kv/paged.py rule 7, kv/reads.py): a call of at
 SwiGLU = silu(g) * x = (g + |g| (1 - e) / (1 + e)) / 2 * x, e = e^-|g|
     (g/(1+e) for g >= 0 and g e/(1+e) below, with no select); ~3e-6
     absolute error at |g| ~ 10 (stock: 1.4e-6 against float64).
-RoPE: the cos/sin tables of a forward's per-row positions are built once on
-    the host (angles formed in float32 exactly as `mx.fast.rope` forms them,
-    so outputs agree to ~2e-7) and shared by every layer's queries and keys;
-    the rotation is one fused loop.
+RoPE: rope.py, the same way (its tables built once per forward).
 
 Measured figures, stock vs these kernels: benchmarks/results/cpu_backend-measurements.md.
 `mx.compile` fuses at most ~11 nodes deep and, shapeless, each constant
@@ -65,28 +62,25 @@ Scope, so that stock numerics stay everywhere else, and mlx-lm stays untouched:
   decode row over 64 keys 0.11 ms stock vs 0.21), the same cache-type
   dispatch mlx-lm itself uses for quantized caches;
 - SwiGLU and RoPE carry no cache to dispatch on, so the runner marks its own
-  forward calls (`engine_forward`, a thread-local flag: the same model may
-  also run on another thread, e.g. pooling its own hidden states for
-  embeddings) and only those, on CPU float32, take these paths; RoPE only
-  for layers whose `self_attn.rope` is exactly `nn.RoPE` (scaled variants
-  such as Llama3RoPE stay stock) and only for per-row (array) offsets, which
-  is what the paged cache passes.
+  forward calls (rope.py's `engine_forward`, a thread-local flag: the same
+  model may also run on another thread, e.g. pooling its own hidden states
+  for embeddings) and only those, on CPU float32, take these paths; RoPE's
+  own limits are rope.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
-from functools import lru_cache, partial
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from .fastexp import exp_nonpositive, softmax_numerator
+from .rope import RoPEDispatch, in_engine_forward
 from .segments import SPLIT_COLUMNS, row_lanes, segment_attention
 from .split import on_cpu, side_streams
 
@@ -173,99 +167,16 @@ def _attention(queries: mx.array, keys: KV, values: KV, scale: float,
     return out.reshape(batch, heads, length, out.shape[-1])
 
 
-_FORWARD = threading.local()
-
-
-@contextlib.contextmanager
-def engine_forward() -> Iterator[None]:
-    """Marks the calling thread's model calls as the engine's (for SwiGLU and RoPE),
-    with a fresh table memo for RoPE (one forward = one set of positions)."""
-    _FORWARD.on = True
-    _FORWARD.rope_tables = {}
-    try:
-        yield
-    finally:
-        _FORWARD.on = False
-        _FORWARD.rope_tables = {}
-
-
 def make_swiglu_dispatch(stock: Callable[..., mx.array]) -> Callable[..., mx.array]:
     """mlx-lm's `swiglu(gate, x)`: ours inside `engine_forward` on CPU float32, else stock."""
 
     def dispatching_swiglu(gate: mx.array, x: mx.array) -> mx.array:
-        if getattr(_FORWARD, "on", False) and gate.dtype == mx.float32 and on_cpu():
+        if in_engine_forward() and gate.dtype == mx.float32 and on_cpu():
             return swiglu(gate, x)
         return stock(gate, x)
 
     setattr(dispatching_swiglu, _MARK, True)
     return dispatching_swiglu
-
-
-@partial(mx.compile, shapeless=True)
-def _rotate(a: mx.array, b: mx.array, cos: mx.array, sin: mx.array) -> tuple[mx.array, mx.array]:
-    return a * cos - b * sin, a * sin + b * cos
-
-
-def rope(x: mx.array, cos: mx.array, sin: mx.array, dims: int, traditional: bool) -> mx.array:
-    """`mx.fast.rope` of (B, H, L, D) `x` given (B, 1, L, dims/2) cos/sin tables.
-
-    traditional rotates pairs (x[2i], x[2i+1]); otherwise (x[i], x[i + dims/2]).
-    Features past `dims` pass through.
-    """
-    batch, heads, length, width = x.shape
-    if traditional:
-        pairs = x[..., :dims].reshape(batch, heads, length, dims // 2, 2)
-        a, b = _rotate(pairs[..., 0], pairs[..., 1], cos, sin)
-        out = mx.stack([a, b], axis=-1).reshape(batch, heads, length, dims)
-    else:
-        a, b = _rotate(x[..., :dims // 2], x[..., dims // 2:dims], cos, sin)
-        out = mx.concatenate([a, b], axis=-1)
-    return out if dims == width else mx.concatenate([out, x[..., dims:]], axis=-1)
-
-
-def rope_tables(offsets: mx.array, length: int, dims: int, base: float,
-                scale: float) -> tuple[mx.array, mx.array]:
-    """cos/sin of (offset_r + i) * scale * f_j, shape (B, 1, L, dims/2).
-
-    Angles are formed exactly as `mx.fast.rope` forms them, in float32 with
-    f_j = exp(-(log(base) / (dims/2)) * j) computed by MLX, so the outputs agree
-    with stock to ~3e-7 even at position 5,000 (where float32 angles are
-    themselves ~5e-4 off: matching stock keeps greedy outputs identical).
-    """
-    freqs = _rope_freqs(dims, base)
-    pos = np.asarray(offsets, dtype=np.float32)[:, None] + np.arange(length, dtype=np.float32)
-    theta = ((pos * np.float32(scale))[..., None] * freqs).astype(np.float64)
-    return (mx.array(np.cos(theta).astype(np.float32))[:, None],
-            mx.array(np.sin(theta).astype(np.float32))[:, None])
-
-
-@lru_cache(maxsize=16)
-def _rope_freqs(dims: int, base: float) -> np.ndarray:
-    half = dims // 2
-    freqs = mx.exp(-(mx.log(mx.array(base, mx.float32)) / half) * mx.arange(half, dtype=mx.float32))
-    return np.array(freqs, dtype=np.float32)
-
-
-class RoPEDispatch(nn.Module):
-    """Stands in for a layer's `nn.RoPE`: inside `engine_forward`, for per-row
-    offsets on CPU float32, the tables are built once per forward and shared
-    by every layer's queries and keys; everywhere else the stock module runs."""
-
-    def __init__(self, stock: nn.RoPE) -> None:
-        super().__init__()
-        self.stock = stock
-
-    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        st = self.stock
-        if not (getattr(_FORWARD, "on", False) and isinstance(offset, mx.array)
-                and offset.ndim == 1 and x.ndim == 4 and x.dtype == mx.float32 and on_cpu()):
-            return st(x, offset=offset)
-        key = (id(offset), x.shape[2], st.dims, st.base, st.scale)
-        entry = _FORWARD.rope_tables.get(key)
-        if entry is None or entry[0] is not offset:
-            entry = (offset, *rope_tables(offset, x.shape[2], st.dims, st.base, st.scale))
-            _FORWARD.rope_tables[key] = entry
-        return rope(x, entry[1], entry[2], st.dims, st.traditional)
 
 
 def _bias(cache: Any, mask: Any, length: int, width: int) -> mx.array | None:
@@ -336,7 +247,7 @@ def paged_attention(queries: mx.array, read: Any, scale: float) -> mx.array:
             outs[r] = out[j:j + 1]
     length = queries.shape[2]
     lanes = row_lanes([sum(k.shape[2] for k in seg.keys) for seg in read.direct], len(streams))
-    for seg, lane in zip(read.direct, lanes):  # rule 5 reads: their queries stacked
+    for seg, lane in zip(read.direct, lanes):  # kv/reads.py rule 5: queries stacked
         with mx.stream(streams[lane - 1]) if lane else contextlib.nullcontext():
             q = mx.concatenate([queries[r:r + 1] for r in seg.rows], axis=2) \
                 if len(seg.rows) > 1 else queries[seg.rows[0]:seg.rows[0] + 1]
