@@ -208,7 +208,14 @@ def live(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iter
 class HeldStream:
     """A /completion stream read through a 2 KiB receive buffer (the server's send buffer
     is 4 KiB): once the reader stops, the server cannot finish the response, so the
-    request keeps its lease on its generation until `finish` reads the rest."""
+    request keeps its lease on its generation until `finish` reads the rest.
+
+    What the server can write before it blocks is the two kernel buffers (Linux doubles
+    each: about 12 KiB) plus asyncio's transport buffer, which uvicorn fills to its 64 KiB
+    high-water mark before it pauses: about 77 KiB. The response must be well over that,
+    or the hold is only a race with decode. With 20 candidates per token (the most
+    `n_probs` takes) 64 tokens come to about 105 KiB (with 8, about 50 KiB: measured, the
+    test then failed whenever decode outran the unload)."""
 
     def __init__(self, live: Live, model: str, n: int) -> None:
         host, port = live.url.removeprefix("http://").split(":")
@@ -216,9 +223,9 @@ class HeldStream:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
         self.sock.settimeout(300)
         self.sock.connect((host, int(port)))
-        # n_probs: each frame carries 8 candidates (about 1 KiB), so 64 frames are far more
-        # than the two buffers hold; greedy ids are unchanged by it
-        payload = json.dumps(body(model, n, stream=True, n_probs=8)).encode()
+        # n_probs: 20 candidates per token (about 1.6 KiB), so 64 tokens are more than the
+        # buffers hold (the docstring); greedy ids are unchanged by it
+        payload = json.dumps(body(model, n, stream=True, n_probs=20)).encode()
         self.sock.sendall(b"POST /completion HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n"
                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                           % (host.encode(), port.encode(), len(payload)) + payload)
