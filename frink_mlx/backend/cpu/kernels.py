@@ -81,7 +81,7 @@ import mlx.nn as nn
 
 from .fastexp import exp_nonpositive, softmax_numerator
 from .rope import RoPEDispatch, in_engine_forward
-from .segments import SPLIT_COLUMNS, row_lanes, segment_attention
+from .segments import SPLIT_COLUMNS, row_lanes, scores_of, segment_attention
 from .split import on_cpu, side_streams
 
 _MARK = "_frink_cpu_kernel"
@@ -152,7 +152,7 @@ def _attention(queries: mx.array, keys: KV, values: KV, scale: float,
         scores = mx.quantized_matmul(q, packed, scales, biases, transpose=True,
                                      group_size=quant[0], bits=quant[1])
     else:
-        scores = q @ keys.swapaxes(-1, -2)
+        scores = scores_of(q, keys)  # segments.py rule 4
     if bias is not None:
         scores = (scores.reshape(batch, kv_heads, group, length, width) + bias).reshape(
             batch, kv_heads, group * length, width)
