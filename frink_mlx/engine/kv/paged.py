@@ -206,7 +206,8 @@ class BatchLayout:
     """The index arrays of one forward call over `rows`, padded to length L.
 
     write_slots (B*L,): where each input token's K/V goes (trash for padding)
-    read_slots  (B, T): slots of positions 0..T-1 per row (trash beyond the row)
+    read_slots  (B, T): slots of positions 0..T-1 per row (trash beyond the row), made
+                        when a gather first asks (rule 7: rows read in place need none)
     offsets     (B,):   RoPE start position of each row
     """
 
@@ -220,17 +221,35 @@ class BatchLayout:
         ends = starts + num_new
         self.width = int(ends.max())
         self._starts, self._num_new = starts, num_new
-        self._rows, self._block_size = rows, block_size
-        slot_of = self._slot_of = _slot_matrix(rows, block_size, trash_slot, self.width)
+        self._rows, self._block_size, self._trash = rows, block_size, trash_slot
+        self._tables = _block_matrix(rows, block_size, self.width)
         cols = np.arange(self.length)[None, :]
-        pos = starts[:, None] + cols
-        real = cols < num_new[:, None]
-        write = np.where(real, np.take_along_axis(slot_of, np.minimum(pos, self.width - 1), 1), trash_slot)
+        pos = np.minimum(starts[:, None] + cols, self.width - 1)
+        blocks = np.take_along_axis(self._tables, pos // block_size, 1)
+        slots = np.where(blocks < 0, trash_slot, blocks * block_size + pos % block_size)
+        write = np.where(cols < num_new[:, None], slots, trash_slot)
         self.write_slots = mx.array(write.reshape(-1).astype(np.int32))
-        self.read_slots = mx.array(slot_of.astype(np.int32))
+        self._slot_of: np.ndarray | None = None   # (B, width): only a gather needs them
+        self._read_slots: mx.array | None = None
         self.offsets = mx.array(starts.astype(np.int32))
         self._memo: dict[Any, Any] = {}  # per forward: masks, biases, row indices
         self.rope_positions: mx.array | None = None  # rule 3: M-RoPE ids (3, B, L)
+
+    @property
+    def slot_of(self) -> np.ndarray:
+        """(B, width) flat slots of positions 0..width-1 per row; trash past a row's end.
+        Made when first asked: a step whose rows are all read in place never needs them."""
+        if self._slot_of is None:
+            self._slot_of = _slot_matrix(self._rows, self._tables, self._block_size,
+                                         self._trash, self.width)
+        return self._slot_of
+
+    @property
+    def read_slots(self) -> mx.array:
+        """rule 2's (B, T) gather indices (`slot_of` as an MLX array)."""
+        if self._read_slots is None:
+            self._read_slots = mx.array(self.slot_of.astype(np.int32))
+        return self._read_slots
 
     def read_rows(self, heads: int, slots_per_head: int) -> mx.array:
         """(H, B, T) rows of a pool viewed as (H * slots_per_head, D): rule 2's
@@ -258,7 +277,7 @@ class BatchLayout:
             tables = [np.asarray(r.block_table, dtype=np.int64) for r in self._rows]
             windowed = any(t.size and t.min() < 0 for t in tables)  # freed blocks: gather
             self._memo[key] = None if windowed else plan_reads(
-                self._starts, self._num_new, tables, self._slot_of, shape, window=window,
+                self._starts, self._num_new, tables, lambda: self.slot_of, shape, window=window,
                 min_tokens=min_tokens, max_runs=max_runs, min_run_blocks=min_run_blocks,
                 masked=masked)
         plan: ReadPlan | None = self._memo[key]
@@ -291,8 +310,8 @@ class BatchLayout:
         return allowed[:, None, :, :]
 
 
-def _slot_matrix(rows: Sequence[RowSpan], block_size: int, trash_slot: int, width: int) -> np.ndarray:
-    """(B, width) flat slots of positions 0..width-1 per row; trash past a row's end."""
+def _block_matrix(rows: Sequence[RowSpan], block_size: int, width: int) -> np.ndarray:
+    """(B, blocks) block ids of each row's positions, 0 past its table's needed part."""
     num_blocks_wide = (width + block_size - 1) // block_size
     tables = np.zeros((len(rows), num_blocks_wide), dtype=np.int64)
     for r, row in enumerate(rows):
@@ -302,6 +321,12 @@ def _slot_matrix(rows: Sequence[RowSpan], block_size: int, trash_slot: int, widt
                 f"row {r}: block table holds {len(row.block_table)} blocks, needs {needed}"
             )
         tables[r, :needed] = row.block_table[:needed]
+    return tables
+
+
+def _slot_matrix(rows: Sequence[RowSpan], tables: np.ndarray, block_size: int, trash_slot: int,
+                 width: int) -> np.ndarray:
+    """(B, width) flat slots of positions 0..width-1 per row; trash past a row's end."""
     pos = np.arange(width)
     blocks = tables[:, pos // block_size]  # -1: a block freed outside its window (window.py)
     slots = np.where(blocks < 0, trash_slot, blocks * block_size + (pos % block_size)[None, :])

@@ -28,14 +28,31 @@ def _visible(bias, num_columns):
 
 
 def test_a_rows_blocks_sorted_into_runs_of_adjacent_ids():
-    # positions 0-3 in block 5, 4-7 in 6, 8-11 in 7, 12-15 in 2, 16-17 in 3 (partly filled)
-    plan = _plan([RowSpan(17, 1, [5, 6, 7, 2, 3])])
+    # positions 0-3 in block 5, 4-7 in 6, 8-11 in 7, 12-15 in 2, 16-17 in 3 (partly filled);
+    # a verify row (3 queries at 15-17) sees its columns through a mask
+    plan = _plan([RowSpan(15, 3, [5, 6, 7, 2, 3])])
     (read,) = plan.direct
     assert read.runs == ((8, 16), (20, 32)) and read.rest is None
     visible = _visible(read.bias, 20)
     # columns: blocks 2, 3 (positions 12..19), then 5, 6, 7 (0..11); 18 and 19 unwritten
-    assert visible[0].tolist() == [True] * 6 + [False, False] + [True] * 12
+    assert visible[2].tolist() == [True] * 6 + [False, False] + [True] * 12
+    assert visible[0].tolist() == [True] * 4 + [False] * 4 + [True] * 12
     assert plan.batched == () and plan.batched_rows is None
+
+
+def test_a_decode_row_reads_only_its_visible_slots_and_needs_no_mask():
+    # rule 3: the same table, one query at position 17: block 3's slots 14, 15 are cut off
+    plan = _plan([RowSpan(17, 1, [5, 6, 7, 2, 3])])
+    (read,) = plan.direct
+    assert read.runs == ((8, 14), (20, 32)) and read.rest is None and read.bias is None
+    # its last block (4: positions 8-9) inside the run of blocks 4-6: the run is cut in two
+    plan = _plan([RowSpan(9, 1, [5, 6, 4])])
+    assert plan.direct[0].runs == ((16, 18), (20, 28)) and plan.direct[0].bias is None
+    # its last block (20: positions 16-17) in the gathered rest: its unwritten slots are left out
+    plan = _plan([RowSpan(17, 1, [3, 4, 5, 6, 20])], max_runs=1, min_run_blocks=2)
+    (read,) = plan.direct
+    assert read.runs == ((12, 28),) and read.bias is None
+    assert np.array(read.rest)[:, 0].tolist() == [[80, 81], [181, 182]]
 
 
 def test_a_full_last_block_needs_no_mask_and_one_run_is_one_slice():
@@ -111,7 +128,7 @@ def test_only_the_fetched_arrays_and_this_layouts_masks_are_read_in_place():
     read = cache.read_in_place(keys, values, mask, **kw)
     assert read is not None and [seg.rows for seg in read.direct] == [(0,)]
     (seg,) = read.direct
-    assert [k.shape for k in seg.keys] == [(1, 2, 8, 8)]
+    assert [k.shape for k in seg.keys] == [(1, 2, 6, 8)]  # rule 3: slots 6, 7 are past its end
     assert np.array_equal(np.array(seg.keys[0][0, :, 5]), np.ones((2, 8)))  # this step's write
     assert cache.read_in_place(keys + 0, values, mask, **kw) is None        # not the fetched keys
     assert cache.read_in_place(keys, values, mx.array([[True]]), **kw) is None  # a foreign mask
@@ -143,7 +160,8 @@ def test_rows_share_a_read_only_where_the_shared_blocks_outweigh_their_own():
     assert [r.rows for r in _plan(rows, min_run_blocks=11).direct] == [(0,), (1,)]
     assert [r.rows for r in _plan(rows, window=64).direct] == [(0,), (1,)]  # windows: rule 3 alone
     a_row_alone = _plan([rows[0]]).direct[0]
-    assert a_row_alone.rows == (0,) and a_row_alone.runs == ((40, 80), (160, 164))
+    assert a_row_alone.rows == (0,) and a_row_alone.runs == ((40, 80), (160, 162))
+    assert a_row_alone.bias is None                       # rule 3: a decode row alone
 
 
 def test_rows_read_together_are_read_in_place_below_min_tokens():
