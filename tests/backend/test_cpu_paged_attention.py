@@ -134,12 +134,16 @@ def test_columns_cut_over_side_streams_give_the_same_numbers(monkeypatch):
 
 
 def test_narrow_rows_dealt_over_side_streams_give_the_same_numbers(monkeypatch):
-    """segments.py rule 3: rows too narrow to split each run whole on one stream in turn;
-    a row wide enough keeps rule 2's split; the output is the one-stream call's."""
+    """segments.py rule 3: rows each run whole on one stream, widest first to the lightest,
+    when that balances the streams; otherwise rows too narrow to split are dealt in turn
+    and a row wide enough keeps rule 2's split; the output is the one-stream call's."""
     from frink_mlx.backend.cpu import segments, split
 
-    assert segments.row_lanes([10, 10, 10], 1) == [0, 1, 0]
+    assert segments.row_lanes([10, 10, 10], 1) == [0, 1, 0]        # 20:10, not balanced
     assert segments.row_lanes([10, 5000, 10], 1) == [0, None, 1]
+    assert segments.row_lanes([8000] * 4, 1) == [0, 1, 0, 1]      # wide rows dealt whole
+    assert segments.row_lanes([5000, 4000, 1000], 1) == [0, 1, 1]
+    assert segments.row_lanes([8000] * 3, 1) == [None] * 3         # 2:1: each row split
     assert segments.row_lanes([10], 1) == [None] and segments.row_lanes([10, 10], 0) == [None, None]
     rows = [RowSpan(30, 1, list(range(10, 18))), RowSpan(26, 2, list(range(20, 27))),
             RowSpan(40, 1, list(range(30, 41))), RowSpan(6, 1, [1, 2])]
@@ -151,7 +155,7 @@ def test_narrow_rows_dealt_over_side_streams_give_the_same_numbers(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "row_lanes", lambda w, n: dealt.append(real(w, n)) or dealt[-1])
     with split.split_forward(streams):
         got, _, _ = _both(rows, min_tokens=20)
-    assert dealt == [[0, 1, 0]]
+    assert dealt == [[1, 1, 0]]  # widths 31, 28, 41: 41 | 31 + 28
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
     assert np.allclose(got, alone, rtol=1e-6, atol=1e-6)
 
