@@ -436,8 +436,6 @@ class Scheduler:
         if seq.seq_id not in self.kv or seq.in_prefill:
             return
         known = min(len(seq.token_ids), seq.num_computed)
-        if known // self.kv.block_size <= self.kv.num_hashed_blocks(seq.seq_id):
-            return  # no block filled since the last publish: skip copying the token ids
         self.kv.cache_blocks(seq.seq_id, seq.key_ids(known), seq.group.extra_key,
                              cache_prompt=seq.group.request.cache_prompt)
 

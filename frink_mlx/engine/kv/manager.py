@@ -144,10 +144,6 @@ class KVCacheManager:
     def block_table(self, seq_id: SeqId) -> list[int]:
         return [block.block_id for block in self._seq(seq_id).blocks]
 
-    def num_hashed_blocks(self, seq_id: SeqId) -> int:
-        """How many of `seq_id`'s leading blocks `cache_blocks` has published so far."""
-        return len(self._seq(seq_id).block_hashes)
-
     def num_tokens(self, seq_id: SeqId) -> int:
         """Token slots reserved for `seq_id` so far (computed + allocated)."""
         return self._seq(seq_id).num_tokens
