@@ -55,7 +55,8 @@ import numpy as np
 from ..backend import ForwardScope
 from .heads import in_groups, pick, pick_all, split_head
 from .kv.caches import copy_blocks, make_model_caches, window_layout
-from .kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
+from .kv.layout import BatchLayout, RowSpan
+from .kv.paged import PagedKVStore, groups_queries_per_kv_head, make_layer_caches
 from .kv.recurrent import RowSlots, StateStore
 from .kv.specs import ModelCacheSpec
 from .sampling import RowSampler, SampleOutput, draft_samplers, sample

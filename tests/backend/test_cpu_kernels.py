@@ -10,12 +10,8 @@ import pytest
 
 from frink_mlx.backend.cpu import kernels as cpu_kernels
 from frink_mlx.backend.cpu import rope as cpu_rope
-from frink_mlx.engine.kv.paged import (
-    BatchLayout,
-    PagedKVStore,
-    PagedLayerCache,
-    RowSpan,
-)
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
+from frink_mlx.engine.kv.paged import PagedKVStore, PagedLayerCache
 
 
 def test_exp_matches_numpy_within_stock_mlx_accuracy():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from frink_mlx.backend.cpu import kernels as cpu_kernels
-from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
+from frink_mlx.engine.kv.paged import PagedKVStore, PagedLayerCache
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
 READ = dict(masked=cpu_kernels.MASKED)

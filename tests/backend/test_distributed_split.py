@@ -16,7 +16,8 @@ from mlx_lm.models import llama, qwen2
 
 from frink_mlx.backend import select_backend
 from frink_mlx.backend.distributed import DistributedGroup, choose_split, shard_model, split_code
-from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
+from frink_mlx.engine.kv.paged import PagedKVStore, PagedLayerCache
 from frink_mlx.errors import ConfigError, ModelFormatError
 from frink_mlx.models.budget import kv_bytes_per_token, weights_nbytes
 from frink_mlx.models.loader import load_model

@@ -8,10 +8,9 @@ import pytest
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
 from frink_mlx.engine.kv.paged import (
-    BatchLayout,
     PagedKVStore,
-    RowSpan,
     _take_rows,
     make_layer_caches,
     model_kv_geometry,

@@ -30,7 +30,8 @@ from typing import Any
 
 from mlx_lm.models.cache import CacheList
 
-from .paged import BatchLayout, PagedKVStore, RowSpan
+from .layout import BatchLayout, RowSpan
+from .paged import PagedKVStore
 from .recurrent import RecurrentLayerCache, RowSlots, StateStore
 from .specs import CacheEntry, ModelCacheSpec
 

@@ -68,7 +68,8 @@ from typing import Any
 import mlx.core as mx
 
 from ...errors import ConfigError
-from .paged import BatchLayout, PagedKVStore, PagedLayerCache
+from .layout import BatchLayout
+from .paged import PagedKVStore, PagedLayerCache
 from .reads import LayerRead, take_rows
 
 KV_BITS = (4, 8)

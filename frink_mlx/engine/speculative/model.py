@@ -27,7 +27,8 @@ import numpy as np
 
 from ...backend import ForwardScope
 from ..heads import pick, split_head
-from ..kv.paged import BatchLayout, PagedKVStore, RowSpan, groups_queries_per_kv_head, make_layer_caches
+from ..kv.layout import BatchLayout, RowSpan
+from ..kv.paged import PagedKVStore, groups_queries_per_kv_head, make_layer_caches
 from ..plan import DraftJob
 
 

@@ -18,7 +18,8 @@ from mlx_lm import load
 from frink_mlx.backend import MemoryBudget
 from frink_mlx.core.request import SamplingParams
 from frink_mlx.engine.kv.disk import DiskTier
-from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, RowSpan, make_layer_caches
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
+from frink_mlx.engine.kv.paged import PagedKVStore, make_layer_caches
 from frink_mlx.engine.kv.quantized import (
     DequantizingLayerCache,
     QuantizedKVStore,

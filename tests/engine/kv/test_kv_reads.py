@@ -5,7 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from frink_mlx.engine.kv.paged import BatchLayout, PagedKVStore, PagedLayerCache, RowSpan
+from frink_mlx.engine.kv.layout import BatchLayout, RowSpan
+from frink_mlx.engine.kv.paged import PagedKVStore, PagedLayerCache
 from frink_mlx.engine.kv.reads import ReadShape
 
 MASKED = -1e9
