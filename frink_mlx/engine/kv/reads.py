@@ -234,7 +234,7 @@ def _decode_read(row: int, end: int, table: np.ndarray, shape: ReadShape, *, max
     blocks = np.sort(table[:-(-end // block_size)])
     sliced, picked = _spans(blocks, max_runs, min_run_blocks)
     last = int(table[(end - 1) // block_size])
-    hide = (last * block_size + end - (end - 1) // block_size * block_size,
+    hide = (last * block_size + (end - 1) % block_size + 1,
             (last + 1) * block_size)                           # empty when the block is full
     runs: list[tuple[int, int]] = []
     for a, b in sliced:
